@@ -1,0 +1,1 @@
+"""The agent: backends, workspace and tools, episodes, ledger, policy module, training loop."""

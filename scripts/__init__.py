@@ -1,0 +1,1 @@
+"""Thin entry points: one @hydra.main per at-* command, each calling a plain run(cfg)."""
