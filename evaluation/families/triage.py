@@ -25,8 +25,12 @@ PHRASES = {
         "tracking shows no update", "i got the wrong item", "the courier missed me", "ship it faster please",
     ],
 }
-OPENERS = ["", "hi,", "hello,", "urgent:", "please help,", "hey team,", "quick question,"]
-CLOSERS = ["", "thanks", "asap", "today", "again", "please"]
+# Enough openers and closers for a hidden pool of ~480 distinct messages (a 200-item hidden set needs it).
+OPENERS = [
+    "", "hi,", "hello,", "urgent:", "please help,", "hey team,", "quick question,", "good morning,", "sorry,",
+    "hi there,", "support:", "help:",
+]
+CLOSERS = ["", "thanks", "asap", "today", "again", "please", "thank you", "cheers", "right now", "soon"]
 
 
 class Triage(TaskFamily):

@@ -29,7 +29,8 @@ class UnitConvert(TaskFamily):
     scorer = "numeric"
     max_new_tokens = 7
     notes = "A lookup of factors plus multiplication: the larger base model has the edge."
-    max_value = 20
+    # 400 values x 8 conversions leave ~400 hidden-pool prompts, enough for a 200-item hidden set.
+    max_value = 400
 
     def _sample(self, rng: random.Random) -> Example:
         src, dst, factor = rng.choice(CONVERSIONS)

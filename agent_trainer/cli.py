@@ -1,0 +1,259 @@
+"""Helpers shared by the thin ``at-*`` entry points in ``scripts/``.
+
+A script declares one ``@hydra.main`` and a plain ``run(cfg)`` (what tests call), and hands both
+to ``main``::
+
+    @hydra.main(config_path=str(CONFIG_DIR), config_name="eval", version_base="1.3")
+    def _hydra_main(cfg):
+        return cli.call(run, cfg, user_errors=(TaskSpecError,))
+
+    def main():
+        cli.main(_hydra_main, "eval")
+
+    def run(cfg):
+        run_dir = cli.start_run(cfg)        # validate, make runs/<run_id>/, write versions.json
+        ...
+
+What ``main`` adds to Hydra:
+- ``task=<path>.json`` (any file) becomes ``task.spec_path=<path>``; ``task=<name>`` selects
+  ``configs/task/<name>.yaml``, else ``examples/tasks/<name>.json``.
+- A positional argument (``at-job examples/jobs/sft_full``) becomes ``<positional>=<value>``.
+- The config is composed and validated before Hydra starts, so a bad override or an impossible
+  combination ends with ONE line on stderr and exit code 2, never a traceback. Errors the command
+  declares as user errors (a missing file, a bad task spec) end the same way from inside the run.
+  ``HYDRA_FULL_ERROR=1`` shows the traceback instead.
+- Multirun (``-m``) is checked with the first value of each sweep; Hydra's own flags
+  (``--cfg job``, ``--help``) pass through untouched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import sys
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+from hydra.errors import HydraException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from agent_trainer.config import CONFIG_DIR, ConfigError, compose_config, validate
+from agent_trainer.paths import PROJECT_ROOT, resolve_path
+from agent_trainer.tracking import TrackingError
+
+TASKS_DIR = PROJECT_ROOT / "examples" / "tasks"
+VERSIONED_PACKAGES = ("torch", "transformers", "trl", "peft", "lightning", "mlflow", "hydra-core", "omegaconf",
+                      "datasets", "accelerate", "pydantic", "agent-trainer")
+# Hydra flags followed by a value (so that value is not taken for a positional argument).
+_FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn",
+                     "--config-dir", "-cd", "--experimental-rerun", "--shell-completion", "-sc"}
+
+
+class UserError(Exception):
+    """A mistake the user can fix; printed as one line, no traceback."""
+
+
+# Raised by agent_trainer itself for user mistakes; scripts add their packages' error classes.
+USER_ERRORS: tuple[type[BaseException], ...] = (UserError, ConfigError, TrackingError, FileNotFoundError)
+
+
+def prog() -> str:
+    """The command's name as typed (``at-eval``)."""
+    return Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "agent-trainer"
+
+
+def fail(message: str, code: int = 2) -> None:
+    """Print ``<prog>: error: <message>`` on one line to stderr and exit with ``code``."""
+    print(f"{prog()}: error: {' '.join(str(message).split())}", file=sys.stderr)
+    sys.exit(code)
+
+
+def one_line(exc: BaseException) -> str:
+    """A Hydra/OmegaConf/user exception and its causes as one readable line."""
+    chain, e = [], exc
+    while e is not None and len(chain) < 4:
+        chain.append(e)
+        e = e.__cause__
+    texts = []
+    for e in chain:
+        text = re.split(r"\n\s*Config search path:", str(e))[0]
+        text = re.sub(r"\n\s*(full_key|object_type|reference_type)[:=].*", "", text)
+        text = re.sub(r"\s*See https://hydra\.cc\S*( for details)?", "", text)
+        options = re.search(r"Available options in '([^']+)':((?:\n\t.*)*)", text)
+        if options:
+            names = [n.strip() for n in options.group(2).split("\n") if n.strip()]
+            text = text[: options.start()].rstrip() + f"; available {options.group(1)} options: {', '.join(names)}"
+        text = " ".join(text.split())
+        if text and text not in texts:
+            texts.append(text)
+    override = re.match(r"Could not override '([^']+)'\.", texts[0]) if texts else None
+    if override and len(texts) > 1:  # Hydra's "+key to append" hint is wrong for typed configs
+        return f"bad override {override.group(1)}: {texts[1]}; list the valid keys with: {prog()} --cfg job"
+    merging = re.match(r"Error merging override (\S+)", texts[0]) if texts else None
+    if merging and len(texts) > 1:
+        return f"bad override {merging.group(1)}: {texts[1]}"
+    unparsable = getattr(exc, "override", None)  # hydra's OverrideParseException
+    if isinstance(unparsable, str):
+        return f"cannot parse override {unparsable!r}: {texts[0] if texts else ''} (grammar: key=value, group=option)"
+    return ": ".join(texts) or type(exc).__name__
+
+
+def rewrite_args(argv: Sequence[str], positional: str | None = None) -> list[str]:
+    """Turn ``task=<file>.json``/``task=<spec name>`` and a positional argument into Hydra overrides."""
+    out: list[str] = []
+    skip_next = False
+    for arg in argv:
+        if skip_next or arg.startswith("-"):
+            out.append(arg)
+            skip_next = arg in _FLAGS_WITH_VALUE
+            continue
+        if "=" not in arg:
+            if positional is None:
+                raise UserError(f"unexpected argument {arg!r}; overrides look like key=value, e.g. outer.lr=3e-4")
+            if any(a.startswith(f"{positional}=") for a in out):
+                raise UserError(f"more than one {positional} given ({arg!r}); give one")
+            arg = f"{positional}={arg}"
+        key, _, value = arg.partition("=")
+        if key.lstrip("+~") == "task" and value:
+            arg = _task_override(value)
+        out.append(arg)
+    return out
+
+
+def _task_override(value: str) -> str:
+    if "," in value or "(" in value:  # a sweep (-m task=a,b): Hydra resolves each option
+        return f"task={value}"
+    if value.endswith(".json") or "/" in value:
+        path = resolve_path(value)
+        if not path.is_file():
+            raise UserError(f"task spec {value!r} not found; task specs live in {TASKS_DIR.relative_to(PROJECT_ROOT)}/*.json")
+        return f"task.spec_path={path.resolve()}"
+    if (CONFIG_DIR / "task" / f"{value}.yaml").is_file():
+        return f"task={value}"
+    if (TASKS_DIR / f"{value}.json").is_file():
+        return f"task.spec_path={(TASKS_DIR / f'{value}.json').resolve()}"
+    known = sorted({p.stem for p in (CONFIG_DIR / "task").glob("*.yaml")} | {p.stem for p in TASKS_DIR.glob("*.json")})
+    raise UserError(f"unknown task {value!r}; known: {', '.join(known)} (or task=<path to a spec>.json)")
+
+
+def overrides_to_check(argv: Sequence[str]) -> list[str] | None:
+    """The overrides to compose up front: sweeps reduced to their first value (``-m a=1,2`` -> ``a=1``).
+
+    ``None`` when Hydra flags other than ``-m`` are present (``--cfg``, ``--help``...): Hydra handles those.
+    """
+    flags = [a for a in argv if a.startswith("-")]
+    if any(f not in ("-m", "--multirun") for f in flags):
+        return None
+    overrides = [a for a in argv if not a.startswith("-")]
+    if not flags:
+        return overrides
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    out = []
+    for o in OverridesParser.create().parse_overrides(overrides):
+        if not o.is_sweep_override():
+            out.append(o.input_line)
+        elif o.value_type is not None and o.value_type.name in ("SIMPLE_CHOICE_SWEEP", "RANGE_SWEEP"):
+            out.append(f"{o.get_key_element()}={next(iter(o.sweep_string_iterator()))}")
+        else:  # glob sweeps need Hydra's config loader; Hydra checks them itself
+            return None
+    return out
+
+
+def main(hydra_main: Callable[[], Any], config_name: str, positional: str | None = None) -> None:
+    """Rewrite argv, check the config up front (one-line errors), then run the ``@hydra.main`` function."""
+    full = os.environ.get("HYDRA_FULL_ERROR") == "1"
+    try:
+        argv = rewrite_args(sys.argv[1:], positional)
+        to_check = overrides_to_check(argv)
+        if to_check is not None:
+            validate(compose_config(to_check, config_name))
+    except USER_ERRORS + (HydraException, OmegaConfBaseException) as e:
+        if full:
+            raise
+        fail(one_line(e))
+    sys.argv = [sys.argv[0], *argv]
+    hydra_main()
+
+
+ErrorClasses = tuple[type[BaseException], ...]
+
+
+def call(run: Callable[[DictConfig], Any], cfg: DictConfig,
+         user_errors: ErrorClasses | Callable[[], ErrorClasses] = ()) -> Any:
+    """Run ``run(cfg)``; user errors end with one line and exit code 2, Ctrl-C with 130.
+
+    ``user_errors`` may be a callable: it is only evaluated when an exception occurs, so a script
+    can name error classes of heavy packages without importing them up front.
+    """
+    try:
+        return run(cfg)
+    except KeyboardInterrupt:
+        fail("interrupted", code=130)
+    except USER_ERRORS + tuple(user_errors() if callable(user_errors) else user_errors) as e:
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise
+        fail(one_line(e))
+
+
+# --- run folders ----------------------------------------------------------------------------
+
+
+def package_versions(names: Iterable[str] = VERSIONED_PACKAGES) -> dict[str, str | None]:
+    """Installed versions (``None`` when absent) plus python, read without importing the packages."""
+    versions: dict[str, str | None] = {"python": platform.python_version()}
+    for name in names:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def run_dir(cfg: DictConfig) -> Path:
+    """The run folder: Hydra's output dir inside an app, else ``<runs_dir>/<run_id>``."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if HydraConfig.initialized():
+        return Path(HydraConfig.get().runtime.output_dir)
+    return Path(str(cfg.runs_dir)) / str(cfg.run_id)
+
+
+def start_run(cfg: DictConfig) -> Path:
+    """Validate ``cfg``, fix its run_id, create the run folder with the resolved config and versions.json."""
+    validate(cfg)
+    folder = run_dir(cfg).resolve()
+    folder.mkdir(parents=True, exist_ok=True)
+    # ${now:...} would resolve again later; pin the id to the folder actually used (sweeps: "<id>/<n>").
+    runs = Path(str(cfg.runs_dir)).resolve()
+    with _writable(cfg):
+        cfg.run_id = str(folder.relative_to(runs)) if folder.is_relative_to(runs) else folder.name
+    (folder / "config.resolved.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    (folder / "versions.json").write_text(json.dumps(package_versions(), indent=2) + "\n")
+    if cfg.get("dry_run"):
+        print(f"dry run: resolved config written to {folder / 'config.resolved.yaml'}")
+    return folder
+
+
+class _writable:
+    """Temporarily lift read-only/struct flags that Hydra may have set."""
+
+    def __init__(self, cfg: DictConfig):
+        self.cfg, self.flag = cfg, OmegaConf.is_readonly(cfg)
+
+    def __enter__(self):
+        OmegaConf.set_readonly(self.cfg, False)
+
+    def __exit__(self, *exc):
+        OmegaConf.set_readonly(self.cfg, self.flag)
+
+
+def print_kv(rows: dict[str, Any], file=None) -> None:
+    """Aligned ``key: value`` lines on stdout (the human-readable result of a command)."""
+    width = max((len(k) for k in rows), default=0)
+    for k, v in rows.items():
+        print(f"{k:<{width}}  {v}", file=file or sys.stdout)

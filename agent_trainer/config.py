@@ -1,0 +1,327 @@
+"""Typed schemas behind every Hydra config group, registered in Hydra's ConfigStore.
+
+Every YAML file under ``configs/`` extends one of these dataclasses, so a mistyped key or a
+value of the wrong type fails when the config is composed, and the message names the key
+(``Key 'lrr' not in 'OuterConfig'``). Cross-field rules (impossible combinations) are checked
+by ``validate(cfg)``, which every command calls before doing any work.
+
+    >>> from agent_trainer.config import compose_config, validate
+    >>> cfg = compose_config(["experiment=smoke", "outer.lr=3e-4"])
+    >>> validate(cfg)          # raises ConfigError with the fix in the message
+
+Layout: the root schema ``Config`` (stored as ``schema/config``, merged at the top level) holds
+one node per group; each group's files pull their schema in with ``- /base/<group>@_here_``.
+Commands that take extra keys (``at-eval table=true``) use a subclass of ``Config``
+(``schema/eval`` ...), selected by their primary config file (``configs/eval.yaml``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field, fields, is_dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import MissingMandatoryValue
+
+from agent_trainer.paths import PROJECT_ROOT
+
+CONFIG_DIR = PROJECT_ROOT / "configs"
+
+
+class ConfigError(ValueError):
+    """A config that composes but cannot work; the message names the key and the fix."""
+
+
+def doc(default: Any = MISSING, help: str = "") -> Any:  # noqa: A002 - mirrors TRL's metadata name
+    """A dataclass field with its documentation in ``metadata['help']`` (a test checks every field has one)."""
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata={"help": help})
+    if is_dataclass(default) and isinstance(default, type):
+        return field(default_factory=default, metadata={"help": help})
+    return field(default=default, metadata={"help": help})
+
+
+# --- choices ------------------------------------------------------------------------------
+# Member names equal their values: OmegaConf matches YAML strings against the *names*.
+
+
+class Backend(StrEnum):
+    local = "local"  # a Hugging Face model in this process (CPU default)
+    openai = "openai"  # any OpenAI-compatible HTTP endpoint
+    vllm = "vllm"  # vLLM sampling on GPUs
+
+
+class Device(StrEnum):
+    cpu = "cpu"
+    cuda = "cuda"
+    auto = "auto"  # cuda when available, else cpu
+
+
+class Executor(StrEnum):
+    sequential = "sequential"  # one inner job at a time, in this machine
+    local_parallel = "local_parallel"  # several worker processes on this machine
+    submitit_local = "submitit_local"  # Hydra's submitit launcher, local mode
+    slurm = "slurm"  # Hydra's submitit launcher on a SLURM cluster
+    ray = "ray"  # Hydra's Ray launcher
+
+
+class StrategyMode(StrEnum):
+    none = "none"  # no intervention
+    check = "check"  # one explicit "switch strategy" instruction mid-run (arXiv 2608.19072)
+
+
+# --- group schemas ------------------------------------------------------------------------
+
+
+@dataclass
+class AgentConfig:
+    """The agent LLM that writes training jobs."""
+
+    backend: Backend = doc(Backend.local, "where the agent runs: local | openai | vllm")
+    model: str = doc("tiny-m", "model name: a registry name (local) or the served model name (openai, vllm)")
+    model_path: Optional[str] = doc(None, "local weights folder for the local/vllm backends; null = registry")
+    base_url: Optional[str] = doc(None, "OpenAI-compatible endpoint, e.g. http://localhost:8000/v1")
+    api_key_env: Optional[str] = doc(None, "NAME of the environment variable holding the API key, never the key")
+    temperature: float = doc(1.0, "sampling temperature of agent turns")
+    max_new_tokens: int = doc(512, "tokens the agent may generate per turn")
+    max_turns: int = doc(8, "agent turns (messages) per episode")
+    usd_per_1m_tokens_in: float = doc(0.0, "price of 1M prompt tokens, USD (the ledger uses it)")
+    usd_per_1m_tokens_out: float = doc(0.0, "price of 1M generated tokens, USD")
+
+
+@dataclass
+class TaskConfig:
+    """Which task spec single-task commands use, and which families the outer loop trains on."""
+
+    spec_path: str = doc(MISSING, "task spec JSON, e.g. examples/tasks/calc_chain_v1_fast.json")
+    train_families: list[str] = doc([], "families the outer loop samples training episodes from; [] = the spec's")
+    held_out_families: list[str] = doc([], "families scored every outer.heldout_every steps, never trained on")
+
+
+@dataclass
+class BudgetConfig:
+    """Spending caps, checked before each LLM call and each inner job (null = no cap)."""
+
+    max_usd_per_episode: Optional[float] = doc(0.5, "agent + inner-job USD one episode may spend")
+    max_tokens_per_episode: Optional[int] = doc(200_000, "agent tokens (in + out) per episode")
+    max_jobs_per_episode: int = doc(3, "inner jobs an episode may submit (validation probes are free)")
+    max_usd_per_run: Optional[float] = doc(20.0, "USD the whole run may spend")
+    max_tokens_per_run: Optional[int] = doc(20_000_000, "agent tokens the whole run may spend")
+
+
+@dataclass
+class HardwareConfig:
+    """Where inner jobs run and what the machine costs."""
+
+    device: Device = doc(Device.cpu, "cpu | cuda | auto")
+    threads_per_job: Optional[int] = doc(None, "torch threads per inner job; null = cores / max_parallel_jobs")
+    executor: Executor = doc(Executor.sequential, "sequential | local_parallel | submitit_local | slurm | ray")
+    max_parallel_jobs: int = doc(1, "inner jobs running at once")
+    gpus_per_job: int = doc(0, "GPUs per inner job (0 on CPU)")
+    usd_per_hour: float = doc(0.0, "price of the machine per hour, for the ledger")
+    slurm_partition: Optional[str] = doc(None, "SLURM partition (executor slurm only)")
+
+
+@dataclass
+class OuterConfig:
+    """The outer RL loop: group-relative policy gradient on the agent's LoRA."""
+
+    group_size: int = doc(4, "episodes per task spec per step (G); advantages compare them")
+    steps: int = doc(54, "outer policy-update steps")
+    tasks_per_step: int = doc(1, "task specs per outer step")
+    lr: float = doc(1e-4, "learning rate of the agent's LoRA")
+    lora_r: int = doc(16, "LoRA rank of the agent adapter")
+    lora_alpha: float = doc(32.0, "LoRA alpha (scale = alpha / r)")
+    clip_eps: float = doc(0.2, "PPO-style ratio clip epsilon")
+    kl_beta: float = doc(0.0, "KL penalty to the reference policy (0 = none, no reference model)")
+    max_grad_norm: float = doc(1.0, "gradient clipping norm")
+    max_steps_off_policy: int = doc(1, "how many policy versions old an episode may be (0 = strictly on-policy)")
+    heldout_every: int = doc(5, "score held-out families every N steps (0 = never)")
+
+
+@dataclass
+class InnerConfig:
+    """Defaults of every inner job (the task spec's budget still caps steps and seconds)."""
+
+    eval_size: Optional[int] = doc(None, "hidden-eval items; null = the task spec's hidden_eval_size")
+    eval_batch_size: int = doc(64, "sequences per batch in the hidden evaluation")
+    timeout_s: Optional[float] = doc(None, "hard kill deadline of a job's training process; null = task max_seconds x 1.5 + 60")
+    sandbox: bool = doc(True, "run agent-written code in the sandbox (bubblewrap); off only for trusted jobs")
+    cache: bool = doc(True, "reuse cached baselines and results of identical jobs")
+
+
+@dataclass
+class ModelConfig:
+    """A base model for inner jobs and evaluation, resolved by ``inner_loop.models.resolve_model``."""
+
+    name: str = doc(MISSING, "registry name: tiny-s | tiny-m | qwen3-0.6b | qwen3-1.7b")
+    path: Optional[str] = doc(None, "a local folder with the weights; null = the registry's cache folder")
+
+
+@dataclass
+class StrategyConfig:
+    """Strategy intervention protocol."""
+
+    mode: StrategyMode = doc(StrategyMode.none, "none | check")
+    after_jobs: int = doc(1, "check: jobs finished before the switch instruction is given (the fork point)")
+    message: str = doc("", "check: the instruction given at the fork point")
+
+
+@dataclass
+class TrackingConfig:
+    """MLflow: SQLite in the runs folder by default, a server by override."""
+
+    enabled: bool = doc(True, "log params, metrics and artifacts to MLflow")
+    tracking_uri: str = doc("sqlite:///${abspath:${runs_dir}}/mlflow.db", "sqlite:///<abs path> or http(s)://host:port")
+    experiment: str = doc("agent-trainer", "MLflow experiment name")
+    artifact_location: Optional[str] = doc(
+        "${abspath:${runs_dir}}/mlartifacts", "where new experiments keep artifacts; null = the server's default"
+    )
+    connect_timeout_s: float = doc(5.0, "seconds to wait for a tracking server at start-up")
+
+
+@dataclass
+class Config:
+    """The root: one node per group plus run-wide settings."""
+
+    seed: int = doc(0, "seed of everything random in the run")
+    run_id: str = doc("${now:%Y-%m-%d_%H-%M-%S}", "run folder name under runs_dir (time-stamped by default)")
+    runs_dir: str = doc("runs", "where run folders and the MLflow SQLite file live")
+    cache_dir: Optional[str] = doc(None, "model/baseline cache; null = $AGENT_TRAINER_CACHE or ~/.cache/agent-trainer")
+    dry_run: bool = doc(False, "write the resolved config into the run folder and exit")
+    agent: AgentConfig = doc(AgentConfig, "the agent LLM")
+    task: TaskConfig = doc(TaskConfig, "task spec and family split")
+    budget: BudgetConfig = doc(BudgetConfig, "spending caps")
+    hardware: HardwareConfig = doc(HardwareConfig, "devices and executors")
+    outer: OuterConfig = doc(OuterConfig, "outer RL loop")
+    inner: InnerConfig = doc(InnerConfig, "inner job defaults")
+    model: ModelConfig = doc(ModelConfig, "base model of single-model commands (at-eval)")
+    strategy: StrategyConfig = doc(StrategyConfig, "strategy intervention")
+    tracking: TrackingConfig = doc(TrackingConfig, "MLflow")
+
+
+@dataclass
+class ModelsCommand(Config):
+    """``at-models``: build the tiny models."""
+
+    force: bool = doc(False, "rebuild models that are already in the cache")
+
+
+@dataclass
+class EvalCommand(Config):
+    """``at-eval``: hidden score of a model on a task, next to the cached baseline."""
+
+    table: bool = doc(False, "print the whole baseline table instead of one score")
+    checkpoint: Optional[str] = doc(None, "a trained model folder to score against the base model's baseline; null = the base model")
+
+
+@dataclass
+class JobCommand(Config):
+    """``at-job <job_dir>``: validate, train, score one job folder."""
+
+    job_dir: str = doc(MISSING, "job folder holding job.yaml (the first positional argument)")
+
+
+GROUP_SCHEMAS: dict[str, type] = {
+    "agent": AgentConfig, "task": TaskConfig, "budget": BudgetConfig, "hardware": HardwareConfig,
+    "outer": OuterConfig, "inner": InnerConfig, "model": ModelConfig, "strategy": StrategyConfig,
+    "tracking": TrackingConfig,
+}
+COMMAND_SCHEMAS: dict[str, type] = {
+    "config": Config, "models": ModelsCommand, "eval": EvalCommand, "job": JobCommand,
+}
+
+
+def _abspath(path: str) -> str:
+    return str(Path(os.path.expanduser(str(path))).resolve())
+
+
+def register() -> None:
+    """Register the schemas and the ``abspath`` resolver (idempotent; done on import)."""
+    if not OmegaConf.has_resolver("abspath"):
+        OmegaConf.register_new_resolver("abspath", _abspath)
+    cs = ConfigStore.instance()
+    for name, schema in COMMAND_SCHEMAS.items():
+        cs.store(group="schema", name=name, node=schema, package="_global_")
+    for group, schema in GROUP_SCHEMAS.items():
+        cs.store(group="base", name=group, node=schema)
+
+
+register()
+
+
+# --- composing and validating ---------------------------------------------------------------
+
+
+def compose_config(overrides: Sequence[str] = (), config_name: str = "config") -> DictConfig:
+    """Compose ``configs/<config_name>.yaml`` with overrides, outside a Hydra app (tests, notebooks)."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+        return compose(config_name, overrides=list(overrides))
+
+
+_REQUIRED_HINTS = {
+    "job_dir": "give the job folder as the first argument, e.g. at-job examples/jobs/sft_full",
+    "task.spec_path": "choose a task: task=<name> or task=<path to a spec>.json",
+    "model.name": "choose a model: model=tiny-s",
+}
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+def validate(cfg: DictConfig) -> Config:
+    """Resolve ``cfg``, check cross-field rules and return it as schema objects; raises ``ConfigError``."""
+    try:
+        obj = OmegaConf.to_object(cfg)
+    except MissingMandatoryValue as e:
+        key = getattr(e, "full_key", "") or "a required key"
+        raise ConfigError(f"{key} has no value; {_REQUIRED_HINTS.get(key, f'set it: {key}=<value>')}") from None
+    except Exception as e:  # failed interpolations, bad values set after composition
+        raise ConfigError(" ".join(str(e).split()).split(" full_key:")[0]) from None
+    _check(isinstance(obj, Config), f"not an agent-trainer config (got {type(obj).__name__}); compose configs/config.yaml")
+    a, t, h, o, b = obj.agent, obj.task, obj.hardware, obj.outer, obj.budget
+    if a.api_key_env is not None:
+        _check(
+            bool(_ENV_NAME.match(a.api_key_env)) and not a.api_key_env.startswith("sk-"),
+            "agent.api_key_env takes the NAME of an environment variable (e.g. OPENAI_API_KEY), not the key itself",
+        )
+    _check(a.backend != Backend.openai or a.api_key_env is not None,
+           "agent.backend=openai needs agent.api_key_env, the name of the variable holding the key (e.g. OPENAI_API_KEY)")
+    _check(a.max_turns >= 1 and a.max_new_tokens >= 1, "agent.max_turns and agent.max_new_tokens must be >= 1")
+    overlap = sorted(set(t.train_families) & set(t.held_out_families))
+    _check(not overlap, f"task: families {overlap} are both trained on and held out; remove them from one list")
+    _check(h.max_parallel_jobs >= 1, "hardware.max_parallel_jobs must be >= 1")
+    _check(h.executor != Executor.sequential or h.max_parallel_jobs == 1,
+           "hardware.executor=sequential runs one job at a time; set hardware.max_parallel_jobs=1 "
+           "or hardware.executor=local_parallel")
+    _check(h.device != Device.cpu or h.gpus_per_job == 0, "hardware.device=cpu cannot use hardware.gpus_per_job > 0")
+    _check(h.threads_per_job is None or h.threads_per_job >= 1, "hardware.threads_per_job must be >= 1 or null")
+    _check(o.group_size >= 2, "outer.group_size must be >= 2: group-relative advantages compare episodes of one task")
+    _check(o.steps >= 1 and o.tasks_per_step >= 1, "outer.steps and outer.tasks_per_step must be >= 1")
+    _check(o.lr > 0 and o.clip_eps > 0 and o.kl_beta >= 0, "outer.lr and outer.clip_eps must be > 0, outer.kl_beta >= 0")
+    _check(o.max_steps_off_policy >= 0 and o.heldout_every >= 0, "outer.max_steps_off_policy and outer.heldout_every must be >= 0")
+    _check(b.max_jobs_per_episode >= 1, "budget.max_jobs_per_episode must be >= 1")
+    for key in ("max_usd_per_episode", "max_tokens_per_episode", "max_usd_per_run", "max_tokens_per_run"):
+        value = getattr(b, key)
+        _check(value is None or value > 0, f"budget.{key} must be > 0 or null (no cap), got {value}")
+    _check(obj.inner.timeout_s is None or obj.inner.timeout_s > 0, "inner.timeout_s must be > 0 or null")
+    _check(obj.inner.eval_batch_size >= 1, "inner.eval_batch_size must be >= 1")
+    _check(obj.inner.eval_size is None or obj.inner.eval_size >= 1, "inner.eval_size must be >= 1 or null")
+    _check(obj.strategy.mode != StrategyMode.check or bool(obj.strategy.message.strip()),
+           "strategy=check needs strategy.message, the switch instruction given at the fork point")
+    return obj
+
+
+def field_help(schema: type) -> dict[str, str]:
+    """``{field: help}`` of a schema, for docs and ``--help`` texts."""
+    return {f.name: f.metadata.get("help", "") for f in fields(schema)}

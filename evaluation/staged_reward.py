@@ -1,0 +1,138 @@
+"""Staged reward of an episode: validation, job success, quality (uplift), speed; each kept apart.
+
+    >>> from evaluation.staged_reward import JobOutcome, RewardWeights, staged_reward
+    >>> r = staged_reward(validation_failures=1,
+    ...                   job=JobOutcome(status="ok", post_score=0.30, baseline=0.12, train_seconds=40,
+    ...                                  budget_seconds=90))
+    >>> r.total, r.to_dict()
+
+Stages (each in [0, 1] except quality, in [-w_uplift, 1]):
+
+- validation = ``validation_decay ** failures`` where ``failures`` counts the invalid validations
+  (``validate_job`` calls and submissions the probe refused) before the first valid one; 1.0 when
+  valid at the first try, 0 when never valid.
+- job_success = 1 when the job ended ``ok``, else 0.
+- quality = ``w_post * post + w_uplift * normalized_uplift``, where ``post`` is the hidden score of
+  the trained model and ``uplift = post - baseline``. The uplift is normalised by the room it had:
+  ``uplift / (1 - baseline)`` when it is a gain (the share of the remaining headroom won),
+  ``uplift / baseline`` when it is a loss (the share of the base's skill destroyed), so a perfect
+  job scores +1 whatever the base, a job that wipes the model out scores -1, and both are clipped
+  to [-1, 1] (denominators floored at 1e-6). A flagged job (training data that overlaps the hidden
+  set) scores as its baseline: post = baseline, uplift 0.
+- speed = ``clip(1 - train_seconds / budget_seconds, 0, 1)``, only for an ``ok`` job (a crash in
+  one second must not look fast).
+
+A ``timeout`` job that the harness still scored (a graceful stop saves the model) earns
+``timeout_quality_factor`` of its quality and no success or speed; any other status earns no
+quality. Total = w_validation * validation + w_success * job_success + w_quality * quality
++ w_speed * speed; defaults 0.35 / 0 / 0.60 / 0.05 with quality = 0.25 post + 0.75 uplift, the
+weights of the "AI trains AI" paper. All weights live in ``RewardWeights``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass(frozen=True)
+class RewardWeights:
+    """Weights of the stages and of quality's two parts; validation decays by ``validation_decay`` per retry."""
+
+    validation: float = 0.35
+    success: float = 0.0
+    quality: float = 0.60
+    speed: float = 0.05
+    post: float = 0.25
+    uplift: float = 0.75
+    validation_decay: float = 0.5
+    timeout_quality_factor: float = 0.5
+
+    def __post_init__(self) -> None:
+        for name, v in asdict(self).items():
+            if v < 0:
+                raise ValueError(f"reward weight {name} must be >= 0, got {v}")
+        if not 0 <= self.validation_decay <= 1:
+            raise ValueError(f"validation_decay must be in [0, 1], got {self.validation_decay}")
+        if self.timeout_quality_factor > 1:
+            raise ValueError(f"timeout_quality_factor must be in [0, 1], got {self.timeout_quality_factor}")
+
+
+@dataclass(frozen=True)
+class JobOutcome:
+    """What the harness knows about the job an episode is judged by (plain numbers, no imports)."""
+
+    status: str
+    post_score: float | None = None
+    baseline: float | None = None
+    train_seconds: float = 0.0
+    budget_seconds: float = 1.0
+    flagged: bool = False
+
+
+@dataclass(frozen=True)
+class StagedReward:
+    """Every stage, the numbers behind quality, and the weighted total."""
+
+    validation: float
+    job_success: float
+    quality: float
+    speed: float
+    total: float
+    post_score: float | None = None
+    baseline: float | None = None
+    uplift: float | None = None
+    normalized_uplift: float | None = None
+    flagged: bool = False
+    weights: RewardWeights = field(default_factory=RewardWeights)
+
+    def to_dict(self) -> dict:
+        """Flat dict for MLflow metrics and trajectory files (weights under ``w_``)."""
+        d = {k: v for k, v in asdict(self).items() if k != "weights"}
+        d.update({f"w_{k}": v for k, v in asdict(self.weights).items()})
+        return d
+
+
+def _clip(x: float, lo: float, hi: float) -> float:
+    return max(lo, min(hi, x))
+
+
+def validation_score(failures: int | None, decay: float = 0.5) -> float:
+    """1.0 valid at the first try, ``decay ** failures`` after retries, 0 when never valid (None)."""
+    if failures is None:
+        return 0.0
+    if failures < 0:
+        raise ValueError(f"failures must be >= 0 or None, got {failures}")
+    return decay ** failures
+
+
+def normalized_uplift(post: float, baseline: float) -> float:
+    """Gain as a share of the headroom ``1 - baseline``, loss as a share of ``baseline``; in [-1, 1]."""
+    uplift = post - baseline
+    room = 1.0 - baseline if uplift >= 0 else baseline
+    return _clip(uplift / max(1e-6, room), -1.0, 1.0)
+
+
+def staged_reward(validation_failures: int | None, job: JobOutcome | None,
+                  weights: RewardWeights | None = None) -> StagedReward:
+    """The staged reward of one episode; ``job`` None when nothing was submitted (or none ran)."""
+    w = weights or RewardWeights()
+    validation = validation_score(validation_failures, w.validation_decay)
+    success = quality = speed = 0.0
+    post = base = up = nup = None
+    flagged = bool(job and job.flagged)
+    if job is not None:
+        success = 1.0 if job.status == "ok" else 0.0
+        scored = job.status in ("ok", "timeout") and job.post_score is not None and job.baseline is not None
+        if scored:
+            base = float(job.baseline)
+            post = base if flagged else float(job.post_score)
+            up = post - base
+            nup = normalized_uplift(post, base)
+            quality = w.post * post + w.uplift * nup
+            if job.status == "timeout":
+                quality *= w.timeout_quality_factor
+        if job.status == "ok":
+            speed = _clip(1.0 - job.train_seconds / max(1e-9, job.budget_seconds), 0.0, 1.0)
+    total = w.validation * validation + w.success * success + w.quality * quality + w.speed * speed
+    return StagedReward(validation=validation, job_success=success, quality=quality, speed=speed, total=total,
+                        post_score=post, baseline=base, uplift=up, normalized_uplift=nup, flagged=flagged, weights=w)

@@ -1,0 +1,84 @@
+"""Cost model of an inner job: estimated wall seconds and USD, before the job runs.
+
+    >>> from inner_loop.cost import CostModel, estimate_cost
+    >>> estimate_cost(spec, CostModel()).summary()     # '48 s, $0.0013 (150 steps, ...)'
+
+The model is deliberately simple and linear, calibrated on this project's CPU default (2 cores,
+tiny-s = 64 hidden / 2 layers, TRL on CPU; figures from the team's FACTS.md)::
+
+    seconds = startup_s + steps * step_s * model_factor[base_model] * (lora_factor if peft)
+    GRPO step_s = grpo_step_s + completions_per_step * max_completion_length * grpo_token_s
+    SFT  step_s = sft_step_s  + batch_size * sft_sequence_s
+    usd = seconds / 3600 * usd_per_hour
+
+Calibration points (measured, whole process): GRPO 32 prompts x 8 generations, 75 steps 31 s and
+150 steps ~50 s; GRPO 64 completions/step ~10-13 steps/s; SFT batch 64 ~20-27 steps/s, 150 steps
+22 s, 400 steps 31 s; LoRA adds ~10 % (GRPO) and ~20-40 % (SFT); a fresh process pays ~12-15 s of
+imports and loading. The qwen3 factors are rough CPU extrapolations by parameter count (a 135 M
+model took ~16 s per 16-completion GRPO step); give a GPU its own ``CostModel``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Slowdown per step relative to tiny-s, on the same hardware.
+DEFAULT_MODEL_FACTORS = {"tiny-s": 1.0, "tiny-m": 1.8, "qwen3-0.6b": 1200.0, "qwen3-1.7b": 3500.0}
+KNOWN_BASE_MODELS = tuple(DEFAULT_MODEL_FACTORS)
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Coefficients of the linear cost model (see the module docstring)."""
+
+    startup_s: float = 15.0
+    grpo_step_s: float = 0.047
+    grpo_token_s: float = 0.0000567
+    sft_step_s: float = 0.008
+    sft_sequence_s: float = 0.0005
+    lora_factor_grpo: float = 1.15
+    lora_factor_sft: float = 1.4
+    usd_per_hour: float = 0.10
+    model_factors: dict = field(default_factory=lambda: dict(DEFAULT_MODEL_FACTORS))
+
+
+@dataclass
+class CostEstimate:
+    """Estimated seconds and USD of one job, and how they were computed."""
+
+    seconds: float
+    usd: float
+    steps: int
+    step_seconds: float
+    startup_seconds: float
+    formula: str
+
+    def steps_within(self, seconds: float) -> int:
+        """How many steps fit in ``seconds`` under the same per-step cost."""
+        return max(0, int((seconds - self.startup_seconds) / self.step_seconds)) if self.step_seconds else self.steps
+
+    def summary(self) -> str:
+        return (f"{self.seconds:.0f} s, ${self.usd:.4f} ({self.steps} steps x {self.step_seconds:.3f} s "
+                f"+ {self.startup_seconds:.0f} s start-up; {self.formula})")
+
+
+def estimate_cost(spec, model: CostModel | None = None, steps: int | None = None) -> CostEstimate:
+    """Estimate the cost of a JobSpec; ``steps`` overrides ``hyperparameters.max_steps``."""
+    model = model or CostModel()
+    hp = spec.hyperparameters
+    steps = hp.max_steps if steps is None else steps
+    factor = model.model_factors.get(spec.base_model, max(model.model_factors.values()))
+    if spec.algorithm == "grpo":
+        step = model.grpo_step_s + hp.batch_size * hp.max_completion_length * model.grpo_token_s
+        lora = model.lora_factor_grpo if spec.peft else 1.0
+        formula = f"grpo, {hp.batch_size} completions x {hp.max_completion_length} tokens"
+    else:
+        step = model.sft_step_s + hp.batch_size * model.sft_sequence_s
+        lora = model.lora_factor_sft if spec.peft else 1.0
+        formula = f"sft, batch {hp.batch_size}"
+    step *= factor * lora
+    formula += f", {spec.base_model} x{factor:g}" + (f", lora x{lora:g}" if spec.peft else "")
+    seconds = model.startup_s + steps * step
+    return CostEstimate(seconds=round(seconds, 2), usd=round(seconds / 3600 * model.usd_per_hour, 6), steps=steps,
+                        step_seconds=round(step, 5), startup_seconds=model.startup_s,
+                        formula=formula + f", ${model.usd_per_hour}/h")

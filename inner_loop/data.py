@@ -1,0 +1,142 @@
+"""Training rows of a job: library family sources mixed by weight, plus the job's ``data.jsonl``.
+
+    >>> from inner_loop.data import build_rows
+    >>> rows = build_rows(spec, job_dir, default_family="calc_chain")
+    >>> rows[0]   # {"prompt": "calc: 12+7-3=", "answer": "16", "family": "calc_chain"}
+
+Mixing: each source draws ``size`` items from its family's agent-facing generator (its pool).
+The mixed stream has ``sum(size)`` rows; source ``i`` fills ``weight_i / sum(weight)`` of it,
+repeating its pool or taking a seeded subsample. File rows are appended, then everything is
+shuffled with the job seed: the same job gives the same rows, in the same order, everywhere.
+
+Family generators never return hidden-set items (``evaluation.families.base``), so library
+rows are clean by construction; agent-written rows are checked for overlap by the harness.
+
+A data file has one JSON object per line with string ``prompt`` and ``answer``; an optional
+string ``family`` and other scalar columns (passed to reward functions as keyword arguments).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+from evaluation.families import FAMILIES, get_family
+
+MAX_FILE_BYTES = 20 * 1024 * 1024
+MAX_ROWS = 100_000
+MAX_PROMPT_CHARS = 2000
+_MAX_LISTED = 5
+
+
+class DataFileError(ValueError):
+    """A data file with problems; ``problems`` lists ``(line number, message)``, the message the first few."""
+
+    def __init__(self, path: Path, problems: list[tuple[int, str]]):
+        self.path, self.problems = path, problems
+        shown = "; ".join(f"line {n}: {m}" if n else m for n, m in problems[:_MAX_LISTED])
+        more = f" (and {len(problems) - _MAX_LISTED} more)" if len(problems) > _MAX_LISTED else ""
+        super().__init__(f"{path.name}: {shown}{more}")
+
+
+def _check_row(obj: object) -> str | None:
+    """Why a parsed line is not a usable row, or None when it is."""
+    if not isinstance(obj, dict):
+        return f"expected a JSON object like {{\"prompt\": \"...\", \"answer\": \"...\"}}, got {type(obj).__name__}"
+    for key in ("prompt", "answer"):
+        if key not in obj:
+            return f"missing key {key!r}; every row needs \"prompt\" and \"answer\""
+        if not isinstance(obj[key], str):
+            return f"{key!r} must be a string, got {type(obj[key]).__name__} (write it in quotes)"
+        if not obj[key].strip():
+            return f"{key!r} is empty"
+    if len(obj["prompt"]) > MAX_PROMPT_CHARS:
+        return f"prompt has {len(obj['prompt'])} characters; keep prompts under {MAX_PROMPT_CHARS}"
+    fam = obj.get("family")
+    if fam is not None and fam not in FAMILIES:
+        return f"unknown family {fam!r}; known: {', '.join(sorted(FAMILIES))} (or leave family out)"
+    for key, value in obj.items():
+        if value is not None and not isinstance(value, (str, int, float, bool)):
+            return f"column {key!r} must be a string, number, boolean or null, got {type(value).__name__}"
+    return None
+
+
+def read_data_file(path: str | Path) -> list[dict]:
+    """Rows of a JSONL data file; raises ``DataFileError`` naming the bad lines and the fix."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataFileError(path, [(0, "file not found in the job folder; write it or remove data.file")])
+    if path.stat().st_size > MAX_FILE_BYTES:
+        raise DataFileError(path, [(0, f"file is over {MAX_FILE_BYTES // 2**20} MB; use fewer rows")])
+    rows: list[dict] = []
+    problems: list[tuple[int, str]] = []
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise DataFileError(path, [(0, "file is not UTF-8 text")]) from None
+    for n, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            problems.append((n, f"not valid JSON ({e.msg} at column {e.colno})"))
+            continue
+        why = _check_row(obj)
+        if why:
+            problems.append((n, why))
+        else:
+            rows.append(obj)
+    if problems:
+        raise DataFileError(path, problems)
+    if not rows:
+        raise DataFileError(path, [(0, "file has no rows; add lines like {\"prompt\": \"calc: 2+3=\", \"answer\": \"5\"}")])
+    if len(rows) > MAX_ROWS:
+        raise DataFileError(path, [(0, f"file has {len(rows)} rows; the limit is {MAX_ROWS}")])
+    return rows
+
+
+def _apportion(total: int, weights: list[float]) -> list[int]:
+    """Split ``total`` into integer shares proportional to ``weights`` (largest remainder, stable)."""
+    s = sum(weights)
+    exact = [total * w / s for w in weights]
+    shares = [int(x) for x in exact]
+    by_remainder = sorted(range(len(weights)), key=lambda i: (-(exact[i] - shares[i]), i))
+    for i in by_remainder[: total - sum(shares)]:
+        shares[i] += 1
+    return shares
+
+
+def library_rows(spec, seed: int | None = None) -> list[dict]:
+    """The mixed library rows of a job (not shuffled); ``seed`` defaults to the job seed."""
+    seed = spec.seed if seed is None else seed
+    sources = spec.data.sources
+    if not sources:
+        return []
+    quotas = _apportion(sum(s.size for s in sources), [s.weight for s in sources])
+    rows: list[dict] = []
+    for i, (src, quota) in enumerate(zip(sources, quotas)):
+        pool = [dict(ex.as_dict(), family=src.family)
+                for ex in get_family(src.family).training_examples(seed=src.seed, n=src.size)]
+        rng = random.Random(f"mix/{seed}/{i}")
+        full, rest = divmod(quota, len(pool))
+        rows.extend(pool * full + rng.sample(pool, rest))
+    return rows
+
+
+def build_rows(spec, job_dir: str | Path, default_family: str | None = None) -> list[dict]:
+    """All training rows of a job (dicts with ``prompt``, ``answer``, ``family``), shuffled by the job seed.
+
+    ``default_family`` (usually the task's family) labels file rows that carry no ``family``.
+    Raises ``DataFileError`` for a bad data file and ``FamilyError`` for a bad source.
+    """
+    rows = library_rows(spec)
+    if spec.data.file:
+        for row in read_data_file(Path(job_dir) / spec.data.file):
+            rows.append(dict(row, family=row.get("family") or default_family))
+    # Columns must agree across rows for datasets.Dataset.from_list: fill missing ones with None.
+    keys = sorted({k for r in rows for k in r})
+    rows = [{k: r.get(k) for k in keys} for r in rows]
+    random.Random(f"shuffle/{spec.seed}").shuffle(rows)
+    return rows

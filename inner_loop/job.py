@@ -1,0 +1,301 @@
+"""Run one inner job end to end: validate, train in a child process, score, write ``result.json``.
+
+    >>> from evaluation.tasks import load_task
+    >>> from inner_loop.job import run_job
+    >>> r = run_job("examples/jobs/sft_full", load_task("examples/tasks/calc_chain_v1_fast.json"))
+    >>> r.status, r.hidden_score, r.baseline, r.uplift      # harness-side numbers
+    >>> r.visible()                                         # what the agent may see (no hidden score)
+
+Statuses:
+- ``invalid``: ``validate_job`` found errors; nothing trained.
+- ``over_budget``: the estimated cost is above the task's USD cap (``budget.max_usd``); refused
+  before training (the validation findings say by how much).
+- ``crashed``: the job raised (a reward that raises, bad data...); ``error`` keeps the traceback tail.
+- ``diverged``: NaN/inf loss, gradient or weights, or the model fell below a uniform guess on its
+  own training answers (``inner_loop.runners.callbacks``); stopped early, nothing saved or scored.
+- ``timeout``: the training-time budget ran out. A graceful stop (the budget callback) saves the
+  partial model and the harness still scores it, so the result carries a hidden score and an
+  uplift; the staged reward decides what a timeout earns. A hard kill (at ``max_seconds * 1.5 +
+  60 s``) leaves no model and no score.
+- ``ok``: trained to the end of its steps, saved, scored.
+
+Files (in ``output_dir``, default ``<job_dir>/output``): ``result.json`` (written atomically),
+``train_log.jsonl``, ``trl_config.json``, ``train_status.json``, ``worker.log``, ``model/``.
+``result.json`` holds the hidden score: point ``output_dir`` outside any folder the agent can
+read (the outer loop does), and hand the agent ``JobResult.visible()`` only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass, field
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any, Callable
+
+from evaluation.tasks import TaskSpec, load_task
+
+RESULT_FILE = "result.json"
+STATUSES = ("ok", "invalid", "over_budget", "crashed", "timeout", "diverged")
+KILL_FACTOR, KILL_MARGIN_S = 1.5, 60.0
+# Architecture fields a checkpoint must share with its declared base model (no model substitution).
+_ARCH_KEYS = ("model_type", "architectures", "hidden_size", "num_hidden_layers", "num_attention_heads",
+              "num_key_value_heads", "intermediate_size", "vocab_size")
+_LIBRARIES = ("torch", "transformers", "trl", "peft", "datasets", "accelerate", "tokenizers")
+
+
+@dataclass
+class JobResult:
+    """Everything the harness knows about one job; ``visible()`` is the agent's share of it."""
+
+    status: str
+    task: str
+    family: str
+    job_dir: str
+    output_dir: str
+    job_hash: str
+    base_model: str | None = None
+    algorithm: str | None = None
+    seed: int | None = None
+    findings: list[dict] = field(default_factory=list)
+    detail: str = ""
+    error: str = ""
+    steps: int = 0
+    planned_steps: int = 0
+    final_train_reward: float | None = None
+    final_train_loss: float | None = None
+    reward_curve: list[list[float]] = field(default_factory=list)
+    loss_curve: list[list[float]] = field(default_factory=list)
+    hidden_score: float | None = None
+    baseline: float | None = None
+    uplift: float | None = None
+    hidden_n: int = 0
+    # train: the training loop; process: the child's whole life (imports, data, training, saving);
+    # eval: hidden score and baseline; total: everything, validation included.
+    seconds: dict = field(default_factory=lambda: {"train": 0.0, "process": 0.0, "eval": 0.0, "total": 0.0})
+    estimated_usd: float | None = None
+    usd: float = 0.0
+    libraries: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def visible(self) -> dict[str, Any]:
+        """What an agent may see: status, findings, errors of its own code, training curves, time and cost.
+
+        Never the hidden score, the baseline or the uplift.
+        """
+        return {"status": self.status, "detail": self.detail, "error": self.error, "findings": self.findings,
+                "steps": self.steps, "planned_steps": self.planned_steps,
+                "final_train_reward": self.final_train_reward, "final_train_loss": self.final_train_loss,
+                "reward_curve": self.reward_curve, "loss_curve": self.loss_curve,
+                "seconds": {k: self.seconds[k] for k in ("train", "process", "total")},
+                "estimated_usd": self.estimated_usd, "usd": self.usd}
+
+
+def library_versions() -> dict[str, str]:
+    """Versions of the libraries that shape a job's numbers (read from metadata: no imports)."""
+    out = {"python": platform.python_version()}
+    for name in _LIBRARIES:
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = "missing"
+    return out
+
+
+def job_hash(job_dir: Path, spec=None) -> str:
+    """sha256 over the files the job uses (``job.yaml``, its data and reward files), by name and content."""
+    names = ["job.yaml"]
+    if spec is not None:
+        names += [spec.data.file] if spec.data.file else []
+        names += [spec.reward.file] if spec.reward and spec.uses_agent_code else []
+    h = hashlib.sha256()
+    for name in names:
+        p = Path(job_dir) / name
+        h.update(name.encode() + b"\0" + (p.read_bytes() if p.is_file() else b"<missing>") + b"\0")
+    return h.hexdigest()
+
+
+def _write_atomic(path: Path, data: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def _read_log(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue
+    return out
+
+
+def _curve(log: list[dict], key: str) -> list[list[float]]:
+    return [[r["step"], r[key]] for r in log if isinstance(r.get(key), (int, float))]
+
+
+def architecture_mismatch(checkpoint: Path, base: Path) -> str | None:
+    """Why ``checkpoint`` is not a model of ``base``'s architecture, or None when it is."""
+    try:
+        got = json.loads((Path(checkpoint) / "config.json").read_text())
+        want = json.loads((Path(base) / "config.json").read_text())
+    except (OSError, ValueError) as e:
+        return f"cannot read config.json: {e}"
+    if not any(Path(checkpoint).glob("*.safetensors")):
+        return "no safetensors weights in the checkpoint"
+    # Pickled weights can run code when loaded; the harness loads safetensors only.
+    pickled = [p.name for ext in ("*.bin", "*.pt", "*.pth", "*.pkl", "*.ckpt") for p in Path(checkpoint).glob(ext)]
+    if pickled:
+        return f"pickled weight files {pickled} next to the safetensors"
+    for key in _ARCH_KEYS:
+        if got.get(key) != want.get(key):
+            return f"{key} is {got.get(key)!r}, the base model has {want.get(key)!r}"
+    return None
+
+
+def _base_model_dir(name: str, cache_dir) -> Path:
+    from inner_loop.models import resolve_model
+
+    return Path(resolve_model(name, cache_dir=cache_dir))
+
+
+def _baseline(base_dir: Path, family: str, n: int) -> float:
+    try:
+        from evaluation.baselines import get_baseline
+    except ImportError:  # until the baseline cache lands: the same number, measured (not cached)
+        from evaluation.hidden_eval import score_checkpoint
+
+        return score_checkpoint(base_dir, family, n).score
+    return float(get_baseline(base_dir, family, n))
+
+
+def run_job(job_dir: str | Path, task: TaskSpec | str | Path, *, cache_dir: str | Path | None = None,
+            tracker=None, hidden_n: int | None = None, price_per_hour: float | None = None,
+            timeout_s: float | None = None, cost_model=None,
+            output_dir: str | Path | None = None, model_dir: str | Path | None = None, threads: int | None = None,
+            dry_run: bool = True, progress: bool = True,
+            wrap: Callable[[list[str]], list[str]] | None = None) -> JobResult:
+    """Validate, train (child process), score and record one job; never raises for a job's fault.
+
+    ``price_per_hour`` prices the machine (default: ``cost_model``'s, else ``CostModel()``'s $0.10);
+    ``cost_model`` (``inner_loop.cost.CostModel``) makes the validation's estimate fit other hardware.
+    ``model_dir`` uses that base-model folder instead of resolving ``base_model``; ``timeout_s``
+    overrides the hard kill deadline; ``wrap`` turns the child's argv into a sandboxed one (e.g.
+    a bubblewrap prefix); ``tracker`` is anything with ``log_params``/``log_metrics``/``log_artifact``
+    (``agent_trainer.tracking.Tracker``).
+    """
+    from inner_loop.cost import CostModel
+    from inner_loop.jobspec import JobSpecError, load_job
+    from inner_loop.validate import validate_job
+    from inner_loop.worker import run_worker
+
+    t_start = time.monotonic()
+    cost_model = cost_model or CostModel()
+    if price_per_hour is not None:
+        cost_model = dataclasses.replace(cost_model, usd_per_hour=price_per_hour)
+    price_per_hour = cost_model.usd_per_hour
+    task = task if isinstance(task, TaskSpec) else load_task(task)
+    job_dir = Path(job_dir)
+    out = Path(output_dir) if output_dir else job_dir / "output"
+    hidden_n = hidden_n or task.hidden_eval_size
+    res = JobResult(status="invalid", task=task.name, family=task.family, job_dir=str(job_dir), output_dir=str(out),
+                    job_hash=job_hash(job_dir), hidden_n=hidden_n, libraries=library_versions())
+
+    report = validate_job(job_dir, task, dry_run=dry_run, cache_dir=cache_dir, model_dir=model_dir,
+                          cost_model=cost_model)
+    res.findings = [asdict(f) for f in report.findings]
+    est = report.estimated_cost
+    res.estimated_usd = est.usd if est else None
+    if not report.ok:
+        over = est is not None and est.usd > task.budget.max_usd
+        res.status = "over_budget" if over else "invalid"
+        res.detail = (f"estimated ${est.usd:.4f} is over the task's ${task.budget.max_usd} cap; not run" if over
+                      else f"{len(report.errors)} validation error(s); nothing was trained")
+        return _finish(res, out, t_start, price_per_hour, tracker)
+
+    try:
+        spec = load_job(job_dir)
+    except JobSpecError as e:  # changed between validation and now
+        res.detail = str(e)
+        return _finish(res, out, t_start, price_per_hour, tracker)
+    res.job_hash = job_hash(job_dir, spec)
+    res.base_model, res.algorithm, res.seed = spec.base_model, spec.strategy_algorithm(), spec.seed
+    base_dir = Path(model_dir) if model_dir else _base_model_dir(spec.base_model, cache_dir)
+
+    deadline = timeout_s or task.budget.max_seconds * KILL_FACTOR + KILL_MARGIN_S
+    run = run_worker(job_dir, base_dir, task.family, out, max_steps=task.budget.max_steps,
+                     max_seconds=task.budget.max_seconds, deadline_s=deadline, threads=threads,
+                     progress=progress, wrap=wrap)
+    st = run.status
+    res.status = st.get("status", "crashed")
+    res.detail, res.error = st.get("detail", ""), st.get("error", "")
+    res.steps, res.planned_steps = int(st.get("steps") or 0), int(st.get("planned_steps") or 0)
+    res.seconds["train"], res.seconds["process"] = float(st.get("seconds") or 0.0), run.wall_seconds
+    log = _read_log(out / "train_log.jsonl")
+    if log:  # a crash mid-run leaves the steps it made in the log only
+        res.steps = max(res.steps, int(log[-1].get("step", 0)))
+    res.reward_curve, res.loss_curve = _curve(log, "reward"), _curve(log, "loss")
+    res.final_train_reward = res.reward_curve[-1][1] if res.reward_curve else None
+    res.final_train_loss = res.loss_curve[-1][1] if res.loss_curve else None
+
+    model_out = out / "model"
+    if res.status in ("ok", "timeout") and st.get("model_dir") and model_out.is_dir():
+        _score(res, model_out, base_dir)
+    return _finish(res, out, t_start, price_per_hour, tracker, log)
+
+
+def _score(res: JobResult, checkpoint: Path, base_dir: Path) -> None:
+    """Hidden score, baseline and uplift of a saved checkpoint (in this, the harness, process)."""
+    from evaluation.hidden_eval import score_checkpoint
+
+    why = architecture_mismatch(checkpoint, base_dir)
+    if why:
+        res.status, res.detail = "crashed", f"the saved model is not a {res.base_model} model ({why}); not scored"
+        return
+    t0 = time.monotonic()
+    try:
+        res.hidden_score = float(score_checkpoint(checkpoint, res.family, res.hidden_n).score)
+        res.baseline = _baseline(base_dir, res.family, res.hidden_n)
+    except Exception as e:  # a checkpoint the harness cannot read is the job's failure, not the harness's
+        res.status, res.detail = "crashed", f"the hidden evaluation could not score the model: {type(e).__name__}: {e}"
+        res.hidden_score = res.baseline = None
+    res.seconds["eval"] = round(time.monotonic() - t0, 3)
+    if res.hidden_score is not None and res.baseline is not None:
+        res.uplift = round(res.hidden_score - res.baseline, 6)
+
+
+def _finish(res: JobResult, out: Path, t_start: float, price_per_hour: float, tracker, log: list[dict] = ()) -> JobResult:
+    res.seconds["total"] = round(time.monotonic() - t_start, 3)
+    res.usd = round(res.seconds["total"] / 3600 * price_per_hour, 6)
+    out.mkdir(parents=True, exist_ok=True)
+    _write_atomic(out / RESULT_FILE, res.as_dict())
+    if tracker is not None:
+        _track(tracker, res, out, log)
+    return res
+
+
+def _track(tracker, res: JobResult, out: Path, log) -> None:
+    """Params, per-step training metrics, final metrics and the job's files, to MLflow (or any tracker)."""
+    tracker.log_params({"job.hash": res.job_hash, "job.status": res.status, "job.task": res.task,
+                        "job.base_model": res.base_model, "job.algorithm": res.algorithm, "job.seed": res.seed,
+                        **{f"lib.{k}": v for k, v in res.libraries.items()}})
+    for rec in log:
+        tracker.log_metrics({f"train/{k}": v for k, v in rec.items()
+                             if k != "step" and "/" not in k and isinstance(v, (int, float))}, step=rec["step"])
+    final = {"job/hidden_score": res.hidden_score, "job/baseline": res.baseline, "job/uplift": res.uplift,
+             "job/steps": res.steps, "job/final_train_reward": res.final_train_reward, "job/usd": res.usd,
+             **{f"job/seconds_{k}": v for k, v in res.seconds.items()}}
+    tracker.log_metrics(final, step=res.steps)
+    for name in (RESULT_FILE, "train_log.jsonl", "trl_config.json"):
+        if (out / name).is_file():
+            tracker.log_artifact(out / name)

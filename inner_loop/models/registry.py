@@ -1,0 +1,209 @@
+"""Base models by name: the tiny models this project builds, and real Qwen3 models from a local folder.
+
+    >>> from inner_loop.models import resolve_model, load_model, load_tokenizer
+    >>> path = resolve_model("tiny-s")          # built into the cache on first use (~1 minute)
+    >>> model, tok = load_model(path), load_tokenizer(path)
+
+Cache layout: ``<cache>/models/<name>-seed<seed>-v<BUILD_VERSION>/`` holding ``model.safetensors``,
+``config.json``, the tokenizer files and ``manifest.json`` (seed, build config, library versions,
+sha256 of every file). Builds run in a temporary folder that is renamed into place when complete,
+under an ``fcntl`` lock, so processes that ask at the same time build once and never see half a model.
+
+Real models (``qwen3-0.6b``, ``qwen3-1.7b``) are never downloaded: put the Hugging Face folder
+(``Qwen3-0.6B`` with its config.json, safetensors and tokenizer files) under
+``$AGENT_TRAINER_QWEN3_DIR`` or ``<cache>/hf/``.
+
+More builders (issue 4: the tiny agent model) join ``build_all`` with ``register_builder``.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import tempfile
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from agent_trainer.paths import cache_dir as default_cache_dir
+from inner_loop.models.build import BUILD_VERSION, MANIFEST, TINY_M, TINY_S, ModelBuildConfig, build_model, file_sha256
+
+
+class ModelNotFoundError(FileNotFoundError):
+    """A base model that is not known or not on disk; the message says where to put it."""
+
+
+@dataclass(frozen=True)
+class BaseModel:
+    """A base model an inner job may start from."""
+
+    name: str
+    kind: str  # "built": made by this project; "local": real weights from a local folder
+    stands_for: str = ""
+    hf_folder: str = ""
+    build: ModelBuildConfig | None = None
+
+
+BASE_MODELS: dict[str, BaseModel] = {
+    "tiny-s": BaseModel("tiny-s", "built", stands_for="Qwen3-0.6B", build=TINY_S),
+    "tiny-m": BaseModel("tiny-m", "built", stands_for="Qwen3-1.7B", build=TINY_M),
+    "qwen3-0.6b": BaseModel("qwen3-0.6b", "local", hf_folder="Qwen3-0.6B"),
+    "qwen3-1.7b": BaseModel("qwen3-1.7b", "local", hf_folder="Qwen3-1.7B"),
+}
+
+# A builder writes a complete model folder: builder(out_dir, seed, on_step) -> manifest dict.
+Builder = Callable[[Path, int, Callable[[int], None] | None], dict]
+
+
+def _tiny_builder(cfg: ModelBuildConfig) -> Builder:
+    return lambda out_dir, seed, on_step=None: build_model(cfg, out_dir, seed=seed, on_step=on_step)
+
+
+# name -> (builder, progress-bar total). build_all builds every entry, in this order.
+BUILDERS: dict[str, tuple[Builder, int]] = {
+    "tiny-s": (_tiny_builder(TINY_S), TINY_S.steps),
+    "tiny-m": (_tiny_builder(TINY_M), TINY_M.steps),
+}
+
+
+def register_builder(name: str, builder: Builder, total_steps: int = 0) -> None:
+    """Add a model that ``build_all`` and ``resolve_model`` build into the cache (e.g. a tiny agent)."""
+    BUILDERS[name] = (builder, total_steps)
+    if name not in BASE_MODELS:
+        BASE_MODELS[name] = BaseModel(name, "built")
+
+
+def model_dir(name: str, seed: int = 0, cache_dir: str | os.PathLike | None = None) -> Path:
+    """Where the built model ``name`` lives (whether or not it is built yet)."""
+    return default_cache_dir(cache_dir) / "models" / f"{name}-seed{seed}-v{BUILD_VERSION}"
+
+
+def is_built(path: Path) -> bool:
+    """True when ``path`` is a complete build (the manifest is written last)."""
+    return (path / MANIFEST).is_file() and (path / "model.safetensors").is_file()
+
+
+@contextmanager
+def _file_lock(lock_path: Path):
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _build_into_cache(name: str, seed: int, cache_dir, force: bool, progress: bool) -> Path:
+    final = model_dir(name, seed, cache_dir)
+    with _file_lock(final.parent / f".{final.name}.lock"):
+        # Another process may have finished the build while this one waited for the lock.
+        if is_built(final) and not force:
+            return final
+        builder, total = BUILDERS[name]
+        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=final.parent))
+        try:
+            bar = None
+            if progress:
+                from tqdm.auto import tqdm
+
+                bar = tqdm(total=total or None, desc=f"building {name}", unit="step", leave=False)
+            try:
+                builder(tmp, seed, (lambda _step: bar.update(1)) if bar else None)
+            finally:
+                if bar:
+                    bar.close()
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return final
+
+
+def _local_model(info: BaseModel, cache_dir) -> Path:
+    roots = [Path(os.environ["AGENT_TRAINER_QWEN3_DIR"]).expanduser()] if os.environ.get("AGENT_TRAINER_QWEN3_DIR") else []
+    roots.append(default_cache_dir(cache_dir) / "hf")
+    tried = [root / sub for root in roots for sub in (info.hf_folder, info.name)]
+    for path in tried:
+        if (path / "config.json").is_file():
+            return path
+    raise ModelNotFoundError(
+        f"base model {info.name!r} ({info.hf_folder}) is not on disk and is never downloaded. Put the Hugging "
+        f"Face folder (config.json, *.safetensors, tokenizer files) at one of: {', '.join(map(str, tried))} "
+        f"(or set AGENT_TRAINER_QWEN3_DIR to the folder that holds {info.hf_folder}/); "
+        f"on a CPU use tiny-s or tiny-m instead"
+    )
+
+
+def resolve_model(name: str, cache_dir: str | os.PathLike | None = None, build_missing: bool = True,
+                  seed: int = 0, progress: bool = True) -> Path:
+    """The folder of base model ``name``; tiny models are built on first use unless ``build_missing`` is False."""
+    info = BASE_MODELS.get(name)
+    if info is None:
+        raise ModelNotFoundError(f"unknown base model {name!r}; known base models: {', '.join(BASE_MODELS)}")
+    if info.kind == "local":
+        return _local_model(info, cache_dir)
+    path = model_dir(name, seed, cache_dir)
+    if is_built(path):
+        return path
+    if not build_missing:
+        raise ModelNotFoundError(
+            f"base model {name!r} is not built yet in {path.parent}; run inner_loop.models.build_all() "
+            f"(or at-models build) or call resolve_model({name!r}) with build_missing=True"
+        )
+    return _build_into_cache(name, seed, cache_dir, force=False, progress=progress)
+
+
+def build_all(seed: int = 0, cache_dir: str | os.PathLike | None = None, force: bool = False,
+              progress: bool = True) -> dict[str, Path]:
+    """Build every registered model that is missing (or all with ``force``); returns name -> folder."""
+    out = {}
+    for name in list(BUILDERS):
+        path = model_dir(name, seed, cache_dir)
+        out[name] = path if is_built(path) and not force else _build_into_cache(name, seed, cache_dir, force, progress)
+    return out
+
+
+def load_tokenizer(path: str | os.PathLike):
+    """The tokenizer saved with a model folder (never from the hub)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(_existing(path), local_files_only=True)
+
+
+def load_model(path: str | os.PathLike, dtype: torch.dtype = torch.float32):
+    """The causal LM saved in a model folder, in eval mode (never from the hub)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(_existing(path), dtype=dtype, local_files_only=True)
+    return model.eval()
+
+
+def model_hash(path: str | os.PathLike) -> str:
+    """sha256 of the model's weights: from ``manifest.json`` when present, else computed."""
+    path = _existing(path)
+    manifest = path / MANIFEST
+    if manifest.is_file():
+        files = json.loads(manifest.read_text()).get("files", {})
+        if "model.safetensors" in files:
+            return files["model.safetensors"]
+    weights = path / "model.safetensors"
+    if not weights.is_file():
+        raise ModelNotFoundError(f"{path} has no model.safetensors; save the model with save_pretrained({str(path)!r})")
+    return file_sha256(weights)
+
+
+def _existing(path: str | os.PathLike) -> Path:
+    p = Path(path)
+    if not (p / "config.json").is_file():
+        raise ModelNotFoundError(
+            f"{p} is not a model folder (no config.json); pass a folder from resolve_model(name) or save_pretrained"
+        )
+    return p

@@ -1,0 +1,222 @@
+"""The validation probe's dry run: load the base model, try the first rows, score a few samples.
+
+Called by ``inner_loop.validate.validate_job(..., dry_run=True)``; it adds findings to a report.
+
+- SFT: tokenize the first batch as ``prompt + answer + eos`` (loss on the answer only, like TRL's
+  completion-only loss), check the prompt tokens are a prefix, compute the first loss.
+- GRPO: for the first prompts, one greedy and a few sampled completions at the job's temperature
+  and completion length; score them with the job's rewards *in a child process* (the rewards
+  may be agent code); warn when the weighted reward has no spread.
+
+The child process (``inner_loop.rewards._score_main``) gets a clean environment (no harness
+secrets), the job folder as working directory, a wall timeout, CPU-time and file-size limits,
+and is killed with its whole process group on timeout. It is NOT a sandbox: it can still read
+the file system and reach the network; the inner run's sandbox covers that.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+SAMPLE_PROMPTS = 4  # GRPO prompts sampled in the dry run
+SAMPLES_PER_PROMPT = 4  # one greedy + three sampled
+SFT_ROWS = 8
+# The child limits itself before any agent code is imported: CPU seconds (argv[3]) and 64 MB files.
+_CHILD = ("import resource, sys; cpu = int(sys.argv[3]); resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu)); "
+          "resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 20, 64 << 20)); "
+          "from inner_loop.rewards import _score_main; sys.exit(_score_main(sys.argv[1], sys.argv[2]))")
+
+
+def _loaders(models):
+    """The model factory's loaders; plain transformers loading of a local folder until it has them."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    return (getattr(models, "load_tokenizer", None) or AutoTokenizer.from_pretrained,
+            getattr(models, "load_model", None) or AutoModelForCausalLM.from_pretrained)
+
+
+def _load_base(report, spec, cache_dir, model_dir):
+    """(tokenizer, model) of the job's base model, or None with a finding."""
+    try:
+        import inner_loop.models as models
+
+        path = Path(model_dir) if model_dir else models.resolve_model(spec.base_model, cache_dir=cache_dir)
+        tokenizer, model = _loaders(models)
+        tokenizer, model = tokenizer(path), model(path)
+    except Exception as e:  # a missing real model, a broken cache: the agent can only pick another model
+        report.add("base_model", f"base model {spec.base_model!r} could not be loaded here: {type(e).__name__}: {e}",
+                   "use a tiny model (tiny-s or tiny-m) if the task allows it")
+        return None
+    model.eval()
+    return tokenizer, model
+
+
+def _encode_sft(tokenizer, rows):
+    """(input_ids, labels) lists, labels -100 on the prompt; and rows whose prompt is not a token prefix."""
+    ids, labels, shifted = [], [], []
+    for row in rows:
+        p = tokenizer(row["prompt"], add_special_tokens=False)["input_ids"]
+        full = tokenizer(row["prompt"] + row["answer"], add_special_tokens=False)["input_ids"]
+        full = full + [tokenizer.eos_token_id]
+        if full[: len(p)] != p:
+            shifted.append(row["prompt"])
+        ids.append(full)
+        labels.append([-100] * len(p) + full[len(p):])
+    return ids, labels, shifted
+
+
+def _probe_sft(report, spec, tokenizer, model, rows) -> None:
+    import torch
+
+    batch = rows[: min(SFT_ROWS, spec.hyperparameters.batch_size)]
+    ids, labels, shifted = _encode_sft(tokenizer, batch)
+    if shifted:
+        report.add("data", f"in {len(shifted)} of the first {len(batch)} rows the prompt's tokens are not a prefix "
+                   f"of prompt+answer (e.g. {shifted[0]!r}): the answer boundary is blurred",
+                   "write prompts exactly like the task's (ending in '=') and answers without a leading space",
+                   "warning")
+    longest = max(map(len, ids))
+    limit = getattr(model.config, "max_position_embeddings", 1024)
+    if longest > limit:
+        report.add("data", f"a row is {longest} tokens long; the model reads at most {limit}", "shorten the rows")
+        return
+    pad = tokenizer.pad_token_id
+    input_ids = torch.tensor([x + [pad] * (longest - len(x)) for x in ids])
+    label_t = torch.tensor([y + [-100] * (longest - len(y)) for y in labels])
+    mask = torch.tensor([[1] * len(x) + [0] * (longest - len(x)) for x in ids])
+    with torch.no_grad():
+        loss = float(model(input_ids=input_ids, attention_mask=mask, labels=label_t).loss)
+    report.probe["initial_loss"] = loss
+    if not math.isfinite(loss):
+        report.add("data", f"the first batch gives a non-finite loss ({loss})", "check the rows for odd text")
+
+
+def _sample(spec, tokenizer, model, prompts):
+    """Greedy plus sampled completions: (completion texts, completion ids), grouped per prompt."""
+    import torch
+
+    hp = spec.hyperparameters
+    enc = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
+    common = dict(max_new_tokens=hp.max_completion_length, pad_token_id=tokenizer.pad_token_id,
+                  eos_token_id=tokenizer.eos_token_id)
+    torch.manual_seed(spec.seed)
+    with torch.no_grad():
+        greedy = model.generate(**enc, do_sample=False, **common)
+        sampled = model.generate(**enc, do_sample=True, temperature=hp.temperature, top_k=0, top_p=1.0,
+                                 num_return_sequences=SAMPLES_PER_PROMPT - 1, **common)
+    width = enc["input_ids"].shape[1]
+    texts, ids = [], []
+    for i in range(len(prompts)):
+        for seq in [greedy[i]] + [sampled[i * (SAMPLES_PER_PROMPT - 1) + j] for j in range(SAMPLES_PER_PROMPT - 1)]:
+            out = seq[width:].tolist()
+            if tokenizer.eos_token_id in out:  # TRL keeps the completion up to and including eos
+                out = out[: out.index(tokenizer.eos_token_id) + 1]
+            out = [t for t in out if t != tokenizer.pad_token_id]
+            ids.append(out)
+            texts.append(tokenizer.decode(out, skip_special_tokens=True))
+    return texts, ids
+
+
+def _child_env(home: str) -> dict[str, str]:
+    """Only what Python needs: no API keys or other harness secrets reach agent code."""
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": home, "LANG": "C.UTF-8",
+           "PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": "1", "TMPDIR": home}
+    if os.environ.get("PYTHONPATH"):
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    return env
+
+
+def score_in_child(reward_spec, job_dir: Path, request: dict, timeout_s: float) -> dict:
+    """Run the job's rewards on ``request`` in a child process; returns the child's result or ``{"crash": why}``."""
+    with tempfile.TemporaryDirectory(prefix="reward-probe-") as tmp:
+        req, res = Path(tmp) / "request.json", Path(tmp) / "result.json"
+        req.write_text(json.dumps(dict(request, reward=reward_spec.model_dump(), job_dir=str(job_dir.resolve()))))
+        cpu = str(int(timeout_s) + 5)
+        proc = subprocess.Popen([sys.executable, "-c", _CHILD, str(req), str(res), cpu], cwd=job_dir,
+                                env=_child_env(tmp), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+        try:
+            _, err = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            return {"crash": f"the reward functions did not finish within {timeout_s:g} s on "
+                             f"{len(request['completions'])} completions"}
+        if not res.is_file():
+            tail = " ".join((err or "").strip().splitlines()[-3:])[-600:]
+            return {"crash": f"the reward process exited with code {proc.returncode} without a result: {tail}"}
+        return json.loads(res.read_text())
+
+
+def _probe_grpo(report, spec, tokenizer, model, rows, job_dir: Path, timeout_s: float) -> None:
+    hp = spec.hyperparameters
+    picked = rows[:SAMPLE_PROMPTS]
+    need = max(len(tokenizer(r["answer"], add_special_tokens=False)["input_ids"]) + 1 for r in rows[:64])
+    if need > hp.max_completion_length:
+        report.add("hyperparameters.max_completion_length", f"answers need up to {need} tokens (with eos) but "
+                   f"max_completion_length is {hp.max_completion_length}: correct answers get cut off",
+                   f"set max_completion_length: {need + 2} or more", "warning")
+    texts, ids = _sample(spec, tokenizer, model, [r["prompt"] for r in picked])
+    expanded = [r for r in picked for _ in range(SAMPLES_PER_PROMPT)]
+    columns = {k: [r.get(k) for r in expanded] for k in picked[0] if k != "prompt"}
+    request = {"prompts": [r["prompt"] for r in expanded], "completions": texts, "completion_ids": ids,
+               "columns": columns, "max_steps": hp.max_steps}
+    result = score_in_child(spec.reward, job_dir, request, timeout_s)
+    if "crash" in result or "load_error" in result:
+        report.add("reward.file", result.get("crash") or result["load_error"],
+                   "fix the reward code so it imports and returns one float per completion quickly")
+        return
+    for i, f in enumerate(spec.reward.functions):
+        if f.name in result["errors"]:
+            report.add(f"reward.functions.{i}", f"reward {f.name!r} failed on the dry-run samples: "
+                       f"{result['errors'][f.name]}", "fix it; it is called as f(prompts, completions, **kwargs) "
+                       "with kwargs answer, family, completion_ids, trainer_state")
+    if result["errors"]:
+        return
+    values = result["values"]
+    for i, f in enumerate(spec.reward.functions):
+        if all(v is None for v in values[f.name]):
+            report.add(f"reward.functions.{i}", f"reward {f.name!r} returned None (does not apply) for every "
+                       "sample", "pick a reward that fits this task's answers", "warning")
+    # TRL sums weighted rewards with nansum: a None counts as 0.
+    totals = [round(sum(f.weight * (values[f.name][k] or 0.0) for f in spec.reward.functions), 4)
+              for k in range(len(texts))]
+    groups = [totals[g:g + SAMPLES_PER_PROMPT] for g in range(0, len(totals), SAMPLES_PER_PROMPT)]
+    report.probe["reward_spread"] = round(max(totals) - min(totals), 4)
+    report.probe["groups_without_spread"] = sum(max(g) == min(g) for g in groups) / len(groups)
+    report.probe["samples"] = [
+        {"prompt": request["prompts"][k], "completion": texts[k], "total": totals[k],
+         "rewards": {f.name: values[f.name][k] for f in spec.reward.functions}} for k in range(len(texts))]
+    if max(totals) == min(totals):
+        report.add("reward", f"the reward is {totals[0]} for all {len(totals)} dry-run samples: GRPO cannot learn "
+                   "from a reward with no spread", "add a partial-credit reward (numeric_closeness, token_overlap, "
+                   "format_ok) or check that the reward reads the answer column", "warning")
+
+
+def dry_run(report, spec, job_dir: Path, rows: list[dict], *, cache_dir=None, model_dir=None,
+            reward_timeout_s: float = 30.0) -> None:
+    """Probe the job on its base model; adds findings and ``report.probe`` entries."""
+    loaded = _load_base(report, spec, cache_dir, model_dir)
+    if loaded is None:
+        return
+    import torch
+
+    tokenizer, model = loaded
+    report.probe["model_parameters"] = sum(p.numel() for p in model.parameters())
+    # One thread: the probe's tensors are tiny, and on a busy shared machine two threads were ~30x slower.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        if spec.algorithm == "sft":
+            _probe_sft(report, spec, tokenizer, model, rows)
+        else:
+            _probe_grpo(report, spec, tokenizer, model, rows, Path(job_dir), reward_timeout_s)
+    finally:
+        torch.set_num_threads(threads)

@@ -1,0 +1,149 @@
+"""Trainer callbacks the harness adds to every inner run: budget, divergence, per-step log.
+
+    >>> guard = BudgetGuard(200, 90.0, probe=encode_probe(tokenizer, rows), vocab_size=len(tokenizer))
+    >>> log = StepLog("job/output/train_log.jsonl", clock=guard)
+    >>> trainer = GRPOTrainer(..., callbacks=[guard, log])
+    >>> trainer.train(); guard.stop_reason          # None, "timeout" or "diverged"
+
+The budget clock starts when training starts (``on_train_begin``): model loading and dataset
+preparation are not the job's fault. The worker's parent also kills the whole process at
+``max_seconds * 1.5 + margin`` of wall time, so a step that never ends (or reward code that
+sleeps) cannot outrun the budget by much.
+
+Divergence is declared when the loss, the gradient norm or any trainable weight is NaN/inf, or
+when the model's cross-entropy on a fixed probe of training answers (``probe_loss``, measured
+after every step, logged) exceeds twice that of a uniform guess (``2 ln V``). A model that
+predicts the training answers worse than uniform has been knocked off its weights, not trained:
+GRPO at a huge learning rate collapses to one repeated token with finite weights and a zero
+loss, and only such a probe sees it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+from transformers import TrainerCallback
+
+
+def _finite(x) -> bool:
+    return x is None or (isinstance(x, (int, float)) and math.isfinite(x))
+
+
+def encode_probe(tokenizer, rows: list[dict], n: int = 32) -> tuple:
+    """(input_ids, labels) of ``prompt + answer + eos`` for the first ``n`` rows; labels cover answer + eos."""
+    import torch
+
+    rows = rows[:n]
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    prompts = tokenizer([r["prompt"] for r in rows], add_special_tokens=False)["input_ids"]
+    fulls = tokenizer([r["prompt"] + r["answer"] for r in rows], add_special_tokens=False)["input_ids"]
+    width = max(len(f) for f in fulls) + 1
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    labels = torch.full((len(rows), width), -100, dtype=torch.long)
+    for i, (p, f) in enumerate(zip(prompts, fulls)):
+        seq = f + [eos]
+        ids[i, : len(seq)] = torch.tensor(seq)
+        labels[i, len(p): len(seq)] = torch.tensor(seq[len(p):])
+    return ids, labels
+
+
+def probe_loss(model, input_ids, labels) -> float:
+    """Mean cross-entropy of the model on the probe's answer tokens (right padding needs no mask in a causal model)."""
+    import torch
+
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            return float(model(input_ids=input_ids.to(model.device), labels=labels.to(model.device)).loss)
+    finally:
+        model.train(was_training)
+
+
+class BudgetGuard(TrainerCallback):
+    """Stops training gracefully when the step or second budget is spent, or the run diverges."""
+
+    def __init__(self, max_steps: int, max_seconds: float, probe: tuple | None = None, vocab_size: int | None = None):
+        self.max_steps = max_steps
+        self.max_seconds = max_seconds
+        self.probe = probe
+        self.loss_ceiling = 2 * math.log(vocab_size) if vocab_size else math.inf
+        self.probe_loss: float | None = None
+        self.t0: float | None = None
+        self.stop_reason: str | None = None
+        self.detail = ""
+
+    def elapsed(self) -> float:
+        """Seconds since training started (0 before)."""
+        return 0.0 if self.t0 is None else time.monotonic() - self.t0
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.t0 = time.monotonic()
+
+    def _stop(self, control, reason: str, detail: str):
+        # The first reason wins: a run that diverges and then runs out of time diverged.
+        if self.stop_reason is None:
+            self.stop_reason, self.detail = reason, detail
+        control.should_training_stop = True
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        if model is not None:
+            bad = next((n for n, p in model.named_parameters() if p.requires_grad and not p.isfinite().all()), None)
+            if bad is not None:
+                self._stop(control, "diverged", f"non-finite weights in {bad} after step {state.global_step}; "
+                                                "lower learning_rate")
+                return control
+            if self.probe is not None:
+                self.probe_loss = probe_loss(model, *self.probe)
+                if not self.probe_loss < self.loss_ceiling:  # also catches NaN
+                    self._stop(control, "diverged", f"cross-entropy on training answers {self.probe_loss:.3g} after "
+                                                    f"step {state.global_step} exceeds 2 ln(vocab) = "
+                                                    f"{self.loss_ceiling:.3g} (worse than a uniform guess); "
+                                                    "lower learning_rate")
+                    return control
+        if self.elapsed() > self.max_seconds:
+            self._stop(control, "timeout", f"time budget of {self.max_seconds:g} s spent after step {state.global_step}")
+        elif state.global_step >= self.max_steps:
+            control.should_training_stop = True
+        return control
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        logs = logs or {}
+        for key in ("loss", "grad_norm"):
+            if not _finite(logs.get(key)):
+                self._stop(control, "diverged", f"{key} is {logs[key]} at step {state.global_step}; "
+                                                "lower learning_rate")
+        return control
+
+
+class StepLog(TrainerCallback):
+    """Appends one JSON line per logged step to ``train_log.jsonl`` (also the harness's progress feed)."""
+
+    def __init__(self, path: str | Path, clock: BudgetGuard):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text("")
+        self.clock = clock
+        self.records: list[dict] = []
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        logs = dict(logs or {})
+        if "train_runtime" in logs:  # the end-of-run summary, not a step
+            return control
+        record = {"step": state.global_step, "seconds": round(self.clock.elapsed(), 3)}
+        if self.clock.probe_loss is not None:
+            record["probe_loss"] = self.clock.probe_loss
+        if "learning_rate" in logs:
+            record["lr"] = logs.pop("learning_rate")
+        for k, v in logs.items():
+            if isinstance(v, (int, float)):
+                # JSON has no NaN/inf; keep them readable as strings.
+                record[k] = v if math.isfinite(v) else str(v)
+        self.records.append(record)
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+            f.flush()
+        return control

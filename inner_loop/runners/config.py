@@ -1,0 +1,112 @@
+"""JobSpec -> TRL config: the one place where our job schema meets TRL's field names.
+
+    >>> from inner_loop.runners.config import trl_config, lora_config, planned_steps
+    >>> steps = planned_steps(spec, n_rows=2000, budget_steps=200)
+    >>> cfg = trl_config(spec, "job/output/trl", max_steps=steps)   # a GRPOConfig or an SFTConfig
+    >>> cfg.to_dict()                                                 # the effective config, logged
+
+Field names are those of TRL 1.16 (``trl/trainer/grpo_config.py``, ``sft_config.py``) and
+transformers 5 (``warmup_steps`` takes a ratio when below 1). The CPU settings come from
+FACTS.md: TRL defaults to bf16 and gradient checkpointing, both wrong on a CPU.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from inner_loop.jobspec import JobSpec, PeftSpec
+
+# transformers' scheduler names for our lr_scheduler field (identical today; the map keeps the
+# schema independent of a rename upstream).
+_SCHEDULERS = {
+    "constant": "constant",
+    "linear": "linear",
+    "cosine": "cosine",
+    "constant_with_warmup": "constant_with_warmup",
+}
+
+
+def planned_steps(spec: JobSpec, n_rows: int, budget_steps: int) -> int:
+    """Optimizer steps the job will run: its ``max_steps`` (or ``epochs`` when only that is set), capped by the task budget."""
+    return max(1, min(spec.effective_max_steps(n_rows), budget_steps))
+
+
+def lora_config(peft: PeftSpec):
+    """The PEFT ``LoraConfig`` of a job's ``peft`` block."""
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=peft.r,
+        lora_alpha=peft.alpha,
+        lora_dropout=peft.dropout,
+        target_modules=peft.target_modules,
+        task_type="CAUSAL_LM",
+    )
+
+
+def _common(spec: JobSpec, output_dir: Path, max_steps: int) -> dict:
+    hp = spec.hyperparameters
+    return dict(
+        output_dir=str(output_dir),
+        max_steps=max_steps,
+        learning_rate=hp.learning_rate,
+        lr_scheduler_type=_SCHEDULERS[hp.lr_scheduler],
+        warmup_steps=hp.warmup_ratio,  # a float below 1 is a ratio of max_steps in transformers 5
+        weight_decay=hp.weight_decay,
+        max_grad_norm=hp.max_grad_norm,
+        per_device_train_batch_size=hp.batch_size,
+        gradient_accumulation_steps=1,
+        seed=spec.seed,
+        data_seed=spec.seed,
+        # CPU: TRL's defaults (bf16, gradient checkpointing) are GPU choices and fail or crawl here.
+        use_cpu=True,
+        bf16=False,
+        fp16=False,
+        # transformers 5 renamed gradient_checkpointing (TRL's default: True) to activation_checkpointing;
+        # setting the new name wins over the old default without a deprecation warning.
+        activation_checkpointing=False,
+        # The harness does the logging (train_log.jsonl) and the saving (merged safetensors).
+        report_to="none",
+        save_strategy="no",
+        logging_strategy="steps",
+        logging_steps=1,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
+
+
+def trl_config(spec: JobSpec, output_dir: str | Path, max_steps: int, reward_weights: list[float] | None = None):
+    """The TRL ``GRPOConfig`` (for ``algorithm: grpo``) or ``SFTConfig`` (``sft``) of a job."""
+    hp = spec.hyperparameters
+    common = _common(spec, Path(output_dir), max_steps)
+    if spec.algorithm == "grpo":
+        from trl import GRPOConfig
+
+        return GRPOConfig(
+            **common,
+            # batch_size counts completions: prompts per step = batch_size / num_generations.
+            num_generations=hp.num_generations,
+            generation_batch_size=hp.batch_size,
+            max_completion_length=hp.max_completion_length,
+            temperature=hp.temperature,
+            beta=hp.beta,
+            loss_type=hp.loss_type,
+            scale_rewards=hp.scale_rewards,
+            reward_weights=reward_weights,
+            # The reward functions read the dataset's ``answer`` (and ``family``) columns.
+            remove_unused_columns=False,
+            shuffle_dataset=True,
+            log_completions=False,
+        )
+    if spec.algorithm == "sft":
+        from trl import SFTConfig
+
+        return SFTConfig(
+            **common,
+            # Prompt/completion rows: the loss covers the completion (answer + eos) only.
+            completion_only_loss=True,
+            packing=False,
+            max_length=512,
+            dataset_num_proc=None,
+        )
+    raise ValueError(f"unknown algorithm {spec.algorithm!r}; use grpo or sft")

@@ -1,0 +1,156 @@
+"""Run one inner job with TRL: GRPO or SFT, full or LoRA, budget-guarded; save a merged checkpoint.
+
+    >>> from inner_loop.runners import train
+    >>> report = train(spec, rows, rewards, model_path, "job/output", max_steps=200, max_seconds=90)
+    >>> report.status, report.steps, report.final_reward       # "ok" | "timeout" | "diverged"
+
+``rows`` are ``{"prompt", "answer", "family"}`` dicts (``inner_loop.data.build_rows``); ``rewards``
+are ``(name, callable, weight)`` triples (``inner_loop.rewards.resolve_rewards``), used by GRPO only.
+
+- GRPO: ``trl.GRPOTrainer`` on the prompts; the ``answer`` and ``family`` columns reach the
+  reward callables as keyword arguments; ``reward_weights`` are the job's weights.
+- SFT: ``trl.SFTTrainer`` on prompt/completion rows (completion = answer; TRL appends eos and
+  masks the prompt out of the loss).
+- LoRA: TRL wraps the model with ``peft_config``; after training the adapter is merged into the
+  base (``merge_and_unload``) so the checkpoint is a plain model of the base architecture.
+
+Outputs in ``output_dir``: ``train_log.jsonl`` (one line per step), ``trl_config.json`` (the
+effective TRL config), and ``model/`` (safetensors + tokenizer) unless the run diverged.
+This function runs agent code (rewards) on agent data: call it in the worker process only
+(``inner_loop.worker``), never in the harness.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+from inner_loop.jobspec import JobSpec
+from inner_loop.runners.callbacks import BudgetGuard, StepLog, encode_probe
+from inner_loop.runners.config import lora_config, planned_steps, trl_config
+
+TRAIN_LOG = "train_log.jsonl"
+TRL_CONFIG = "trl_config.json"
+MODEL_DIR = "model"
+
+
+@dataclass
+class TrainReport:
+    """What the trainer did; ``status`` is ``ok``, ``timeout`` (budget stop, model saved) or ``diverged``."""
+
+    status: str
+    steps: int
+    planned_steps: int
+    seconds: float
+    detail: str = ""
+    final_loss: float | None = None
+    final_reward: float | None = None
+    model_dir: str | None = None
+    trainable_params: int = 0
+    log: list[dict] = field(default_factory=list, repr=False)
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d.pop("log")
+        return d
+
+
+def _named(name: str, fn: Callable) -> Callable:
+    """Give a reward callable a stable ``__name__``: TRL logs ``rewards/<name>/mean`` from it."""
+
+    def reward(prompts, completions, **kwargs):
+        return fn(prompts=prompts, completions=completions, **kwargs)
+
+    reward.__name__ = name
+    return reward
+
+
+def _last(log: list[dict], key: str) -> float | None:
+    vals = [r[key] for r in log if isinstance(r.get(key), (int, float))]
+    return vals[-1] if vals else None
+
+
+def build_trainer(spec: JobSpec, rows: list[dict], rewards: Sequence[tuple[str, Callable, float]], model, tokenizer,
+                  args, callbacks: Sequence = ()):
+    """The TRL trainer of a job (model and tokenizer already loaded; ``args`` from ``trl_config``)."""
+    from datasets import Dataset
+    from transformers.trainer_callback import PrinterCallback
+
+    peft_config = lora_config(spec.peft) if spec.peft else None
+    if spec.algorithm == "grpo":
+        from trl import GRPOTrainer
+
+        if not rewards:
+            raise ValueError("GRPO needs at least one reward function; add reward.functions to job.yaml")
+        # Every column (answer, family, extra scalar columns of data.jsonl) reaches the rewards as kwargs.
+        data = Dataset.from_list([dict(r) for r in rows])
+        trainer = GRPOTrainer(model=model, reward_funcs=[_named(n, f) for n, f, _ in rewards], args=args,
+                              train_dataset=data, processing_class=tokenizer, peft_config=peft_config,
+                              callbacks=list(callbacks))
+    else:
+        from trl import SFTTrainer
+
+        data = Dataset.from_list([{"prompt": r["prompt"], "completion": r["answer"]} for r in rows])
+        trainer = SFTTrainer(model=model, args=args, train_dataset=data, processing_class=tokenizer,
+                             peft_config=peft_config, callbacks=list(callbacks))
+    # With tqdm off, transformers prints every log dict to stdout; train_log.jsonl has them already.
+    trainer.remove_callback(PrinterCallback)
+    return trainer
+
+
+def save_checkpoint(model, tokenizer, path: str | Path) -> Path:
+    """Save a full model (LoRA merged into the base) as safetensors with its tokenizer."""
+    path = Path(path)
+    if hasattr(model, "merge_and_unload"):  # a PeftModel: fold the adapter into the base weights
+        model = model.merge_and_unload()
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path, safe_serialization=True)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def train(spec: JobSpec, rows: list[dict], rewards: Sequence[tuple[str, Callable, float]], model_path: str | Path,
+          output_dir: str | Path, *, max_steps: int, max_seconds: float, callbacks: Sequence = ()) -> TrainReport:
+    """Train ``model_path`` on ``rows`` as ``spec`` says, within the budget; see the module docstring."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if not rows:
+        raise ValueError("the job has no training rows; check data.sources / data.file in job.yaml")
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    steps = planned_steps(spec, len(rows), max_steps)
+    weights = [float(w) for _, _, w in rewards] if spec.algorithm == "grpo" else None
+    args = trl_config(spec, output_dir / "trl", max_steps=steps, reward_weights=weights)
+    (output_dir / TRL_CONFIG).write_text(json.dumps(args.to_dict(), indent=2, sort_keys=True, default=str) + "\n")
+
+    torch.manual_seed(spec.seed)
+    tokenizer = AutoTokenizer.from_pretrained(model_path, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32, local_files_only=True)
+    guard = BudgetGuard(steps, max_seconds, probe=encode_probe(tokenizer, rows), vocab_size=len(tokenizer))
+    step_log = StepLog(output_dir / TRAIN_LOG, clock=guard)
+    trainer = build_trainer(spec, rows, rewards, model, tokenizer, args, [guard, step_log, *callbacks])
+    trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
+
+    t0 = time.monotonic()
+    try:
+        trainer.train()
+    except Exception as e:
+        # Sampling from NaN logits raises inside generate(); that is a diverged run, not a crash.
+        if all(p.isfinite().all() for p in trainer.model.parameters()):
+            raise
+        guard.stop_reason = "diverged"
+        guard.detail = f"weights became NaN/inf, then {type(e).__name__}: {str(e)[:200]}; lower learning_rate"
+    seconds = time.monotonic() - t0
+    status = guard.stop_reason or "ok"
+    report = TrainReport(status=status, steps=trainer.state.global_step, planned_steps=steps, seconds=round(seconds, 3),
+                         detail=guard.detail, final_loss=_last(step_log.records, "loss"),
+                         final_reward=_last(step_log.records, "reward"), trainable_params=trainable,
+                         log=step_log.records)
+    # A diverged model is garbage (NaN weights or worse than uniform): nothing to save or score.
+    if status != "diverged":
+        report.model_dir = str(save_checkpoint(trainer.model, tokenizer, output_dir / MODEL_DIR))
+    return report

@@ -1,0 +1,256 @@
+"""The inner job's own process: reads the job, builds its data and rewards, trains, saves.
+
+    python -m inner_loop.worker JOB_DIR --model BASE_DIR --family calc_chain \\
+        --output OUT_DIR --max-steps 200 --max-seconds 90 [--threads 2]
+
+The harness (``inner_loop.job.run_job``) starts this as a child process, because it imports
+the job's ``reward.py`` and reads its ``data.jsonl`` (agent-written, untrusted). The harness
+never imports agent code itself; it reads back only files this process writes under OUT_DIR:
+
+- ``train_status.json``: ``{"status": "running", "planned_steps"}`` at the start, then the final
+  ``{"status": ok | timeout | diverged | crashed, "steps", "seconds", "detail", "error", ...}``;
+- ``train_log.jsonl`` (one line per step; also the harness's progress feed), ``trl_config.json``;
+- ``model/``: the trained (LoRA-merged) safetensors checkpoint with its tokenizer.
+
+Exit status 0 when a final status was written; anything else (killed, out of memory) makes the
+harness report ``crashed`` with the tail of this process's log.
+
+The parent side is ``run_worker``: it starts this module with a clean environment (no harness
+secrets, hub access off), the job folder as working directory, a file-size limit and its own
+process group; it draws a tqdm bar from ``train_log.jsonl`` and kills the whole group at the
+hard deadline. What it does NOT cover (the sandbox's job, ``wrap=``): file-system and network
+isolation; without a sandbox the child can read what the harness user can read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+STATUS_FILE = "train_status.json"
+WORKER_LOG = "worker.log"
+ERROR_TAIL_CHARS = 3000
+MAX_FILE_BYTES = 16 * 2**30  # a 1.7B fp32 checkpoint fits; a runaway writer does not fill the disk
+
+
+def write_status(output_dir: Path, status: dict) -> None:
+    """Write ``train_status.json`` atomically (the harness may read it at any moment)."""
+    tmp = output_dir / (STATUS_FILE + ".tmp")
+    tmp.write_text(json.dumps(status, indent=2, default=str) + "\n")
+    os.replace(tmp, output_dir / STATUS_FILE)
+
+
+def _quiet() -> None:
+    """No progress bars or advice in the child's log: the harness draws the progress bar."""
+    import warnings
+
+    import datasets
+    import transformers
+
+    datasets.disable_progress_bars()
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=UserWarning)
+
+
+def error_text(e: BaseException, job_dir: Path) -> str:
+    """A traceback an agent can act on: the frames in the job's own files, the last frame, the error."""
+    frames = traceback.extract_tb(e.__traceback__)
+    root = str(Path(job_dir).resolve())
+    keep = [f for i, f in enumerate(frames) if f.filename.startswith(root) or i == len(frames) - 1]
+    text = ("Traceback (most recent call last; frames in the job's files and the last one):\n"
+            + "".join(traceback.format_list(keep)) + "".join(traceback.format_exception_only(e)))
+    return text[-ERROR_TAIL_CHARS:]
+
+
+def run(job_dir: Path, model: Path, family: str, output_dir: Path, max_steps: int, max_seconds: float,
+        threads: int | None = None) -> dict:
+    """Train the job in this process; returns (and writes) the final status. Never raises for a job's fault."""
+    t0 = time.monotonic()
+    output_dir.mkdir(parents=True, exist_ok=True)
+    status: dict = {"status": "crashed", "steps": 0, "planned_steps": 0, "seconds": 0.0, "detail": "", "error": ""}
+    try:
+        import torch
+
+        if threads:
+            torch.set_num_threads(threads)
+        _quiet()
+        from inner_loop.data import build_rows
+        from inner_loop.jobspec import load_job
+        from inner_loop.rewards import resolve_rewards
+        from inner_loop.runners import planned_steps, train
+
+        spec = load_job(job_dir)
+        rows = build_rows(spec, job_dir, default_family=family)
+        rewards = resolve_rewards(spec, job_dir) if spec.algorithm == "grpo" else []
+        status["planned_steps"] = planned_steps(spec, len(rows), max_steps)
+        write_status(output_dir, {"status": "running", "planned_steps": status["planned_steps"]})
+        report = train(spec, rows, rewards, model, output_dir, max_steps=max_steps, max_seconds=max_seconds)
+        status.update(report.as_dict())
+    except Exception as e:  # the job's fault (bad reward, bad data) or ours: the harness reports it as crashed
+        status["detail"] = f"{type(e).__name__}: {e}"[:500]
+        status["error"] = error_text(e, job_dir)
+    status["process_seconds"] = round(time.monotonic() - t0, 3)
+    write_status(output_dir, status)
+    return status
+
+
+# --- parent side ------------------------------------------------------------------------------
+
+
+@dataclass
+class WorkerRun:
+    """How the child ended: its final status dict (from ``train_status.json``), wall seconds, killed or not."""
+
+    status: dict
+    wall_seconds: float
+    killed: bool
+    returncode: int | None
+
+
+def child_env(home: Path, threads: int | None) -> dict[str, str]:
+    """Only what Python and torch need: no API keys or tracking credentials reach agent code."""
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "TMPDIR": str(home),
+           "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1",
+           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+           "HF_HOME": str(home / "hf"), "TOKENIZERS_PARALLELISM": "false"}
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    if os.environ.get("PYTHONPATH"):
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    return env
+
+
+def _limits() -> None:  # runs in the child before exec
+    resource.setrlimit(resource.RLIMIT_FSIZE, (MAX_FILE_BYTES, MAX_FILE_BYTES))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
+def read_status(output_dir: Path) -> dict:
+    """The child's ``train_status.json`` ({} when absent or half-written)."""
+    try:
+        return json.loads((Path(output_dir) / STATUS_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _log_tail(output_dir: Path, chars: int = ERROR_TAIL_CHARS) -> str:
+    try:
+        return (Path(output_dir) / WORKER_LOG).read_text(errors="replace")[-chars:]
+    except OSError:
+        return ""
+
+
+def run_worker(job_dir: Path, model: Path, family: str, output_dir: Path, *, max_steps: int, max_seconds: float,
+               deadline_s: float, threads: int | None = None, progress: bool = True,
+               wrap: Callable[[list[str]], list[str]] | None = None, poll_s: float = 0.5) -> WorkerRun:
+    """Run ``python -m inner_loop.worker`` for a job and wait for it, killing it at ``deadline_s``."""
+    from tqdm.auto import tqdm
+
+    from inner_loop.runners.train import MODEL_DIR, TRAIN_LOG
+
+    output_dir.mkdir(parents=True, exist_ok=True)
+    for stale in (STATUS_FILE, TRAIN_LOG):
+        (output_dir / stale).unlink(missing_ok=True)
+    # A model left by an earlier run in this folder must never be scored as this run's.
+    shutil.rmtree(output_dir / MODEL_DIR, ignore_errors=True)
+    home = output_dir / ".home"
+    home.mkdir(exist_ok=True)
+    argv = [sys.executable, "-m", "inner_loop.worker", str(Path(job_dir).resolve()), "--model",
+            str(Path(model).resolve()), "--family", family, "--output", str(output_dir.resolve()),
+            "--max-steps", str(max_steps), "--max-seconds", str(max_seconds)]
+    if threads:
+        argv += ["--threads", str(threads)]
+    if wrap is not None:
+        argv = wrap(argv)
+    t0 = time.monotonic()
+    bar = tqdm(total=max_steps, desc=f"train {Path(job_dir).name}", unit="step", disable=not progress, leave=False)
+    killed = False
+    with open(output_dir / WORKER_LOG, "wb") as log:
+        proc = subprocess.Popen(argv, cwd=job_dir, env=child_env(home, threads), stdin=subprocess.DEVNULL,
+                                stdout=log, stderr=subprocess.STDOUT, preexec_fn=_limits, start_new_session=True)
+        offset = 0
+        try:
+            while proc.poll() is None:
+                if time.monotonic() - t0 > deadline_s:
+                    # The whole group: TRL or agent code may have started processes of their own.
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+                    killed = True
+                    break
+                offset = _advance(bar, output_dir, offset)
+                time.sleep(poll_s)
+            _advance(bar, output_dir, offset)
+        finally:
+            if proc.poll() is None:  # the harness itself is being interrupted: leave no orphan
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            bar.close()
+    status = read_status(output_dir)
+    if killed:
+        status = {**status, "status": "timeout", "detail": f"killed at the hard limit of {deadline_s:.0f} s "
+                  "(training, start-up and saving together); lower max_steps or batch_size"}
+    elif status.get("status") in (None, "running"):
+        status = {**status, "status": "crashed", "detail": f"the job process exited with code {proc.returncode} "
+                  "before it finished (out of memory?)", "error": _log_tail(output_dir)}
+    return WorkerRun(status=status, wall_seconds=round(time.monotonic() - t0, 3), killed=killed,
+                     returncode=proc.returncode)
+
+
+def _advance(bar, output_dir: Path, offset: int) -> int:
+    """Move the bar to the last step in ``train_log.jsonl`` (reads only what was appended since ``offset``)."""
+    from inner_loop.runners.train import TRAIN_LOG
+
+    if bar.disable:
+        return offset
+    planned = read_status(output_dir).get("planned_steps")
+    if planned and bar.total != planned:
+        bar.total = planned
+        bar.refresh()
+    try:
+        with open(output_dir / TRAIN_LOG) as f:
+            f.seek(offset)
+            chunk = f.read()
+    except OSError:
+        return offset
+    complete = chunk[: chunk.rfind("\n") + 1]  # a line still being written waits for the next poll
+    last = None
+    for line in complete.splitlines():
+        try:
+            last = json.loads(line)
+        except ValueError:
+            continue
+    if last:
+        bar.update(max(0, int(last.get("step", 0)) - bar.n))
+        bar.set_postfix({k: f"{last[k]:.3g}" for k in ("loss", "reward") if isinstance(last.get(k), (int, float))})
+    return offset + len(complete)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m inner_loop.worker", description=__doc__.split("\n")[0])
+    p.add_argument("job_dir", type=Path, help="the job folder (job.yaml, optional data.jsonl / reward.py)")
+    p.add_argument("--model", type=Path, required=True, help="base model folder (safetensors + tokenizer)")
+    p.add_argument("--family", required=True, help="the task family (labels data rows without one)")
+    p.add_argument("--output", type=Path, required=True, help="folder for the log, the status and model/")
+    p.add_argument("--max-steps", type=int, required=True, help="the task's step budget")
+    p.add_argument("--max-seconds", type=float, required=True, help="the task's training-time budget")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    a = p.parse_args(argv)
+    run(a.job_dir, a.model, a.family, a.output, a.max_steps, a.max_seconds, a.threads)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,227 @@
+"""The tiny agent: a Qwen3-architecture LM warm-started on transcripts of the scripted novice.
+
+``build_agent_model`` (registered with ``inner_loop.models`` as ``tiny-agent``, so ``at-models`` and
+``resolve_model("tiny-agent")`` build it) does three things, deterministically from the seed:
+
+1. plays ``n_transcripts`` novice episodes (``outer_loop.novice``) on the training families through
+   the real workspace and tools (jobs are submitted, never run: the episode ends at submission);
+2. renders each as the chat template renders a conversation for the agent backend (compact tool
+   schemas, the same system and task messages as ``outer_loop.episode``);
+3. trains the model on the assistant tokens only (context masked), then saves it with
+   ``save_pretrained`` plus the project tokenizer and a manifest of hashes.
+
+So the agent writes real jobs from its first step, with the novice's broad, imperfect prior.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+AGENT_MODEL = "tiny-agent"
+# The tiny agent sees tools as one line of signatures (outer_loop.episode, tool_schemas: names):
+# full JSON schemas would be ~1,900 of its ~2,500 context tokens per turn.
+TOOL_STYLE = "names"
+
+
+@dataclass(frozen=True)
+class AgentBuildConfig:
+    """Size and warm-start schedule of the tiny agent."""
+
+    hidden_size: int = 128
+    num_layers: int = 4
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    intermediate_size: int = 384
+    max_positions: int = 4096
+    n_transcripts: int = 240
+    steps: int = 360
+    batch_size: int = 4
+    lr: float = 3e-3
+    warmup: int = 20
+    threads: int = 2
+
+
+DEFAULT_AGENT = AgentBuildConfig()
+
+
+def transcript_families() -> list[str]:
+    """Families the warm start plays: the training ones (held-out families are never seen)."""
+    from evaluation.families import family_names
+
+    return family_names(include_held_out=False)
+
+
+def training_tasks() -> list:
+    """One task spec per training family, from ``examples/tasks/<family>_v1_fast.json``."""
+    from agent_trainer.paths import PROJECT_ROOT
+    from evaluation.tasks import load_task
+
+    return [load_task(PROJECT_ROOT / "examples" / "tasks" / f"{f}_v1_fast.json") for f in transcript_families()]
+
+
+def play_novice(task, rng: random.Random, work: Path) -> list[dict[str, Any]]:
+    """One novice episode through the real tools; returns the conversation (OpenAI message format)."""
+    from outer_loop.episode import opening_messages
+    from outer_loop.novice import novice_episode
+    from outer_loop.tools import ToolBox, ToolLimits
+    from outer_loop.workspace import Workspace
+
+    ws = Workspace.create(work / "workspace", task)
+    box = ToolBox(ws, task, limits=ToolLimits(max_turns=12, max_jobs=1), jobs_dir=work / "jobs", defer_jobs=True,
+                  validate_kwargs={"dry_run": False}, compute_missing_baselines=True)
+    messages = opening_messages(task, TOOL_STYLE)
+    script = novice_episode(task, rng)
+    result = None
+    for i in range(64):
+        try:
+            call = script.send(result) if i else next(script)
+        except StopIteration:
+            break
+        cid = f"call_{i}"
+        messages.append({"role": "assistant", "content": "", "tool_calls": [
+            {"id": cid, "type": "function", "function": {"name": call["name"],
+                                                         "arguments": json.dumps(call["arguments"])}}]})
+        result = box.call(call["name"], call["arguments"])
+        if call["name"] == "submit_job":
+            break  # the episode ends at submission; what follows is the harness's business
+        messages.append({"role": "tool", "tool_call_id": cid, "name": call["name"], "content": result.text})
+    return messages
+
+
+def encode_transcript(messages: list[dict[str, Any]], tokenizer, tools: list[dict]) -> tuple[list[int], list[int]]:
+    """Token ids of the whole conversation and a 0/1 mask marking the assistant's own tokens.
+
+    Each assistant turn is the difference between the rendering up to and including it and the
+    rendering of what came before plus the generation prompt: exactly what the agent backend
+    samples after that prompt (ending with the end-of-turn token).
+    """
+    def render(msgs, gen):
+        text = tokenizer.apply_chat_template(msgs, tools=tools, add_generation_prompt=gen, tokenize=False)
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    ids: list[int] = []
+    mask: list[int] = []
+    for i, m in enumerate(messages):
+        if m["role"] != "assistant":
+            continue
+        prompt = render(messages[:i], True)
+        full = render(messages[: i + 1], False)
+        if full[: len(prompt)] != prompt:
+            raise ValueError("chat template is not prefix-consistent; the agent could not be trained on it")
+        if ids and prompt[: len(ids)] != ids:
+            raise ValueError("chat template re-renders earlier turns differently")
+        context = prompt[len(ids):]
+        target = full[len(prompt):]
+        # The end-of-turn token closes the sampled text; anything after it (a newline) is context.
+        eot = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        cut = target.index(eot) + 1 if eot in target else len(target)
+        ids += context + target[:cut]
+        mask += [0] * len(context) + [1] * cut
+        ids += target[cut:]
+        mask += [0] * (len(target) - cut)
+    return ids, mask
+
+
+def _agent_config(cfg: AgentBuildConfig, tokenizer):
+    from transformers import Qwen3Config
+
+    return Qwen3Config(
+        vocab_size=len(tokenizer), hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,
+        head_dim=cfg.hidden_size // cfg.num_heads, max_position_embeddings=cfg.max_positions,
+        tie_word_embeddings=True, bos_token_id=None, eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
+        pad_token_id=tokenizer.pad_token_id, use_cache=True,
+    )
+
+
+def build_agent_model(out_dir: str | Path, seed: int = 0, on_step: Callable[[int], None] | None = None,
+                      cfg: AgentBuildConfig = DEFAULT_AGENT) -> dict:
+    """Build the tiny agent into ``out_dir`` (see the module docstring); returns the manifest."""
+    from transformers import Qwen3ForCausalLM
+
+    from inner_loop.models import build_tokenizer
+    from inner_loop.models.build import write_manifest
+    from outer_loop.episode import tool_schemas_for
+    from outer_loop.tools import SCHEMAS
+
+    out = Path(out_dir)
+    t0 = time.time()
+    tokenizer = build_tokenizer()
+    tools = tool_schemas_for(SCHEMAS, TOOL_STYLE)
+    tasks = training_tasks()
+    rng = random.Random(f"tiny-agent/{seed}")
+    sequences = []
+    work = Path(tempfile.mkdtemp(prefix="agent-transcripts-"))
+    try:
+        for i in range(cfg.n_transcripts):
+            messages = play_novice(tasks[i % len(tasks)], rng, work / f"{i:04d}")
+            sequences.append(encode_transcript(messages, tokenizer, tools))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    t_transcripts = time.time() - t0
+
+    prev_threads = torch.get_num_threads()
+    torch.set_num_threads(cfg.threads)
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(_agent_config(cfg, tokenizer))
+    loss = _warm_start(model, sequences, cfg, seed, tokenizer.pad_token_id, on_step)
+    torch.set_num_threads(prev_threads)
+
+    model.generation_config.eos_token_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    lengths = [len(s[0]) for s in sequences]
+    info = {"name": AGENT_MODEL, "seed": seed, "build": asdict(cfg), "final_loss": loss,
+            "transcripts": len(sequences), "mean_tokens": sum(lengths) / len(lengths), "max_tokens": max(lengths),
+            "seconds": {"transcripts": round(t_transcripts, 1), "total": round(time.time() - t0, 1)}}
+    return write_manifest(out, info)
+
+
+def _warm_start(model, sequences, cfg: AgentBuildConfig, seed: int, pad_id: int, on_step) -> float:
+    """Supervised training on the assistant tokens, shortest-first buckets to waste little padding."""
+    gen = torch.Generator().manual_seed(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
+    model.train()
+    loss_value = float("nan")
+    for step in range(cfg.steps):
+        lr = cfg.lr * min(1.0, (step + 1) / cfg.warmup) * (0.1 + 0.9 * (1 - step / cfg.steps))
+        for g in opt.param_groups:
+            g["lr"] = lr
+        idx = torch.randint(len(sequences), (cfg.batch_size,), generator=gen).tolist()
+        batch = [sequences[i] for i in idx]
+        width = max(len(ids) for ids, _ in batch)
+        ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+        labels = torch.full((len(batch), width), -100, dtype=torch.long)
+        attn = torch.zeros((len(batch), width), dtype=torch.long)
+        for r, (seq, mask) in enumerate(batch):
+            t = torch.tensor(seq)
+            ids[r, : len(seq)] = t
+            attn[r, : len(seq)] = 1
+            labels[r, : len(seq)] = torch.where(torch.tensor(mask, dtype=torch.bool), t, torch.tensor(-100))
+        out = model(input_ids=ids, attention_mask=attn, labels=labels)
+        out.loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        loss_value = float(out.loss)
+        if on_step:
+            on_step(step)
+    model.eval()
+    return loss_value
+
+
+def register() -> None:
+    """Make ``tiny-agent`` a model that ``build_all`` and ``resolve_model`` know."""
+    from inner_loop.models import register_builder
+
+    register_builder(AGENT_MODEL, lambda out_dir, seed, on_step=None: build_agent_model(out_dir, seed, on_step),
+                     DEFAULT_AGENT.steps)

@@ -1,0 +1,127 @@
+"""Local backend: a transformers causal LM sampled in-process, tool calls in Qwen3 text form.
+
+    >>> from outer_loop.backends.local import LocalBackend
+    >>> backend = LocalBackend.from_path("/path/to/model_folder", device="auto")
+    >>> gen = backend.generate(messages, tools, temperature=1.0, max_new_tokens=256, seed=0)
+
+The prompt is the tokenizer's chat template (Qwen3 style: tools listed in the system turn, calls
+written as ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``). Sampling is a short
+KV-cached loop rather than ``model.generate`` so that nothing but the temperature shapes the
+distribution (generate's default top-k would truncate it) and the returned log-probs are exactly
+``log_softmax(logits / temperature)`` of each sampled token: what the policy-gradient update
+recomputes. Temperature 0 is greedy; its log-probs are then those of the untempered distribution.
+The end-of-turn token is part of ``token_ids``/``logprobs`` (the policy must learn to stop) but not
+of ``text``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from outer_loop.backends.base import AgentBackend, BackendError, Generation, parse_tool_calls
+
+
+def pick_device(device: str = "auto") -> torch.device:
+    """``auto`` -> the GPU when one is present, else the CPU."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise BackendError(f"device {device!r} asked for, but no CUDA GPU is visible; set device: cpu or auto")
+    return torch.device(device)
+
+
+class LocalBackend(AgentBackend):
+    """A model and its tokenizer, already loaded (tests build tiny ones in memory)."""
+
+    def __init__(self, model, tokenizer, *, device: str = "auto", model_name: str | None = None,
+                 chat_template_kwargs: dict[str, Any] | None = None):
+        if not getattr(tokenizer, "chat_template", None):
+            raise BackendError("the tokenizer has no chat_template; use the project tokenizer "
+                               "(inner_loop.models.tokenizer.build_tokenizer) or one saved with a template")
+        self.device = pick_device(device)
+        self.model = model.to(self.device).eval()
+        self.tokenizer = tokenizer
+        self.model_name = model_name or getattr(model.config, "_name_or_path", "") or type(model).__name__
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        stop = {tokenizer.eos_token_id, tokenizer.pad_token_id}
+        stop.update(tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")
+                    if t in tokenizer.get_vocab())
+        self.stop_ids = {i for i in stop if i is not None}
+        self.max_positions = int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
+
+    @classmethod
+    def from_path(cls, model_path: str | Path, *, device: str = "auto", dtype: str = "float32",
+                  model_name: str | None = None, chat_template_kwargs: dict[str, Any] | None = None
+                  ) -> "LocalBackend":
+        """Load a saved model folder (local files only: no model hub is reached)."""
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        path = Path(model_path).expanduser()
+        if not (path / "config.json").is_file():
+            raise BackendError(f"agent model folder {str(path)!r} has no config.json; build or save the "
+                               f"agent model there first, or point model_path at a saved model folder")
+        if not hasattr(torch, dtype):
+            raise BackendError(f"unknown dtype {dtype!r}; use float32, bfloat16 or float16")
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype), local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        return cls(model, tokenizer, device=device, model_name=model_name or path.name,
+                   chat_template_kwargs=chat_template_kwargs)
+
+    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
+        """Token ids of the chat-template prompt that ends with the assistant header."""
+        text = self.tokenizer.apply_chat_template(
+            messages, tools=tools or None, add_generation_prompt=True, tokenize=False, **self.chat_template_kwargs
+        )
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def generate(self, messages, tools=None, *, temperature=1.0, max_new_tokens=512, seed=None) -> Generation:
+        if temperature < 0:
+            raise BackendError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
+        prompt = self.render(messages, tools)
+        room = self.max_positions - len(prompt)
+        if room <= 0:
+            raise BackendError(f"the conversation is {len(prompt)} tokens, the model's context is "
+                               f"{self.max_positions}; shorten tool outputs or lower max_turns")
+        ids, lps = self._sample(prompt, temperature, min(max_new_tokens, room), seed)
+        finished = bool(ids) and ids[-1] in self.stop_ids
+        body = ids[:-1] if finished else ids
+        raw = self.tokenizer.decode(body, skip_special_tokens=False)
+        content, calls = parse_tool_calls(raw)
+        return Generation(
+            text=content, tool_calls=calls, prompt_tokens=len(prompt), completion_tokens=len(ids),
+            token_ids=ids, logprobs=lps, prompt_ids=prompt, finish_reason=("tool_calls" if calls else "stop") if finished else "length",
+            raw=raw,
+        )
+
+    @torch.no_grad()
+    def _sample(self, prompt: list[int], temperature: float, max_new_tokens: int, seed: int | None
+                ) -> tuple[list[int], list[float]]:
+        gen = torch.Generator(device=self.device)
+        if seed is None:
+            gen.seed()
+        else:
+            gen.manual_seed(int(seed))
+        inp = torch.tensor([prompt], device=self.device)
+        cache = None
+        ids: list[int] = []
+        lps: list[float] = []
+        for _ in range(max_new_tokens):
+            # transformers 5.24 renamed past_key_values to cache (the old name warns, goes in 5.40).
+            out = self.model(input_ids=inp, cache=cache, use_cache=True)
+            cache = out.cache
+            logits = out.logits[0, -1].float()
+            if temperature > 0:
+                logp = torch.log_softmax(logits / temperature, dim=-1)
+                tok = torch.multinomial(logp.exp(), 1, generator=gen)
+            else:
+                logp = torch.log_softmax(logits, dim=-1)
+                tok = logp.argmax().view(1)
+            ids.append(int(tok))
+            lps.append(float(logp[tok]))
+            if ids[-1] in self.stop_ids:
+                break
+            inp = tok.view(1, 1)
+        return ids, lps

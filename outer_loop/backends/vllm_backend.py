@@ -1,0 +1,73 @@
+"""vLLM backend: an in-process ``vllm.LLM`` engine for GPU sampling (not importable on the CPU set).
+
+    >>> from outer_loop.backends.vllm_backend import VLLMBackend
+    >>> backend = VLLMBackend(model_path="/models/agent", gpu_memory_utilization=0.5)
+    >>> gen = backend.generate(messages, tools, temperature=1.0, max_new_tokens=512, seed=0)
+
+vllm is imported lazily: it pins its own torch and transformers (see requirements' ``gpu`` extra), so
+it is absent from the CPU install and this module then raises a ``BackendError`` that says so.
+
+The prompt is rendered with the model's own tokenizer chat template (the same rendering as the
+local backend, so the two agree token for token) and given to the engine as token ids; tool calls
+are parsed from the Qwen3 text by the shared parser. The engine is created with
+``logprobs_mode="processed_logprobs"`` and sampling uses no top-k/top-p, so the returned log-probs
+are ``log_softmax(logits / temperature)`` of each sampled token, as the RL update needs.
+Untested on this CPU machine (no vllm); exercised on GPU hosts only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from outer_loop.backends.base import AgentBackend, BackendError, Generation, parse_tool_calls
+
+
+class VLLMBackend(AgentBackend):
+    """One ``vllm.LLM`` per backend; ``engine_kwargs`` go to ``vllm.LLM`` unchanged."""
+
+    def __init__(self, *, model_path: str, model_name: str | None = None, dtype: str = "auto",
+                 gpu_memory_utilization: float = 0.5, max_model_len: int | None = None,
+                 chat_template_kwargs: dict[str, Any] | None = None, **engine_kwargs: Any):
+        try:
+            import vllm
+        except ImportError:
+            raise BackendError("backend 'vllm' needs the vllm package (GPU only): pip install -e '.[gpu]' on "
+                               "a CUDA machine, or use kind: local (transformers) or kind: openai") from None
+        kwargs = dict(model=str(model_path), dtype=dtype, gpu_memory_utilization=gpu_memory_utilization,
+                      logprobs_mode="processed_logprobs", **engine_kwargs)
+        if max_model_len:
+            kwargs["max_model_len"] = max_model_len
+        try:
+            self.llm = vllm.LLM(**kwargs)
+        except TypeError as e:  # an older vllm without logprobs_mode, or a misspelt engine kwarg
+            raise BackendError(f"vllm.LLM rejected its arguments ({e}); vllm >= 0.10 is needed for "
+                               f"logprobs_mode, and engine kwargs must be vllm.LLM parameters") from None
+        self._vllm = vllm
+        self.tokenizer = self.llm.get_tokenizer()
+        self.model_name = model_name or str(model_path).rstrip("/").rsplit("/", 1)[-1]
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
+
+    def generate(self, messages, tools=None, *, temperature=1.0, max_new_tokens=512, seed=None) -> Generation:
+        text = self.tokenizer.apply_chat_template(
+            messages, tools=tools or None, add_generation_prompt=True, tokenize=False, **self.chat_template_kwargs
+        )
+        prompt_ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        params = self._vllm.SamplingParams(
+            temperature=temperature, top_p=1.0, top_k=0, max_tokens=max_new_tokens, seed=seed, logprobs=0,
+            skip_special_tokens=False,
+        )
+        out = self.llm.generate([{"prompt_token_ids": prompt_ids}], params, use_tqdm=False)[0]
+        comp = out.outputs[0]
+        ids = list(comp.token_ids)
+        logprobs = [step[tok].logprob for step, tok in zip(comp.logprobs, ids)] if comp.logprobs else None
+        raw = comp.text
+        eos = self.tokenizer.eos_token
+        if eos and raw.endswith(eos):
+            raw = raw[: -len(eos)]
+        content, calls = parse_tool_calls(raw)
+        finish = "length" if comp.finish_reason == "length" else ("tool_calls" if calls else "stop")
+        return Generation(text=content, tool_calls=calls, prompt_tokens=len(prompt_ids), completion_tokens=len(ids),
+                          token_ids=ids, logprobs=logprobs, finish_reason=finish, raw=raw)
+
+    def close(self) -> None:
+        del self.llm

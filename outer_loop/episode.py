@@ -1,0 +1,294 @@
+"""One episode: an agent, a fresh workspace and the tools, from the task to a staged reward.
+
+    >>> ep = Episode(backend, task, run_dir / "episodes" / "0", ledger=ledger, settings=EpisodeSettings())
+    >>> ep.play()              # agent turns until it finishes, runs out of turns or submits max_jobs
+    >>> ep.run_pending()       # deferred jobs (at-train runs a whole batch of them in parallel instead)
+    >>> result = ep.finish()   # staged reward, trajectory and summary written to the episode folder
+
+The episode folder holds ``workspace/`` (as the agent left it), ``jobs/`` (the submitted snapshots
+and their outputs, which the agent never sees), ``trajectory.jsonl`` (every message, tool call and
+result, with token counts and the sampler's log-probs of the agent's tokens) and ``summary.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from evaluation.staged_reward import RewardWeights, staged_reward
+from outer_loop.tools import PendingJob, ToolBox, ToolLimits
+from outer_loop.workspace import Workspace
+
+SYSTEM_PROMPT = (
+    "You are an ML engineer agent. Post-train a small language model for the task: write job.yaml in "
+    "the workspace, check it with validate_job, fix what it reports, then submit_job. The trained "
+    "model's hidden evaluation score, compared with its base model's, is your reward. Answer with tool calls."
+)
+NO_TOOL_CALL = "No tool call was found in your answer. Answer with one tool call, e.g. validate_job or submit_job."
+
+
+@dataclass
+class EpisodeSettings:
+    """How an episode runs (the ``agent`` and ``budget`` config groups map onto it)."""
+
+    max_turns: int = 8
+    max_jobs: int = 1
+    temperature: float = 1.0
+    max_new_tokens: int = 384
+    validate_dry_run: bool = False       # the dry run costs seconds per validate_job; submission always probes
+    # "full" tool schemas (descriptions included), "compact" ones (names and argument types), or
+    # "names": no schemas, one line in the system prompt. A tiny agent's context is short (full schemas
+    # cost it ~1,900 tokens per turn); a frontier model or a server with native tool calls wants "full".
+    tool_schemas: str = "full"
+    reward: RewardWeights = field(default_factory=RewardWeights)
+
+
+def tool_schemas_for(schemas: list[dict[str, Any]], style: str) -> list[dict[str, Any]] | None:
+    """Schemas as the backend should get them for a ``tool_schemas`` style."""
+    if style == "full":
+        return schemas
+    if style == "compact":
+        return compact_tool_schemas(schemas)
+    if style == "names":
+        return None
+    raise ValueError(f"tool_schemas must be full, compact or names, got {style!r}")
+
+
+def tool_signatures(schemas: list[dict[str, Any]]) -> str:
+    """One line naming every tool with its arguments, e.g. ``write_file(path, content)``."""
+    return ", ".join(f"{s['function']['name']}({', '.join(s['function']['parameters']['properties'])})"
+                     for s in schemas)
+
+
+def opening_messages(task, tool_style: str = "full") -> list[dict[str, Any]]:
+    """The system and user messages every episode starts with."""
+    from outer_loop.tools import SCHEMAS
+
+    system = SYSTEM_PROMPT
+    if tool_style == "names":
+        system += " Tools: " + tool_signatures(SCHEMAS) + "."
+    return [{"role": "system", "content": system}, {"role": "user", "content": task_message(task)}]
+
+
+def task_message(task) -> str:
+    """The user message that opens an episode: the instruction and the task's public facts."""
+    b = task.budget
+    return (
+        f"{task.instruction}\n\nTask: {task.name} (family {task.family}, version {task.version}). "
+        f"Allowed base models: {', '.join(task.allowed_base_models)}. Budget per job: at most {b.max_steps} "
+        f"steps, {b.max_seconds:g} seconds, ${b.max_usd:g}. The workspace has task.json and GUIDE.md "
+        f"(the job.yaml schema and the reward library)."
+    )
+
+
+@dataclass
+class TurnRecord:
+    """One sampled agent turn, as the policy update needs it."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    logprobs: list[float]
+    temperature: float
+
+
+@dataclass
+class EpisodeResult:
+    """What an episode produced; the harness's view (holds hidden scores)."""
+
+    episode_id: str
+    task: str
+    family: str
+    status: str                      # finished | max_turns | max_jobs | budget_exhausted | backend_error
+    reward: dict[str, Any]
+    turns: list[TurnRecord]
+    n_turns: int
+    jobs: list[dict[str, Any]]
+    choices: dict[str, Any]
+    tokens_in: int
+    tokens_out: int
+    usd: float
+    seconds: float
+
+    def summary(self) -> dict[str, Any]:
+        """Everything but the token-level turns (for summary.json and MLflow)."""
+        d = asdict(self)
+        d.pop("turns")
+        return d
+
+
+class Episode:
+    """An agent working on one task in its own folder."""
+
+    def __init__(self, backend, task, episode_dir: str | Path, *, ledger=None, settings: EpisodeSettings | None = None,
+                 episode_id: str | None = None, seed: int = 0, defer_jobs: bool = False,
+                 job_kwargs: dict[str, Any] | None = None, model_name: str = "agent"):
+        self.backend, self.task = backend, task
+        self.dir = Path(episode_dir)
+        self.settings = settings or EpisodeSettings()
+        self.id = episode_id or self.dir.name
+        self.ledger, self.seed, self.model_name = ledger, seed, model_name
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.ws = Workspace.create(self.dir / "workspace", task)
+        self.box = ToolBox(self.ws, task, limits=ToolLimits(max_turns=self.settings.max_turns,
+                                                             max_jobs=self.settings.max_jobs),
+                           jobs_dir=self.dir / "jobs", ledger=ledger, episode=self.id, defer_jobs=defer_jobs,
+                           job_kwargs=job_kwargs, validate_kwargs={"dry_run": self.settings.validate_dry_run})
+        self.messages: list[dict[str, Any]] = opening_messages(task, self.settings.tool_schemas)
+        self.turns: list[TurnRecord] = []
+        self.status = "running"
+        self.tokens_in = self.tokens_out = 0
+        self._pending_calls: dict[int, str] = {}  # pending job index -> tool_call_id of its submit_job
+        self._t0 = time.time()
+        self._traj = open(self.dir / "trajectory.jsonl", "a", encoding="utf-8")
+        for m in self.messages:
+            self._log({"event": "message", **m})
+
+    # --- the agent's turns --------------------------------------------------------------------
+    def play(self) -> str:
+        """Run agent turns until the episode ends; returns the status."""
+        from outer_loop.backends.base import BackendError
+        from outer_loop.ledger import BudgetExhausted
+
+        s = self.settings
+        tools = self.tool_schemas()
+        last_prompt = 0
+        while not self.box.done:
+            if self.ledger is not None:
+                try:
+                    self.ledger.check("llm", self.ledger.estimate_llm(self.model_name, last_prompt + 512,
+                                                                        s.max_new_tokens), episode=self.id)
+                except BudgetExhausted as e:
+                    self.status = "budget_exhausted"
+                    self._log({"event": "budget_exhausted", "message": str(e)})
+                    break
+            if not self.box.next_turn():
+                break
+            try:
+                gen = self.backend.generate(self.messages, tools, temperature=s.temperature,
+                                            max_new_tokens=s.max_new_tokens, seed=self.seed * 1000 + self.box.state.turns)
+            except BackendError as e:
+                self.status = "backend_error"
+                self._log({"event": "backend_error", "message": str(e)})
+                break
+            last_prompt = gen.prompt_tokens
+            self.tokens_in += gen.prompt_tokens
+            self.tokens_out += gen.completion_tokens
+            if self.ledger is not None:
+                self.ledger.record_llm(episode=self.id, model=self.model_name, tokens_in=gen.prompt_tokens,
+                                       tokens_out=gen.completion_tokens)
+            if gen.token_ids and gen.logprobs is not None and gen.prompt_ids is not None:
+                self.turns.append(TurnRecord(list(gen.prompt_ids), list(gen.token_ids), list(gen.logprobs),
+                                             s.temperature))
+            msg = gen.as_message()
+            self.messages.append(msg)
+            self._log({"event": "message", **msg, "prompt_tokens": gen.prompt_tokens,
+                       "completion_tokens": gen.completion_tokens, "token_ids": gen.token_ids,
+                       "logprobs": gen.logprobs, "finish_reason": gen.finish_reason})
+            if not gen.tool_calls:
+                self._add_message({"role": "user", "content": NO_TOOL_CALL})
+                continue
+            for call in gen.tool_calls:
+                before = len(self.box.state.pending)
+                res = self.box.call(call["name"], call["arguments"])
+                if len(self.box.state.pending) > before:
+                    self._pending_calls[self.box.state.pending[-1].index] = call["id"]
+                self._add_message({"role": "tool", "tool_call_id": call["id"], "name": call["name"],
+                                   "content": res.text}, ok=res.ok)
+                if self.box.done:
+                    break
+        if self.status == "running":
+            st = self.box.state
+            self.status = ("finished" if st.finished else "max_jobs" if st.submitted >= self.box.limits.max_jobs
+                           else "max_turns")
+        return self.status
+
+    def tool_schemas(self) -> list[dict[str, Any]] | None:
+        """The tool schemas given to the backend: full, compact, or None ("names": listed in the system prompt)."""
+        return tool_schemas_for(self.box.schemas(), self.settings.tool_schemas)
+
+    def _add_message(self, msg: dict[str, Any], **extra: Any) -> None:
+        self.messages.append(msg)
+        self._log({"event": "message", **msg, **extra})
+
+    # --- jobs ----------------------------------------------------------------------------------
+    @property
+    def pending(self) -> list[PendingJob]:
+        return list(self.box.state.pending)
+
+    def complete_job(self, pending: PendingJob, result) -> None:
+        """Record a deferred job's result (run by the caller) in the tools' state and the trajectory."""
+        res = self.box.complete(pending, result)
+        self._log({"event": "job_result", "job": pending.index, "tool_call_id": self._pending_calls.get(pending.index),
+                   "content": res.text, "ok": res.ok})
+
+    def run_pending(self, **job_kwargs: Any) -> None:
+        """Run deferred jobs here, one after the other."""
+        from inner_loop.job import run_job
+
+        for p in self.pending:
+            self.complete_job(p, run_job(p.job_dir, self.task, output_dir=p.output_dir,
+                                         **{**self.box.job_kwargs, **job_kwargs}))
+
+    # --- the end -----------------------------------------------------------------------------
+    def finish(self) -> EpisodeResult:
+        """Compute the staged reward, write summary.json, close the trajectory."""
+        st = self.box.state
+        stages = staged_reward(st.validation_failures(), st.outcome(self.task), self.settings.reward)
+        jobs = [_job_summary(r) for r in st.jobs]
+        usd = self.ledger.episode_totals(self.id).usd if self.ledger is not None else 0.0
+        result = EpisodeResult(
+            episode_id=self.id, task=self.task.name, family=self.task.family, status=self.status,
+            reward=stages.to_dict(), turns=self.turns, n_turns=st.turns, jobs=jobs,
+            choices=submitted_choices(self.dir / "jobs"), tokens_in=self.tokens_in, tokens_out=self.tokens_out,
+            usd=usd, seconds=time.time() - self._t0,
+        )
+        self._log({"event": "reward", **stages.to_dict()})
+        self._traj.close()
+        tmp = self.dir / "summary.json.tmp"
+        tmp.write_text(json.dumps(result.summary(), indent=2, default=str))
+        os.replace(tmp, self.dir / "summary.json")
+        return result
+
+    def _log(self, record: dict[str, Any]) -> None:
+        self._traj.write(json.dumps({"t": round(time.time() - self._t0, 3), **record}, default=str) + "\n")
+        self._traj.flush()
+
+
+def compact_tool_schemas(schemas: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Tool schemas without descriptions: names, argument names and types, required arguments."""
+    out = []
+    for s in schemas:
+        f = s["function"]
+        props = {k: {"type": v["type"]} for k, v in f["parameters"]["properties"].items()}
+        out.append({"type": "function", "function": {
+            "name": f["name"], "parameters": {"type": "object", "properties": props,
+                                              "required": list(f["parameters"].get("required", []))}}})
+    return out
+
+
+def _job_summary(result) -> dict[str, Any]:
+    keys = ("status", "hidden_score", "baseline", "uplift", "seconds", "usd", "job_hash", "steps", "flagged")
+    return {k: getattr(result, k, None) for k in keys}
+
+
+def submitted_choices(jobs_dir: Path) -> dict[str, Any]:
+    """Base model, algorithm and adapter of the last submitted job, read from its snapshot (best effort)."""
+    snaps = sorted(Path(jobs_dir).glob("*/job/job.yaml"))
+    if not snaps:
+        return {}
+    try:
+        raw = yaml.safe_load(snaps[-1].read_text())
+    except yaml.YAMLError:
+        return {}
+    if not isinstance(raw, dict):
+        return {}
+    hp = raw.get("hyperparameters") if isinstance(raw.get("hyperparameters"), dict) else {}
+    return {"base_model": str(raw.get("base_model")), "algorithm": str(raw.get("algorithm")),
+            "peft": "lora" if raw.get("peft") else "full", "learning_rate": hp.get("learning_rate"),
+            "max_steps": hp.get("max_steps")}

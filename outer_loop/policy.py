@@ -1,0 +1,253 @@
+"""The agent's policy: a causal LM with a PEFT LoRA adapter, updated by a group-relative policy gradient.
+
+Objective (per outer step, maximised; we minimise its negative)::
+
+    J(theta) = 1/T * sum_{episodes e} sum_{agent tokens t in e}
+                 min( rho_t * A_e , clip(rho_t, 1 - eps_low, 1 + eps_high) * A_e )
+               - beta * KL_t
+
+    rho_t = exp( log pi_theta(y_t | ctx) - log mu(y_t | ctx) )       # importance ratio to the sampler
+    A_e   = (R_e - mean_{group}(R)) [/ (std_{group}(R) + 1e-6) if scale_by_std]
+    KL_t  = exp(ref_t - new_t) - (ref_t - new_t) - 1                  # k3 estimator, ref = adapter disabled
+
+where T is the number of agent tokens in the batch (a token-level mean, as in DAPO), mu is the
+policy that sampled the rollout (its log-probs are recorded by the backend at sampling time, at the
+sampling temperature), and only the agent's own sampled tokens count: prompts, tool results and
+the harness's messages are context, never targets. Rollouts sampled by a policy more than
+``max_steps_off_policy`` updates old are dropped before they reach this module. There is no value
+function; with ``beta = 0`` no reference forward pass is made.
+
+Usage::
+
+    policy = AgentPolicy.from_pretrained(model_dir, PolicyConfig(lora_r=16))
+    stats = policy.update(samples)          # one outer step over a list of TurnSample
+    policy.save(step_dir); policy.load(step_dir)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Sequence
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader
+
+ADAPTER_DIR = "adapter"
+OPTIMIZER_FILE = "optimizer.pt"
+
+
+@dataclass
+class PolicyConfig:
+    """Settings of the outer update (the ``outer`` config group maps onto this)."""
+
+    lr: float = 1e-4
+    lora_r: int = 16
+    lora_alpha: float = 32.0
+    lora_dropout: float = 0.0
+    target_modules: str | list[str] = "all-linear"
+    clip_eps_low: float = 0.2
+    clip_eps_high: float = 0.28
+    kl_beta: float = 0.0
+    scale_by_std: bool = False
+    epochs: int = 1                 # passes over a step's rollouts
+    micro_batch_size: int = 8       # turn samples per forward pass
+    max_grad_norm: float = 1.0
+    weight_decay: float = 0.0
+
+
+@dataclass
+class TurnSample:
+    """One agent turn: the context it saw, the tokens it sampled, and how they were sampled."""
+
+    context_ids: list[int]
+    completion_ids: list[int]
+    old_logprobs: list[float]        # sampler log-probs of completion_ids, at ``temperature``
+    advantage: float
+    temperature: float = 1.0
+    policy_version: int = 0
+    episode_id: str = ""
+
+
+def group_advantages(rewards: Sequence[float], scale_by_std: bool = False) -> list[float]:
+    """A_i = r_i - mean(r), optionally divided by the group's std (plus 1e-6)."""
+    if not rewards:
+        return []
+    mean = sum(rewards) / len(rewards)
+    adv = [r - mean for r in rewards]
+    if scale_by_std:
+        std = math.sqrt(sum(a * a for a in adv) / len(adv))
+        adv = [a / (std + 1e-6) for a in adv]
+    return adv
+
+
+def collate(samples: list[TurnSample], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-pad context+completion; the loss mask covers completion tokens only."""
+    seqs = [s.context_ids + s.completion_ids for s in samples]
+    width = max(len(x) for x in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(seqs), width), dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.float32)
+    old = torch.zeros((len(seqs), width), dtype=torch.float32)
+    for i, (s, seq) in enumerate(zip(samples, seqs)):
+        ids[i, : len(seq)] = torch.tensor(seq)
+        attn[i, : len(seq)] = 1
+        start = len(s.context_ids)
+        mask[i, start : len(seq)] = 1.0
+        old[i, start : len(seq)] = torch.tensor(s.old_logprobs, dtype=torch.float32)
+    return {
+        "input_ids": ids,
+        "attention_mask": attn,
+        "loss_mask": mask,
+        "old_logprobs": old,
+        "advantages": torch.tensor([s.advantage for s in samples], dtype=torch.float32),
+        "temperature": torch.tensor([s.temperature for s in samples], dtype=torch.float32),
+    }
+
+
+def token_logprobs(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """log pi(token_t | tokens_<t) at each sample's temperature, aligned to input positions (pos 0 = 0)."""
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1]
+    logits = logits.float() / batch["temperature"].view(-1, 1, 1)
+    logp = torch.log_softmax(logits, dim=-1).gather(-1, batch["input_ids"][:, 1:].unsqueeze(-1)).squeeze(-1)
+    return torch.nn.functional.pad(logp, (1, 0))
+
+
+def _quiet_lightning() -> None:
+    """Lightning announces devices and tips on every Trainer; one per outer step is noise."""
+    import logging
+    import warnings
+
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.pytorch.accelerators.cuda", "lightning.fabric"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+    warnings.filterwarnings("ignore", message=".*GPU available but not used.*")
+
+
+class PolicyModule(L.LightningModule):
+    """Lightning module for the clipped, group-relative policy-gradient step described above."""
+
+    def __init__(self, model, config: PolicyConfig):
+        super().__init__()
+        self.model = model
+        self.config = config
+        self._optimizer: torch.optim.Optimizer | None = None
+        self.last_stats: dict[str, float] = {}
+        self._acc: dict[str, list[float]] = {}
+
+    def configure_optimizers(self):
+        # One optimizer for the whole training: a fresh Trainer per outer step reuses it, so Adam's
+        # moments carry over from step to step (and are checkpointed with the adapter).
+        if self._optimizer is None:
+            params = [p for p in self.model.parameters() if p.requires_grad]
+            self._optimizer = torch.optim.AdamW(params, lr=self.config.lr, weight_decay=self.config.weight_decay)
+        return self._optimizer
+
+    def training_step(self, batch, batch_idx):
+        cfg = self.config
+        new = token_logprobs(self.model, batch)
+        mask = batch["loss_mask"]
+        adv = batch["advantages"].view(-1, 1)
+        ratio = torch.exp((new - batch["old_logprobs"]) * mask)
+        surrogate = torch.minimum(ratio * adv, torch.clamp(ratio, 1 - cfg.clip_eps_low, 1 + cfg.clip_eps_high) * adv)
+        per_token = -surrogate
+        kl = torch.zeros_like(new)
+        if cfg.kl_beta > 0:
+            with torch.no_grad(), self.model.disable_adapter():
+                ref = token_logprobs(self.model, batch)
+            delta = ref - new
+            kl = torch.exp(delta) - delta - 1
+            per_token = per_token + cfg.kl_beta * kl
+        n_tokens = mask.sum().clamp(min=1.0)
+        loss = (per_token * mask).sum() / n_tokens
+        with torch.no_grad():
+            clipped = ((ratio - 1).abs() > cfg.clip_eps_low).float()
+            for k, v in {
+                "loss": loss.item(),
+                "ratio_mean": ((ratio * mask).sum() / n_tokens).item(),
+                "clip_frac": ((clipped * mask).sum() / n_tokens).item(),
+                "kl": ((kl * mask).sum() / n_tokens).item(),
+                "tokens": n_tokens.item(),
+            }.items():
+                self._acc.setdefault(k, []).append(v)
+        return loss
+
+    def on_train_epoch_end(self):
+        self.last_stats = {k: (sum(v) if k == "tokens" else sum(v) / len(v)) for k, v in self._acc.items()}
+
+
+class AgentPolicy:
+    """The agent model with its LoRA adapter, the Lightning update, and checkpointing."""
+
+    def __init__(self, model, tokenizer, config: PolicyConfig, trainer_kwargs: dict | None = None):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.config = config
+        self.module = PolicyModule(model, config)
+        self.trainer_kwargs = dict(trainer_kwargs or {})
+        self.version = 0  # number of updates applied
+
+    @classmethod
+    def from_pretrained(cls, model_dir: str | Path, config: PolicyConfig, adapter_dir: str | Path | None = None,
+                        trainer_kwargs: dict | None = None) -> "AgentPolicy":
+        """Load the base agent from ``model_dir`` and add a fresh (or saved) LoRA adapter."""
+        from peft import LoraConfig, PeftModel, get_peft_model
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(model_dir)
+        base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        if adapter_dir is not None:
+            model = PeftModel.from_pretrained(base, str(adapter_dir), is_trainable=True)
+        else:
+            lora = LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
+                              target_modules=config.target_modules, task_type="CAUSAL_LM")
+            model = get_peft_model(base, lora)
+        return cls(model, tok, config, trainer_kwargs)
+
+    def update(self, samples: list[TurnSample]) -> dict[str, float]:
+        """One outer step: ``config.epochs`` passes of the clipped objective over ``samples``."""
+        samples = [s for s in samples if s.completion_ids]
+        if not samples:
+            return {"skipped": 1.0}
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        loader = DataLoader(samples, batch_size=self.config.micro_batch_size, shuffle=False,
+                            collate_fn=lambda b: collate(b, pad))
+        kwargs = dict(accelerator="cpu", devices=1, max_epochs=self.config.epochs, logger=False,
+                      enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                      gradient_clip_val=self.config.max_grad_norm, num_sanity_val_steps=0)
+        kwargs.update(self.trainer_kwargs)
+        _quiet_lightning()
+        self.model.train()
+        self.module._acc = {}
+        L.Trainer(**kwargs).fit(self.module, train_dataloaders=loader)
+        self.model.eval()
+        self.version += 1
+        return dict(self.module.last_stats, samples=float(len(samples)))
+
+    # --- checkpoints ---------------------------------------------------------------------
+    def save(self, directory: str | Path) -> None:
+        """Write the adapter, the optimizer state and the version into ``directory``."""
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(str(d / ADAPTER_DIR))
+        state = {"version": self.version, "config": asdict(self.config)}
+        if self.module._optimizer is not None:
+            state["optimizer"] = self.module._optimizer.state_dict()
+        torch.save(state, d / OPTIMIZER_FILE)
+
+    def load_state(self, directory: str | Path) -> None:
+        """Restore the optimizer state and version saved by ``save`` (the adapter is loaded by from_pretrained)."""
+        state = torch.load(Path(directory) / OPTIMIZER_FILE, weights_only=False)
+        self.version = int(state["version"])
+        if "optimizer" in state:
+            self.module.configure_optimizers().load_state_dict(state["optimizer"])
+
+    def trainable_state(self) -> dict[str, torch.Tensor]:
+        """Copies of the trainable (LoRA) tensors, for tests and diagnostics."""
+        return {n: p.detach().clone() for n, p in self.model.named_parameters() if p.requires_grad}
+
+    def frozen_state(self) -> dict[str, torch.Tensor]:
+        """Copies of the frozen (base) tensors."""
+        return {n: p.detach().clone() for n, p in self.model.named_parameters() if not p.requires_grad}

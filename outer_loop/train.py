@@ -1,0 +1,289 @@
+"""Outer training: the agent's LoRA learns, by group-relative policy gradient, to write better jobs.
+
+Each step: sample task specs from the training families; run a group of G episodes per task with
+the current policy (agent turns in this process, the submitted inner jobs of the whole batch in
+parallel through the job executor); turn staged rewards into group-relative advantages; update
+the adapter (``outer_loop.policy``); checkpoint; log. Held-out families are played every
+``heldout_every`` steps with no update from them.
+
+    >>> from outer_loop.train import TrainSettings, train
+    >>> summary = train(settings, run_dir, agent_dir=resolve_model("tiny-agent"), tracker=tracker)
+
+Run folder: ``checkpoints/step_NNNN/`` (adapter, optimizer, ``state.json``; a step is complete
+when its folder exists, it is renamed into place last), ``episodes/sNNNN-<task>-<g>/``,
+``metrics.jsonl`` (one line per complete step), ``ledger.jsonl``, ``plots/*.png``.
+
+Resume (``resume=True``): continue after the last complete step. Whatever a killed step left
+behind is moved aside, not counted: ledger records past the checkpoint's offset go to
+``ledger.rolled_back.jsonl``, its episode folders to ``rolled_back/``, and MLflow gets exactly
+the metrics of complete steps that it does not have yet.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from outer_loop.episode import Episode, EpisodeResult, EpisodeSettings
+from outer_loop.policy import AgentPolicy, PolicyConfig, TurnSample, group_advantages
+
+CKPT_DIR = "checkpoints"
+METRICS_FILE = "metrics.jsonl"
+
+
+@dataclass
+class TrainSettings:
+    """What ``at-train`` does per step (from the ``outer`` config group)."""
+
+    steps: int = 10
+    tasks_per_step: int = 2
+    group_size: int = 4
+    train_tasks: list[str] = field(default_factory=list)     # task spec paths
+    heldout_tasks: list[str] = field(default_factory=list)
+    heldout_every: int = 5
+    heldout_group_size: int = 2
+    max_steps_off_policy: int = 0
+    parallel_jobs: int = 2
+    seed: int = 0
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    episode: EpisodeSettings = field(default_factory=EpisodeSettings)
+    job_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class StepState:
+    """What a checkpoint remembers besides the adapter and optimizer."""
+
+    step: int = 0                      # steps completed
+    ledger_bytes: int = 0
+    mlflow_run_id: str | None = None
+    buffer: list[dict] = field(default_factory=list)   # off-policy rollouts kept for later steps
+
+
+def _load_tasks(paths: list[str]):
+    from agent_trainer.paths import resolve_path
+    from evaluation.tasks import load_task
+
+    return [load_task(resolve_path(p)) for p in paths]
+
+
+def last_complete_step(run_dir: Path) -> Path | None:
+    """The newest complete checkpoint folder, or None."""
+    ckpts = sorted((run_dir / CKPT_DIR).glob("step_[0-9][0-9][0-9][0-9]"))
+    return ckpts[-1] if ckpts else None
+
+
+def roll_back(run_dir: Path, state: StepState) -> None:
+    """Move aside what a killed step left: ledger records past the checkpoint, its episode folders."""
+    ledger = run_dir / "ledger.jsonl"
+    if ledger.exists() and ledger.stat().st_size > state.ledger_bytes:
+        with open(ledger, "rb+") as fh:
+            fh.seek(state.ledger_bytes)
+            tail = fh.read()
+            fh.truncate(state.ledger_bytes)
+        with open(run_dir / "ledger.rolled_back.jsonl", "ab") as out:
+            out.write(tail if tail.endswith(b"\n") or not tail else tail + b"\n")
+    for ep in (run_dir / "episodes").glob("s*"):
+        try:
+            step = int(ep.name[1:5])
+        except ValueError:
+            continue
+        if step >= state.step:
+            dest = run_dir / "rolled_back" / ep.name
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            if dest.exists():
+                shutil.rmtree(dest)
+            shutil.move(str(ep), dest)
+    metrics = run_dir / METRICS_FILE
+    if metrics.exists():
+        keep = [ln for ln in metrics.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] < state.step]
+        metrics.write_text("".join(ln + "\n" for ln in keep))
+
+
+def read_metrics_file(run_dir: Path) -> list[dict]:
+    """Per-step metrics of complete steps, in order."""
+    path = Path(run_dir) / METRICS_FILE
+    if not path.exists():
+        return []
+    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
+
+
+def step_metrics(results: list[EpisodeResult], update: dict, seconds: dict, ledger, prefix: str = "") -> dict[str, float]:
+    """Reward, stages, choices and cost of one step's episodes."""
+    n = max(1, len(results))
+    rewards = [r.reward["total"] for r in results]
+    mean = sum(rewards) / n
+    m: dict[str, float] = {
+        "reward_mean": mean,
+        "reward_std": (sum((x - mean) ** 2 for x in rewards) / n) ** 0.5,
+        "validation_mean": sum(r.reward["validation"] for r in results) / n,
+        "valid_first_try": sum(r.reward["validation"] == 1.0 for r in results) / n,
+        "job_success_rate": sum(r.reward["job_success"] for r in results) / n,
+        "quality_mean": sum(r.reward["quality"] for r in results) / n,
+        "speed_mean": sum(r.reward["speed"] for r in results) / n,
+        "episodes": float(len(results)),
+        "tokens": float(sum(r.tokens_in + r.tokens_out for r in results)),
+        "usd": float(sum(r.usd for r in results)),
+    }
+    ups = [r.reward["uplift"] for r in results if r.reward.get("uplift") is not None]
+    m["uplift_mean"] = sum(ups) / len(ups) if ups else 0.0
+    for key in ("base_model", "algorithm", "peft"):
+        values = [r.choices.get(key) for r in results if r.choices]
+        for v in sorted(set(values)):
+            m[f"share_{key}_{v}"] = values.count(v) / n
+    m = {prefix + k: v for k, v in m.items()}
+    if not prefix:
+        m.update({f"update_{k}": float(v) for k, v in update.items()})
+        m.update({f"seconds_{k}": float(v) for k, v in seconds.items()})
+        if ledger is not None:
+            tot = ledger.run_totals()
+            m["usd_cumulative"] = float(tot.usd)
+            m["tokens_cumulative"] = float(tot.tokens)
+    return m
+
+
+class Trainer:
+    """The rollout loop around an ``AgentPolicy``."""
+
+    def __init__(self, settings: TrainSettings, run_dir: str | Path, agent_dir: str | Path, *, ledger=None,
+                 tracker=None, executor=None, resume: bool = False, progress: bool = True):
+        from outer_loop.backends.local import LocalBackend
+
+        self.s, self.run_dir = settings, Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.ledger, self.tracker, self.progress = ledger, tracker, progress
+        self.train_tasks = _load_tasks(settings.train_tasks)
+        self.heldout_tasks = _load_tasks(settings.heldout_tasks)
+        if not self.train_tasks:
+            raise ValueError("outer.train_tasks is empty: list task spec files of the training families")
+        self.executor = executor
+        self.state = StepState()
+        ckpt = last_complete_step(self.run_dir) if resume else None
+        if ckpt is not None:
+            self.state = StepState(**json.loads((ckpt / "state.json").read_text()))
+            roll_back(self.run_dir, self.state)
+            self.policy = AgentPolicy.from_pretrained(agent_dir, settings.policy, adapter_dir=ckpt / "adapter")
+            self.policy.load_state(ckpt)
+        else:
+            if resume:
+                roll_back(self.run_dir, self.state)
+            self.policy = AgentPolicy.from_pretrained(agent_dir, settings.policy)
+        self.backend = LocalBackend(self.policy.model, self.policy.tokenizer, device="cpu", model_name="tiny-agent")
+
+    # --- one step --------------------------------------------------------------------------
+    def _tasks_for(self, step: int) -> list:
+        rng = random.Random(f"{self.s.seed}/tasks/{step}")
+        k = min(self.s.tasks_per_step, len(self.train_tasks))
+        return rng.sample(self.train_tasks, k)
+
+    def play(self, tasks: list, group: int, step: int, tag: str) -> list[Episode]:
+        """Agent turns of ``group`` episodes per task (their jobs are submitted, not yet run)."""
+        episodes = []
+        for t_i, task in enumerate(tasks):
+            for g in range(group):
+                ep_dir = self.run_dir / "episodes" / f"s{step:04d}-{tag}-{task.name}-{g}"
+                if ep_dir.exists():
+                    shutil.rmtree(ep_dir)
+                ep = Episode(self.backend, task, ep_dir, ledger=self.ledger, settings=self.s.episode,
+                             episode_id=ep_dir.name, seed=hash((self.s.seed, step, t_i, g)) % (2**31),
+                             defer_jobs=True, job_kwargs=self.s.job_kwargs, model_name="tiny-agent")
+                ep.play()
+                episodes.append(ep)
+        return episodes
+
+    def run_jobs(self, episodes: list[Episode]) -> None:
+        """Run every pending job of the batch through the executor, then hand results back."""
+        pending = [(ep, p) for ep in episodes for p in ep.pending]
+        if not pending:
+            return
+        requests = [dict(job_dir=p.job_dir, task=ep.task, output_dir=p.output_dir, **self.s.job_kwargs)
+                    for ep, p in pending]
+        if self.executor is None:
+            from inner_loop.job import run_job
+
+            results = [run_job(**r) for r in requests]
+        else:
+            results = self.executor.run(requests)
+        for (ep, p), res in zip(pending, results):
+            ep.complete_job(p, res)
+
+    def step(self, step: int) -> dict[str, float]:
+        t0 = time.time()
+        tasks = self._tasks_for(step)
+        episodes = self.play(tasks, self.s.group_size, step, "train")
+        t1 = time.time()
+        self.run_jobs(episodes)
+        t2 = time.time()
+        results = [ep.finish() for ep in episodes]
+        samples = self.samples(results, tasks)
+        update = self.policy.update(samples) if samples else {"skipped": 1.0}
+        t3 = time.time()
+        seconds = {"sampling": t1 - t0, "jobs": t2 - t1, "update": t3 - t2}
+        metrics = step_metrics(results, update, seconds, self.ledger)
+        if self.heldout_tasks and self.s.heldout_every > 0 and (step + 1) % self.s.heldout_every == 0:
+            held = self.play(self.heldout_tasks, self.s.heldout_group_size, step, "heldout")
+            self.run_jobs(held)
+            metrics.update(step_metrics([ep.finish() for ep in held], {}, {}, None, prefix="heldout_"))
+        metrics["seconds_step"] = time.time() - t0
+        return metrics
+
+    def samples(self, results: list[EpisodeResult], tasks: list) -> list[TurnSample]:
+        """Turn samples with group-relative advantages (one group per task)."""
+        out: list[TurnSample] = []
+        for task in tasks:
+            group = [r for r in results if r.task == task.name]
+            adv = group_advantages([r.reward["total"] for r in group], self.s.policy.scale_by_std)
+            for r, a in zip(group, adv):
+                for t in r.turns:
+                    out.append(TurnSample(t.prompt_ids, t.completion_ids, t.logprobs, a, t.temperature,
+                                          self.policy.version, r.episode_id))
+        return out
+
+    # --- the loop --------------------------------------------------------------------------
+    def checkpoint(self, step: int, metrics: dict[str, float]) -> None:
+        """Write the step's checkpoint atomically (folder renamed into place last)."""
+        final = self.run_dir / CKPT_DIR / f"step_{step:04d}"
+        tmp = final.with_name(final.name + ".tmp")
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        self.policy.save(tmp)
+        with open(self.run_dir / METRICS_FILE, "a") as fh:
+            fh.write(json.dumps({"step": step, **metrics}) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        self.state.step = step + 1
+        self.state.ledger_bytes = (self.run_dir / "ledger.jsonl").stat().st_size if (self.run_dir / "ledger.jsonl").exists() else 0
+        (tmp / "state.json").write_text(json.dumps(asdict(self.state)))
+        os.replace(tmp, final)
+
+    def sync_tracker(self) -> None:
+        """Log to MLflow the metrics of complete steps that it does not hold yet (exactly once)."""
+        if self.tracker is None or not getattr(self.tracker, "enabled", True):
+            return
+        from agent_trainer.tracking import read_metrics
+
+        have = read_metrics(self.tracker.tracking_uri, self.tracker.run_id, ["reward_mean"]).get("reward_mean", [])
+        logged = {s for s, _ in have}
+        for row in read_metrics_file(self.run_dir):
+            if row["step"] not in logged:
+                self.tracker.log_metrics({k: v for k, v in row.items() if k != "step"}, step=row["step"])
+
+    def fit(self) -> list[dict]:
+        """Run the remaining steps; returns every complete step's metrics."""
+        from tqdm.auto import tqdm
+
+        self.sync_tracker()
+        bar = tqdm(range(self.state.step, self.s.steps), initial=self.state.step, total=self.s.steps,
+                   desc="outer steps", disable=not self.progress)
+        for step in bar:
+            metrics = self.step(step)
+            self.checkpoint(step, metrics)
+            self.sync_tracker()
+            bar.set_postfix(reward=f"{metrics['reward_mean']:.3f}", valid=f"{metrics['valid_first_try']:.2f}")
+        return read_metrics_file(self.run_dir)

@@ -1,0 +1,73 @@
+"""``at-job``: validate, train and score one job folder, the way an agent's submission is run.
+
+    at-job examples/jobs/sft_full task=examples/tasks/calc_chain_v1_fast.json
+    at-job examples/jobs/grpo_lora task=calc_chain_v1_fast inner.sandbox=false
+    at-job examples/jobs/sft_full dry_run=true        # resolved config only
+
+The job's own files are never changed: the run folder (runs/<run_id>/) receives the
+job's outputs and ``result.json``. Returns the hidden score of the trained model.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import hydra
+from omegaconf import DictConfig
+
+from agent_trainer import cli
+from agent_trainer.config import CONFIG_DIR
+from agent_trainer.paths import resolve_path
+from agent_trainer.tracking import Tracker
+from scripts._errors import user_errors
+
+
+def run(cfg: DictConfig) -> float | None:
+    """Run the job folder ``cfg.job_dir`` on ``cfg.task.spec_path``; print the result, return the hidden score."""
+    folder = cli.start_run(cfg)
+    if cfg.dry_run:
+        return None
+    job_dir = resolve_path(cfg.job_dir)
+    if not (job_dir / "job.yaml").is_file():
+        raise cli.UserError(f"{cfg.job_dir!r} is not a job folder (no job.yaml); e.g. at-job examples/jobs/sft_full")
+    from evaluation.tasks import load_task
+    from inner_loop.job import run_job
+
+    spec = load_task(resolve_path(cfg.task.spec_path))
+    if cfg.inner.sandbox:
+        # TODO(sandbox issue): pass the bubblewrap wrapper as run_job(wrap=...) once inner_loop has one.
+        print("at-job: note: no sandbox wrapper is available yet; the job runs unsandboxed", file=sys.stderr)
+    with Tracker.from_config(cfg, run_name=f"job-{cfg.run_id}", tags={"command": "at-job", "job_dir": str(job_dir)}) as tr:
+        tr.log_config(cfg)
+        result = run_job(
+            job_dir, spec, cache_dir=cfg.cache_dir, tracker=tr, hidden_n=cfg.inner.eval_size,
+            price_per_hour=float(cfg.hardware.usd_per_hour), timeout_s=cfg.inner.timeout_s,
+            output_dir=folder / "job", threads=cfg.hardware.threads_per_job,
+        )
+    cli.print_kv({
+        "status": result.status, "detail": result.detail, "task": result.task, "base_model": result.base_model,
+        "algorithm": result.algorithm, "steps": f"{result.steps}/{result.planned_steps}",
+        "hidden_score": _fmt(result.hidden_score), "baseline": _fmt(result.baseline), "uplift": _fmt(result.uplift),
+        "seconds": f"{result.seconds['total']:.1f}", "usd": f"{result.usd:.5f}", "output": result.output_dir,
+    })
+    for finding in result.findings:
+        hint = f" ({finding['hint']})" if finding.get("hint") else ""
+        print(f"  {finding.get('severity')} {finding.get('field')}: {finding.get('message')}{hint}")
+    return result.hidden_score
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4f}"
+
+
+@hydra.main(config_path=str(CONFIG_DIR), config_name="job", version_base="1.3")
+def _hydra_main(cfg: DictConfig) -> float | None:
+    return cli.call(run, cfg, user_errors=user_errors)
+
+
+def main() -> None:
+    cli.main(_hydra_main, "job", positional="job_dir")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,43 @@
+"""``at-models``: build the tiny base models into the cache and print where they are.
+
+    at-models                 # builds what is missing (seeded; same seed, same weights)
+    at-models force=true      # rebuilds everything
+    at-models cache_dir=/tmp/cache seed=1
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig
+
+from agent_trainer import cli
+from agent_trainer.config import CONFIG_DIR
+from scripts._errors import user_errors
+
+
+def run(cfg: DictConfig) -> dict[str, Path] | None:
+    """Build all registry models that are built locally; returns ``{name: folder}``."""
+    cli.start_run(cfg)
+    if cfg.dry_run:
+        return None
+    from inner_loop.models import build_all
+
+    built = build_all(seed=int(cfg.seed), cache_dir=cfg.cache_dir, force=bool(cfg.force))
+    paths = {str(k): Path(v) for k, v in (built.items() if isinstance(built, dict) else ((Path(p).name, p) for p in built))}
+    cli.print_kv({name: str(path) for name, path in paths.items()})
+    return paths
+
+
+@hydra.main(config_path=str(CONFIG_DIR), config_name="models", version_base="1.3")
+def _hydra_main(cfg: DictConfig) -> None:
+    cli.call(run, cfg, user_errors=user_errors)
+
+
+def main() -> None:
+    cli.main(_hydra_main, "models")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,17 @@
+"""Shared fixtures. ``built_models`` builds tiny-s and tiny-m into the shared cache once per session.
+
+The cache is ``$AGENT_TRAINER_CACHE`` (default ``~/.cache/agent-trainer``); a warm cache makes the
+fixture free, a cold one costs the ~2-minute build once for the whole test session.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def built_models() -> dict:
+    """name -> folder of every registered built model (tiny-s, tiny-m, and later builders)."""
+    from inner_loop.models import build_all
+
+    return build_all(seed=0, progress=False)

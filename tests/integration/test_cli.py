@@ -1,0 +1,80 @@
+"""The at-* commands: the real console scripts for what only a process shows (one error line, exit
+codes, Hydra's run folder), and ``run(cfg)`` called directly for the end-to-end pipeline."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from mlflow import MlflowClient
+from omegaconf import OmegaConf
+
+from agent_trainer.config import compose_config
+
+BIN = Path(sys.executable).parent
+ROOT = Path(__file__).resolve().parents[2]
+SPEC = "examples/tasks/reverse_text_v1_fast.json"
+
+
+def at(command: str, *args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    return subprocess.run([str(BIN / command), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("command,args,text", [
+    ("at-eval", ["outer.lrr=1"], "lrr"),
+    ("at-job", ["examples/jobs/no_such_job", "task=examples/tasks/nope.json"], "nope.json"),
+])
+def test_user_mistakes_end_with_one_line_and_nonzero_exit(tmp_path, command, args, text):
+    proc = at(command, f"runs_dir={tmp_path}", *args)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and text in lines[0] and lines[0].startswith(f"{command}: error:"), proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+
+
+def test_missing_job_folder_is_one_line_from_inside_the_run(tmp_path):
+    proc = at("at-job", "examples/jobs/no_such_job", f"runs_dir={tmp_path}", "tracking=off")
+    assert proc.returncode == 2 and "no job.yaml" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_dry_run_writes_the_run_folder(tmp_path):
+    proc = at("at-eval", "dry_run=true", f"task={SPEC}", f"runs_dir={tmp_path}", "run_id=r1", "outer.lr=0.002")
+    assert proc.returncode == 0, proc.stderr
+    run = tmp_path / "r1"
+    overrides = OmegaConf.load(run / ".hydra" / "overrides.yaml")
+    assert f"task.spec_path={ROOT / SPEC}" in overrides and "outer.lr=0.002" in overrides
+    assert OmegaConf.load(run / ".hydra" / "config.yaml").outer.lr == 0.002
+    assert OmegaConf.load(run / "config.resolved.yaml").task.spec_path == str(ROOT / SPEC)
+    versions = json.loads((run / "versions.json").read_text())
+    assert versions["torch"].startswith("2.") and versions["python"].startswith("3.")
+
+
+@pytest.mark.slow
+def test_models_then_eval_end_to_end(tmp_path):
+    """at-models then at-eval through their run(cfg): a real score, logged to MLflow and read back."""
+    from scripts import eval as at_eval
+    from scripts import models as at_models
+
+    models = at_models.run(compose_config([f"runs_dir={tmp_path}", "run_id=models"], "models"))
+    assert models and all(Path(p).is_dir() for p in models.values())
+
+    cfg = compose_config([f"runs_dir={tmp_path}", "run_id=eval", "model=tiny-s", "inner.eval_size=16",
+                          f"task.spec_path={ROOT / 'examples/tasks/calc_chain_v1_fast.json'}"], "eval")
+    score = at_eval.run(cfg)
+    summary = json.loads((tmp_path / "eval" / "eval.json").read_text())
+    assert 0.0 <= score <= 1.0 and summary["hidden_score"] == score and summary["n"] == 16
+    # the base model scored against its own baseline: no uplift
+    assert summary["baseline"] == pytest.approx(score)
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path.resolve()}/mlflow.db")
+    (run,) = client.search_runs([client.get_experiment_by_name("agent-trainer").experiment_id])
+    assert run.data.metrics["eval/hidden_score"] == pytest.approx(score)
+    assert run.data.params["model.name"] == "tiny-s" and run.data.params["inner.eval_size"] == "16"
+
+    at_eval.run(compose_config([f"runs_dir={tmp_path}", "run_id=table", "table=true", "tracking=off", "inner.eval_size=16"], "eval"))
+    assert (tmp_path / "table" / "baselines.md").read_text().strip()

@@ -1,0 +1,138 @@
+"""``run_job`` end to end through the worker process, on a random-init tiny Qwen3: every outcome
+(ok, diverged, timeout by budget and by hard kill, crashed, invalid, over_budget) writes
+``result.json``, the agent's view never carries the hidden score, and the harness keeps going.
+
+    .venv/bin/pytest tests/integration/test_job.py -q            (~1.5-2 min on 2 cores)
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from transformers import Qwen3ForCausalLM
+
+from agent_trainer.tracking import Tracker, read_metrics
+from evaluation.tasks import TaskSpec
+from inner_loop.cost import CostModel
+from inner_loop.job import RESULT_FILE, run_job
+from inner_loop.models.build import ModelBuildConfig, qwen3_config
+from inner_loop.models.tokenizer import build_tokenizer
+
+pytestmark = pytest.mark.slow
+
+HIDDEN = ("hidden_score", "baseline", "uplift")
+# Tiny estimates so that the validation's budget check passes for budgets of a few seconds.
+FAST_COSTS = CostModel(startup_s=0.0, grpo_step_s=1e-4, grpo_token_s=0.0, sft_step_s=1e-4, sft_sequence_s=0.0)
+
+
+@pytest.fixture(scope="module")
+def base_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("base")
+    tok = build_tokenizer()
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(qwen3_config(ModelBuildConfig(name="t", hidden_size=32, num_layers=1, num_heads=2,
+                                                           num_kv_heads=1, intermediate_size=64), tok))
+    model.generation_config.eos_token_id = tok.eos_token_id
+    model.generation_config.pad_token_id = tok.pad_token_id
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def _task(max_seconds: float = 60, max_usd: float = 0.05) -> TaskSpec:
+    return TaskSpec(name="calc_test", family="calc_chain", allowed_base_models=["tiny-s"], hidden_eval_size=16,
+                    budget={"max_steps": 400, "max_seconds": max_seconds, "max_usd": max_usd})
+
+
+def _job(tmp_path: Path, hp: dict, algorithm: str = "sft", reward: dict | None = None, files: dict = {}) -> Path:
+    job = tmp_path / "job"
+    job.mkdir()
+    spec = {"base_model": "tiny-s", "algorithm": algorithm, "hyperparameters": {"batch_size": 8, **hp},
+            "data": {"sources": [{"family": "calc_chain", "seed": 1, "size": 64}]}, "seed": 0}
+    if reward:
+        spec["reward"] = reward
+    (job / "job.yaml").write_text(yaml.safe_dump(spec))
+    for name, text in files.items():
+        (job / name).write_text(text)
+    return job
+
+
+def _run(job: Path, base_dir: Path, task: TaskSpec | None = None, **kw):
+    res = run_job(job, task or _task(), model_dir=base_dir, progress=False, cost_model=FAST_COSTS, **kw)
+    on_disk = json.loads((job / "output" / RESULT_FILE).read_text())
+    assert on_disk["status"] == res.status, "result.json is written for every outcome"
+    assert not set(HIDDEN) & set(res.visible()), "the agent's view never has the hidden score"
+    return res, on_disk
+
+
+def test_ok_job_is_scored_logged_and_hides_the_hidden_score(base_dir, tmp_path):
+    job = _job(tmp_path, {"learning_rate": 1e-3, "max_steps": 3})
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    with Tracker(uri, experiment="jobs", artifact_location=str(tmp_path / "artifacts")) as tracker:
+        res, on_disk = _run(job, base_dir, tracker=tracker)
+    assert res.status == "ok" and res.steps == 3 and res.algorithm == "sft+full"
+    assert res.hidden_score is not None and res.baseline is not None
+    assert res.uplift == pytest.approx(res.hidden_score - res.baseline)
+    assert on_disk["seconds"]["total"] >= on_disk["seconds"]["process"] >= on_disk["seconds"]["train"] > 0
+    assert len(on_disk["job_hash"]) == 64 and on_disk["libraries"]["trl"] and on_disk["seed"] == 0
+    assert [step for step, _ in res.visible()["loss_curve"]] == [1, 2, 3]
+    assert (job / "output" / "model" / "model.safetensors").is_file()
+    assert json.loads((job / "output" / "trl_config.json").read_text())["max_steps"] == 3
+    metrics = read_metrics(uri, tracker.run_id, ["train/loss", "job/hidden_score"])
+    assert [s for s, _ in metrics["train/loss"]] == [1, 2, 3]
+    assert metrics["job/hidden_score"][0][1] == pytest.approx(res.hidden_score)
+
+
+def test_diverging_job_ends_diverged(base_dir, tmp_path):
+    res, _ = _run(_job(tmp_path, {"learning_rate": 1.0, "max_steps": 50}), base_dir)
+    assert res.status == "diverged" and res.steps < 50 and "learning_rate" in res.detail
+    assert res.hidden_score is None and not (tmp_path / "job" / "output" / "model").exists()
+
+
+def test_job_over_its_seconds_ends_timeout_and_keeps_its_partial_model(base_dir, tmp_path):
+    res, on_disk = _run(_job(tmp_path, {"learning_rate": 1e-3, "max_steps": 400}), base_dir,
+                        task=_task(max_seconds=1.0))
+    assert res.status == "timeout" and 1 <= res.steps < 400 and "time budget" in res.detail
+    assert on_disk["hidden_score"] is not None, "a budget stop saves the partial model and the harness scores it"
+
+
+def test_hard_deadline_kills_the_worker(base_dir, tmp_path):
+    res, on_disk = _run(_job(tmp_path, {"learning_rate": 1e-3, "max_steps": 400}), base_dir, timeout_s=2.0)
+    assert res.status == "timeout" and "killed" in res.detail and on_disk["hidden_score"] is None
+    assert res.seconds["process"] < 10
+
+
+RAISING_REWARD = '''
+def flaky(prompts, completions, trainer_state=None, **kwargs):
+    # Fine in the validation probe (step 0), fails once training has made a step.
+    if trainer_state is not None and trainer_state.global_step >= 1:
+        raise ValueError("flaky reward gave up at step %d" % trainer_state.global_step)
+    return [float(len(c) % 3) for c in completions]
+'''
+
+
+def test_raising_reward_ends_crashed_and_the_harness_goes_on(base_dir, tmp_path):
+    reward = {"functions": [{"name": "flaky", "source": "file"}]}
+    job = _job(tmp_path, {"learning_rate": 1e-3, "max_steps": 5, "num_generations": 4, "max_completion_length": 4},
+               algorithm="grpo", reward=reward, files={"reward.py": RAISING_REWARD})
+    res, on_disk = _run(job, base_dir)
+    assert res.status == "crashed" and "flaky reward gave up at step 1" in res.error and res.steps == 1
+    assert "Traceback" in on_disk["error"] and res.visible()["error"] == res.error
+    assert res.hidden_score is None  # and this process is still here: the crash stayed in the child
+
+
+def test_invalid_and_over_budget_jobs_are_refused_before_training(base_dir, tmp_path):
+    bad = _job(tmp_path, {"learning_rate": 1e-3, "max_steps": 5})
+    (bad / "job.yaml").write_text((bad / "job.yaml").read_text().replace("tiny-s", "tiny-xl"))
+    res, _ = _run(bad, base_dir)
+    assert res.status == "invalid" and any(f["field"] == "base_model" for f in res.findings)
+    assert not (bad / "output" / "train_status.json").exists(), "nothing trained"
+
+    (bad / "job.yaml").write_text((bad / "job.yaml").read_text().replace("tiny-xl", "tiny-s"))
+    res, _ = _run(bad, base_dir, task=_task(max_usd=1e-9), price_per_hour=100.0)
+    assert res.status == "over_budget" and res.estimated_usd > 1e-9
+    assert not (bad / "output" / "train_status.json").exists()

@@ -1,0 +1,138 @@
+"""TRL runners in-process on a random-init tiny Qwen3: parameters move, LoRA leaves the base alone,
+the effective TRL config carries every job hyperparameter, and a huge learning rate is caught.
+
+    .venv/bin/pytest tests/integration/test_runners.py -q        (~30-60 s on 2 cores)
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, Qwen3ForCausalLM, TrainerCallback
+
+from evaluation.families import get_family
+from inner_loop.jobspec import JobSpec
+from inner_loop.models.build import ModelBuildConfig, qwen3_config
+from inner_loop.models.tokenizer import build_tokenizer
+from inner_loop.runners import TRAIN_LOG, TRL_CONFIG, train, trl_config
+
+
+@pytest.fixture(scope="module")
+def base_dir(tmp_path_factory):
+    """A random-init tiny Qwen3 with the project tokenizer (no pretraining: mechanics only)."""
+    path = tmp_path_factory.mktemp("base")
+    tok = build_tokenizer()
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(qwen3_config(ModelBuildConfig(name="t", hidden_size=32, num_layers=1, num_heads=2,
+                                                           num_kv_heads=1, intermediate_size=64), tok))
+    model.generation_config.eos_token_id = tok.eos_token_id
+    model.generation_config.pad_token_id = tok.pad_token_id
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+ROWS = [dict(ex.as_dict(), family="calc_chain") for ex in get_family("calc_chain").training_examples(seed=3, n=48)]
+
+
+def checksum_reward(prompts, completions, **kwargs):
+    """Dense and arbitrary: every group of a random model gets reward spread, so GRPO always has a gradient."""
+    return [float(sum(map(ord, c)) % 7) for c in completions]
+
+
+def _spec(algorithm: str, lora: bool, lr: float = 1e-2, steps: int = 2) -> JobSpec:
+    return JobSpec.model_validate({
+        "base_model": "tiny-s", "algorithm": algorithm, "peft": {"r": 4, "alpha": 8} if lora else None,
+        "hyperparameters": {"learning_rate": lr, "batch_size": 8, "num_generations": 4, "max_completion_length": 4,
+                            "max_steps": steps},
+        "data": {"sources": [{"family": "calc_chain"}]},
+        "reward": {"functions": [{"name": "exact_match"}]} if algorithm == "grpo" else None,
+    })
+
+
+class Snapshot(TrainerCallback):
+    """Copies every parameter at the start of training and again at the end (the test hook)."""
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        self.trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+        self.before = {n: p.detach().clone() for n, p in model.named_parameters()}
+
+    def on_train_end(self, args, state, control, model=None, **kwargs):
+        self.after = {n: p.detach().clone() for n, p in model.named_parameters()}
+
+    def changed(self, names) -> dict[str, bool]:
+        return {n: not torch.equal(self.before[n], self.after[n]) for n in names}
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "sft"])
+def test_full_training_changes_every_parameter(base_dir, tmp_path, algorithm):
+    snap = Snapshot()
+    rewards = [("checksum", checksum_reward, 1.0)]
+    report = train(_spec(algorithm, lora=False), ROWS, rewards, base_dir, tmp_path, max_steps=50, max_seconds=120,
+                   callbacks=[snap])
+    assert report.status == "ok" and report.steps == 2
+    assert snap.trainable == set(snap.before), "full fine-tuning trains every parameter"
+    unchanged = [n for n, moved in snap.changed(snap.trainable).items() if not moved]
+    assert not unchanged, f"parameters not updated: {unchanged}"
+    log = [json.loads(line) for line in (tmp_path / TRAIN_LOG).read_text().splitlines()]
+    assert [r["step"] for r in log] == [1, 2] and all("loss" in r and "lr" in r and "seconds" in r for r in log)
+    if algorithm == "grpo":
+        assert all("reward" in r and "reward_std" in r for r in log)
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "sft"])
+def test_lora_changes_the_adapter_only_and_saves_a_merged_model(base_dir, tmp_path, algorithm):
+    snap = Snapshot()
+    report = train(_spec(algorithm, lora=True, steps=3), ROWS, [("checksum", checksum_reward, 1.0)], base_dir,
+                   tmp_path, max_steps=50, max_seconds=120, callbacks=[snap])
+    assert report.status == "ok"
+    assert snap.trainable and all("lora_" in n for n in snap.trainable)
+    assert all(snap.changed(snap.trainable).values()), "every adapter matrix moves (B first, then A)"
+    frozen = set(snap.before) - snap.trainable
+    assert frozen and not any(snap.changed(frozen).values()), "LoRA must leave the base weights unchanged"
+
+    merged = AutoModelForCausalLM.from_pretrained(report.model_dir)
+    base = AutoModelForCausalLM.from_pretrained(base_dir)
+    assert type(merged) is type(base) and not any("lora" in n for n, _ in merged.named_parameters())
+    moved = [n for n, p in merged.named_parameters() if not torch.equal(p, base.state_dict()[n])]
+    assert moved, "the merged checkpoint must carry the adapter's update"
+
+
+def test_trl_config_carries_every_hyperparameter(tmp_path):
+    spec = JobSpec.model_validate({
+        "base_model": "tiny-s", "algorithm": "grpo", "seed": 7,
+        "hyperparameters": {"learning_rate": 3e-4, "batch_size": 24, "num_generations": 6, "max_steps": 999,
+                            "lr_scheduler": "cosine", "warmup_ratio": 0.1, "weight_decay": 0.01, "max_grad_norm": 0.5,
+                            "max_completion_length": 9, "temperature": 0.7, "beta": 0.04, "loss_type": "dr_grpo",
+                            "scale_rewards": "batch"},
+        "data": {"sources": [{"family": "calc_chain"}]},
+        "reward": {"functions": [{"name": "exact_match", "weight": 2.0}, {"name": "numeric_closeness"}]},
+    })
+    cfg = trl_config(spec, tmp_path, max_steps=40, reward_weights=[2.0, 1.0]).to_dict()
+    expected = {"learning_rate": 3e-4, "per_device_train_batch_size": 24, "generation_batch_size": 24,
+                "num_generations": 6, "max_steps": 40, "lr_scheduler_type": "cosine", "warmup_steps": 0.1,
+                "weight_decay": 0.01, "max_grad_norm": 0.5, "max_completion_length": 9, "temperature": 0.7,
+                "beta": 0.04, "loss_type": "dr_grpo", "scale_rewards": "batch", "reward_weights": [2.0, 1.0],
+                "seed": 7, "use_cpu": True, "bf16": False, "gradient_checkpointing": False, "save_strategy": "no",
+                "report_to": []}
+    assert {k: cfg[k] for k in expected} == expected
+    sft = trl_config(spec.model_copy(update={"algorithm": "sft", "reward": None}), tmp_path, max_steps=5).to_dict()
+    assert sft["completion_only_loss"] is True and sft["per_device_train_batch_size"] == 24 and not sft["bf16"]
+
+
+def test_huge_learning_rate_diverges_and_saves_nothing(base_dir, tmp_path):
+    report = train(_spec("sft", lora=False, lr=1.0, steps=20), ROWS, [], base_dir, tmp_path, max_steps=50,
+                   max_seconds=120)
+    assert report.status == "diverged" and report.steps < 20
+    assert "learning_rate" in report.detail and report.model_dir is None
+    assert not (tmp_path / "model").exists()
+    assert json.loads((tmp_path / TRL_CONFIG).read_text())["learning_rate"] == 1.0
+
+
+def test_time_budget_stops_gracefully_and_keeps_the_model(base_dir, tmp_path):
+    report = train(_spec("sft", lora=False, steps=500), ROWS, [], base_dir, tmp_path, max_steps=500,
+                   max_seconds=0.5)
+    assert report.status == "timeout" and 1 <= report.steps < 500
+    assert (tmp_path / "model" / "model.safetensors").is_file()

@@ -1,0 +1,105 @@
+"""JobSpec schema: every example parses, errors point at fields, cross-field rules hold."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from agent_trainer.paths import PROJECT_ROOT
+from evaluation.tasks import load_task
+from inner_loop.jobspec import JobSpec, JobSpecError, describe_errors, load_job, read_job_yaml
+
+JOBS = sorted((PROJECT_ROOT / "examples" / "jobs").glob("*/job.yaml"))
+TASKS = sorted((PROJECT_ROOT / "examples" / "tasks").glob("*.json"))
+GRPO = {"base_model": "tiny-s", "algorithm": "grpo", "data": {"sources": [{"family": "calc_chain"}]},
+        "reward": {"functions": [{"name": "exact_match"}]}}
+
+
+def errors_of(raw) -> list[tuple[str, str]]:
+    with pytest.raises(ValidationError) as info:
+        JobSpec.model_validate(raw)
+    return describe_errors(info.value)
+
+
+def test_every_example_job_parses():
+    assert {p.parent.name for p in JOBS} >= {"grpo_full", "grpo_lora", "sft_full", "sft_lora", "custom_reward"}
+    for path in JOBS:
+        spec = load_job(path.parent)
+        assert spec.hyperparameters.max_steps <= 400, path
+
+
+def test_every_example_task_parses_with_the_budget_shape():
+    families = set()
+    for path in TASKS:
+        task = load_task(path)
+        families.add(task.family)
+        assert 200 <= task.budget.max_steps <= 400 and task.budget.max_seconds == 90 and task.hidden_eval_size == 200
+    assert families == {"calc_chain", "reverse_text", "sort_numbers", "unit_convert", "count_char", "triage"}
+    assert load_task(PROJECT_ROOT / "examples/tasks/triage_v1_fast.json").held_out is True
+
+
+def test_example_strategies():
+    labels = {p.parent.name: load_job(p.parent).strategy_algorithm() for p in JOBS}
+    assert labels["grpo_lora"] == "grpo+lora" and labels["sft_full"] == "sft+full"
+    custom = load_job(PROJECT_ROOT / "examples/jobs/custom_reward")
+    assert custom.uses_agent_code and custom.uses_agent_data
+    assert not load_job(PROJECT_ROOT / "examples/jobs/grpo_full").uses_agent_code
+
+
+def test_cross_field_errors_point_at_the_field():
+    bad = dict(GRPO, hyperparameters={"batch_size": 30, "num_generations": 8})
+    assert errors_of(bad) == [("hyperparameters.batch_size",
+                               "batch_size (30) must be divisible by num_generations (8) for GRPO; e.g. batch_size: 24")]
+    dup = dict(GRPO, reward={"functions": [{"name": "exact_match"}, {"name": "exact_match"}]})
+    (field, msg), = errors_of(dup)
+    assert field == "reward.functions.1.name" and "listed twice" in msg
+    (field, msg), = errors_of(dict(GRPO, data={}))
+    assert field == "data.sources" and "at least one library source" in msg
+
+
+def test_unknown_library_reward_and_family_list_the_known_names():
+    (field, msg), = errors_of(dict(GRPO, reward={"functions": [{"name": "exact"}]}))
+    assert field == "reward.functions.0.name" and "exact_match" in msg and "numeric_closeness" in msg
+    (field, msg), = errors_of(dict(GRPO, data={"sources": [{"family": "chess"}]}))
+    assert field == "data.sources.0.family" and "calc_chain" in msg
+
+
+@pytest.mark.parametrize("path", ["/etc/passwd", "../other/data.jsonl", "", "a\\b.jsonl"])
+def test_data_file_must_stay_inside_the_job(path):
+    (field, msg), = errors_of(dict(GRPO, data={"file": path}))
+    assert field == "data.file" and "inside the job folder" in msg
+
+
+def test_sft_needs_no_reward_and_grpo_file_rewards_need_identifiers():
+    JobSpec.model_validate({"base_model": "tiny-s", "algorithm": "sft", "data": {"file": "d.jsonl"}})
+    (field, _), = errors_of(dict(GRPO, reward={"functions": [{"name": "my-reward", "source": "file"}]}))
+    assert field == "reward.functions.0.name"
+
+
+def test_effective_max_steps_uses_epochs_only_without_max_steps():
+    by_epochs = JobSpec.model_validate(dict(GRPO, hyperparameters={"epochs": 2, "batch_size": 64, "num_generations": 8}))
+    assert by_epochs.rows_per_step() == 8
+    assert by_epochs.effective_max_steps(100) == 25  # ceil(2 * 100 / 8)
+    both = JobSpec.model_validate(dict(GRPO, hyperparameters={"epochs": 2, "max_steps": 7}))
+    assert both.effective_max_steps(100) == 7
+
+
+def test_load_job_messages(tmp_path: Path):
+    with pytest.raises(JobSpecError, match="not found"):
+        load_job(tmp_path)
+    (tmp_path / "job.yaml").write_text("base_model: tiny-s\nalgorithm: sft\nalgorithm: grpo\n")
+    with pytest.raises(JobSpecError, match="line 3, column 1 .*duplicate key 'algorithm'"):
+        load_job(tmp_path)
+    (tmp_path / "job.yaml").write_text("base_model: tiny-s\nalgorithm: sft\ndata: {file: d.jsonl}\nlr: 1\n")
+    with pytest.raises(JobSpecError, match="lr: Extra inputs are not permitted"):
+        load_job(tmp_path)
+
+
+def test_read_job_yaml_reads_exponents_without_a_dot_as_text_and_schema_accepts_them(tmp_path: Path):
+    # YAML 1.1 reads 5e-4 as a string; pydantic's lax mode turns it into the float the agent meant.
+    (tmp_path / "job.yaml").write_text("base_model: tiny-s\nalgorithm: sft\ndata: {file: d.jsonl}\n"
+                                       "hyperparameters: {learning_rate: 5e-4}\n")
+    assert read_job_yaml(tmp_path / "job.yaml")["hyperparameters"]["learning_rate"] == "5e-4"
+    assert load_job(tmp_path).hyperparameters.learning_rate == 5e-4

@@ -1,0 +1,168 @@
+"""Tokenizer, chat template, tiny model build determinism and the model registry."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from evaluation.families import FAMILIES, get_family
+from inner_loop.models import (
+    BASE_MODELS,
+    TINY_S,
+    ModelNotFoundError,
+    build_model,
+    build_tokenizer,
+    load_model,
+    load_tokenizer,
+    model_hash,
+    resolve_model,
+)
+from inner_loop.models.registry import BUILDERS, build_all, is_built, model_dir, register_builder
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_tokenizer()
+
+
+def test_tokenizer_is_deterministic_and_in_size(tok):
+    assert build_tokenizer().backend_tokenizer.to_str() == tok.backend_tokenizer.to_str()
+    assert 1000 <= len(tok) <= 2000
+    assert tok.eos_token == "<|im_end|>" and tok.pad_token == "<|endoftext|>"
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_prompt_is_a_token_prefix_and_text_round_trips(tok, name):
+    for ex in get_family(name).training_examples(seed=11, n=100):
+        prompt_ids = tok(ex.prompt, add_special_tokens=False)["input_ids"]
+        full_ids = tok(ex.prompt + ex.answer, add_special_tokens=False)["input_ids"]
+        assert full_ids[: len(prompt_ids)] == prompt_ids, ex
+        assert tok.decode(full_ids) == ex.prompt + ex.answer
+
+
+def test_save_load_round_trip(tok, tmp_path):
+    tok.save_pretrained(tmp_path)
+    again = load_tokenizer_files(tmp_path)
+    text = 'calc: 12+7-3=16<|im_end|> {"name": "write_file"}'
+    assert again(text)["input_ids"] == tok(text)["input_ids"]
+    assert again.chat_template == tok.chat_template
+
+
+def load_tokenizer_files(path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path, local_files_only=True)
+
+
+def test_chat_template_renders_tools_and_tool_calls(tok):
+    tools = [{"type": "function", "function": {"name": "write_file", "description": "Write a file.",
+              "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}}]
+    messages = [
+        {"role": "system", "content": "You write training jobs."},
+        {"role": "user", "content": "Train calc_chain."},
+        {"role": "assistant", "content": "Writing the job.", "tool_calls": [
+            {"type": "function", "function": {"name": "write_file", "arguments": {"path": "job.yaml", "content": "seed: 0"}}}]},
+        {"role": "tool", "content": "wrote job.yaml"},
+        {"role": "tool", "content": "second result"},
+        {"role": "assistant", "content": "Done."},
+    ]
+    text = tok.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
+    assert text.startswith("<|im_start|>system\nYou write training jobs.\n\n# Tools")
+    assert json.dumps(tools[0]) in text
+    assert ('Writing the job.\n<tool_call>\n{"name": "write_file", "arguments": '
+            '{"path": "job.yaml", "content": "seed: 0"}}\n</tool_call><|im_end|>') in text
+    # Consecutive tool results share one user turn.
+    assert "<|im_start|>user\n<tool_response>\nwrote job.yaml\n</tool_response>\n<tool_response>\nsecond result" in text
+    assert text.endswith("<|im_start|>assistant\nDone.<|im_end|>\n<|im_start|>assistant\n")
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    for special in ("<tool_call>", "</tool_call>", "<tool_response>", "<|im_start|>", "<|im_end|>"):
+        assert tok.convert_tokens_to_ids(special) in ids
+    plain = tok.apply_chat_template(messages[1:2], tokenize=False, add_generation_prompt=True, enable_thinking=False)
+    assert plain == "<|im_start|>user\nTrain calc_chain.<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+
+
+SMALL = dataclasses.replace(TINY_S, name="tiny-test", hidden_size=32, num_layers=1, intermediate_size=64, steps=8,
+                            batch_size=16, warmup_steps=2)
+
+
+def test_build_is_byte_identical_for_a_seed_and_differs_across_seeds(tok, tmp_path):
+    a = build_model(SMALL, tmp_path / "a", seed=3, tokenizer=tok)
+    b = build_model(SMALL, tmp_path / "b", seed=3, tokenizer=tok)
+    c = build_model(SMALL, tmp_path / "c", seed=4, tokenizer=tok)
+    assert (tmp_path / "a/model.safetensors").read_bytes() == (tmp_path / "b/model.safetensors").read_bytes()
+    assert a["files"] == b["files"]
+    assert c["files"]["model.safetensors"] != a["files"]["model.safetensors"]
+    assert a["seed"] == 3 and a["config"]["hidden_size"] == 32 and "torch" in a["libraries"]
+    model = load_model(tmp_path / "a")
+    assert model.config.tie_word_embeddings and model.config.vocab_size == len(tok)
+    assert model_hash(tmp_path / "a") == a["files"]["model.safetensors"]
+    assert load_tokenizer(tmp_path / "a").eos_token_id == tok.eos_token_id
+
+
+def test_pretraining_lowers_the_loss(tok):
+    from transformers import Qwen3ForCausalLM
+
+    from inner_loop.models.build import _encode, pretrain, pretraining_rows, qwen3_config
+
+    cfg = dataclasses.replace(SMALL, steps=30)
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(qwen3_config(cfg, tok))
+    ids, labels = _encode(pretraining_rows(cfg, 0)[:64], tok)
+    with torch.no_grad():
+        before = model(input_ids=ids, labels=labels).loss.item()
+    pretrain(model, tok, cfg, seed=0)
+    with torch.no_grad():
+        after = model(input_ids=ids, labels=labels).loss.item()
+    assert after < before - 1.0
+
+
+def test_registry_builds_once_atomically_and_reuses(tmp_path, tok):
+    calls = []
+
+    def builder(out_dir, seed, on_step=None):
+        calls.append(seed)
+        return build_model(SMALL, out_dir, seed=seed, tokenizer=tok, on_step=on_step)
+
+    register_builder("tiny-test", builder, total_steps=SMALL.steps)
+    try:
+        path = resolve_model("tiny-test", cache_dir=tmp_path, progress=False)
+        assert path == model_dir("tiny-test", 0, tmp_path) and is_built(path)
+        assert resolve_model("tiny-test", cache_dir=tmp_path) == path and calls == [0]
+        assert not [p for p in path.parent.iterdir() if p.name.startswith(".tmp-")]
+        with pytest.raises(ModelNotFoundError, match="not built yet"):
+            resolve_model("tiny-test", cache_dir=tmp_path, seed=5, build_missing=False)
+    finally:
+        BUILDERS.pop("tiny-test")
+        BASE_MODELS.pop("tiny-test")
+
+
+def test_a_failed_build_leaves_nothing_behind(tmp_path):
+    def broken(out_dir, seed, on_step=None):
+        (out_dir / "model.safetensors").write_bytes(b"half")
+        raise RuntimeError("disk full")
+
+    register_builder("tiny-broken", broken)
+    try:
+        with pytest.raises(RuntimeError, match="disk full"):
+            build_all(cache_dir=tmp_path, progress=False)
+        assert not any(p.name.startswith((".tmp-", "tiny-broken")) for p in (tmp_path / "models").iterdir())
+    finally:
+        BUILDERS.pop("tiny-broken")
+        BASE_MODELS.pop("tiny-broken")
+
+
+def test_unknown_and_missing_models_say_what_to_do(tmp_path, monkeypatch):
+    with pytest.raises(ModelNotFoundError, match="known base models: tiny-s, tiny-m"):
+        resolve_model("gpt-5")
+    monkeypatch.setenv("AGENT_TRAINER_QWEN3_DIR", str(tmp_path / "weights"))
+    with pytest.raises(ModelNotFoundError, match="Qwen3-0.6B.*never downloaded|never downloaded.*Qwen3-0.6B"):
+        resolve_model("qwen3-0.6b", cache_dir=tmp_path)
+    real = tmp_path / "weights" / "Qwen3-1.7B"
+    real.mkdir(parents=True)
+    (real / "config.json").write_text("{}")
+    assert resolve_model("qwen3-1.7b", cache_dir=tmp_path) == real
+    with pytest.raises(ModelNotFoundError, match="no config.json"):
+        load_model(tmp_path)

@@ -1,0 +1,68 @@
+"""Staged reward: each stage on its own, the documented normalisation, weights, flagged jobs."""
+
+from __future__ import annotations
+
+import pytest
+
+from evaluation.staged_reward import (
+    JobOutcome, RewardWeights, normalized_uplift, staged_reward, validation_score,
+)
+
+
+def ok_job(post=0.4, base=0.2, secs=30.0, budget=90.0, **kw):
+    return JobOutcome(status="ok", post_score=post, baseline=base, train_seconds=secs, budget_seconds=budget, **kw)
+
+
+@pytest.mark.parametrize("failures, want", [(0, 1.0), (1, 0.5), (3, 0.125), (None, 0.0)])
+def test_validation_decays_per_retry(failures, want):
+    assert validation_score(failures) == want
+    assert staged_reward(failures, None).validation == want
+
+
+def test_normalized_uplift_uses_the_room_it_had():
+    assert normalized_uplift(0.6, 0.2) == pytest.approx(0.5)    # half of the headroom 0.8 won
+    assert normalized_uplift(1.0, 0.9) == pytest.approx(1.0)
+    assert normalized_uplift(0.1, 0.2) == pytest.approx(-0.5)   # half of the base's 0.2 lost
+    assert normalized_uplift(0.0, 0.0) == 0.0
+    assert normalized_uplift(1.0, 1.0) == 0.0
+    assert -1.0 <= normalized_uplift(0.0, 1e-9) <= 1.0
+
+
+def test_default_total_is_the_papers_mix():
+    r = staged_reward(1, ok_job(post=0.6, base=0.2, secs=45, budget=90))
+    assert (r.validation, r.job_success, r.speed) == (0.5, 1.0, 0.5)
+    assert r.uplift == pytest.approx(0.4) and r.normalized_uplift == pytest.approx(0.5)
+    assert r.quality == pytest.approx(0.25 * 0.6 + 0.75 * 0.5)
+    assert r.total == pytest.approx(0.35 * 0.5 + 0.60 * r.quality + 0.05 * 0.5)
+    d = r.to_dict()
+    assert d["total"] == r.total and d["w_quality"] == 0.60 and d["w_uplift"] == 0.75
+
+
+def test_weights_are_configurable():
+    w = RewardWeights(validation=0.0, success=1.0, quality=0.0, speed=0.0)
+    assert staged_reward(0, ok_job(), w).total == 1.0
+    with pytest.raises(ValueError, match="must be >= 0"):
+        RewardWeights(speed=-1)
+
+
+def test_flagged_job_scores_as_its_baseline():
+    clean, flagged = staged_reward(0, ok_job(post=0.9, base=0.2)), staged_reward(0, ok_job(post=0.9, base=0.2, flagged=True))
+    assert flagged.uplift == 0.0 and flagged.normalized_uplift == 0.0 and flagged.post_score == 0.2
+    assert flagged.quality == pytest.approx(0.25 * 0.2) and flagged.flagged
+    assert clean.total > flagged.total
+
+
+def test_failed_jobs_earn_no_quality_or_speed():
+    crashed = staged_reward(0, JobOutcome(status="crashed", train_seconds=1, budget_seconds=90))
+    assert (crashed.job_success, crashed.quality, crashed.speed) == (0.0, 0.0, 0.0)
+    assert crashed.total == pytest.approx(0.35)
+    timeout = staged_reward(0, JobOutcome(status="timeout", post_score=0.6, baseline=0.2, train_seconds=90,
+                                          budget_seconds=90))
+    full = staged_reward(0, ok_job(post=0.6, base=0.2, secs=90, budget=90))
+    assert timeout.quality == pytest.approx(0.5 * full.quality) and timeout.speed == 0.0
+
+
+def test_a_worse_model_is_punished_and_speed_is_clipped():
+    worse = staged_reward(0, ok_job(post=0.0, base=0.3, secs=500, budget=90))
+    assert worse.normalized_uplift == -1.0 and worse.quality == pytest.approx(-0.75) and worse.speed == 0.0
+    assert worse.total < staged_reward(0, None).total
