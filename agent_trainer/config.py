@@ -92,6 +92,9 @@ class AgentConfig:
     max_turns: int = doc(8, "agent turns (messages) per episode")
     usd_per_1m_tokens_in: float = doc(0.0, "price of 1M prompt tokens, USD (the ledger uses it)")
     usd_per_1m_tokens_out: float = doc(0.0, "price of 1M generated tokens, USD")
+    tool_schemas: str = doc("full", "how tools reach the agent: full | compact (no descriptions) | names (one line "
+                                    "in the system prompt; the tiny agent's context is short)")
+    validate_dry_run: bool = doc(False, "validate_job also runs the dry run (seconds per call); submission always probes")
 
 
 @dataclass
@@ -101,6 +104,8 @@ class TaskConfig:
     spec_path: str = doc(MISSING, "task spec JSON, e.g. examples/tasks/calc_chain_v1_fast.json")
     train_families: list[str] = doc([], "families the outer loop samples training episodes from; [] = the spec's")
     held_out_families: list[str] = doc([], "families scored every outer.heldout_every steps, never trained on")
+    spec_pattern: str = doc("examples/tasks/{family}_v1_fast.json",
+                            "task spec file of a family for the outer loop ({family} is replaced)")
 
 
 @dataclass
@@ -142,6 +147,11 @@ class OuterConfig:
     max_grad_norm: float = doc(1.0, "gradient clipping norm")
     max_steps_off_policy: int = doc(1, "how many policy versions old an episode may be (0 = strictly on-policy)")
     heldout_every: int = doc(5, "score held-out families every N steps (0 = never)")
+    heldout_group_size: int = doc(2, "episodes per held-out task when held-out families are scored")
+    clip_eps_high: Optional[float] = doc(None, "upper ratio clip (DAPO's clip-higher); null = clip_eps")
+    scale_by_std: bool = doc(False, "divide advantages by the group's reward std")
+    epochs: int = doc(1, "passes over a step's rollouts in the update")
+    micro_batch_size: int = doc(8, "agent turns per forward pass in the update")
 
 
 @dataclass
@@ -227,6 +237,21 @@ class JobCommand(Config):
     job_dir: str = doc(MISSING, "job folder holding job.yaml (the first positional argument)")
 
 
+@dataclass
+class TrainCommand(Config):
+    """``at-train``: reinforcement learning of the agent's LoRA from its episodes."""
+
+    resume: str = doc("false", "false | true (the newest run in runs_dir with checkpoints) | a run folder path")
+
+
+@dataclass
+class EpisodeCommand(Config):
+    """``at-episode``: one agent episode on one task."""
+
+    adapter: Optional[str] = doc(None, "a LoRA adapter folder (e.g. runs/<id>/checkpoints/step_0009/adapter) "
+                                       "for the local agent")
+
+
 GROUP_SCHEMAS: dict[str, type] = {
     "agent": AgentConfig, "task": TaskConfig, "budget": BudgetConfig, "hardware": HardwareConfig,
     "outer": OuterConfig, "inner": InnerConfig, "model": ModelConfig, "strategy": StrategyConfig,
@@ -234,6 +259,7 @@ GROUP_SCHEMAS: dict[str, type] = {
 }
 COMMAND_SCHEMAS: dict[str, type] = {
     "config": Config, "models": ModelsCommand, "eval": EvalCommand, "job": JobCommand,
+    "train": TrainCommand, "episode": EpisodeCommand,
 }
 
 

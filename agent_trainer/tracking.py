@@ -209,6 +209,19 @@ class Tracker:
         self.run_id = run.info.run_id
         return self
 
+    def attach(self, run_id: str) -> "Tracker":
+        """Continue an existing run (a resumed training) instead of creating a new one."""
+        if not self.enabled:
+            return self
+        from mlflow import MlflowClient
+
+        check_tracking_uri(self.tracking_uri, self.connect_timeout_s)
+        self.client = MlflowClient(tracking_uri=self.tracking_uri)
+        run = self.client.get_run(run_id)
+        self.run_id, self.experiment_id = run_id, run.info.experiment_id
+        self.client.update_run(run_id, status="RUNNING")
+        return self
+
     def _experiment_id(self) -> str:
         exp = self.client.get_experiment_by_name(self.experiment)
         if exp is not None:

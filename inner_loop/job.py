@@ -169,14 +169,10 @@ def _base_model_dir(name: str, cache_dir) -> Path:
     return Path(resolve_model(name, cache_dir=cache_dir))
 
 
-def _baseline(base_dir: Path, family: str, n: int) -> float:
-    try:
-        from evaluation.baselines import get_baseline
-    except ImportError:  # until the baseline cache lands: the same number, measured (not cached)
-        from evaluation.hidden_eval import score_checkpoint
+def _baseline(base_dir: Path, family: str, n: int, cache_dir) -> float:
+    from evaluation.baselines import get_baseline
 
-        return score_checkpoint(base_dir, family, n).score
-    return float(get_baseline(base_dir, family, n))
+    return float(get_baseline(base_dir, family, n, cache_dir=cache_dir))
 
 
 def run_job(job_dir: str | Path, task: TaskSpec | str | Path, *, cache_dir: str | Path | None = None,
@@ -184,8 +180,12 @@ def run_job(job_dir: str | Path, task: TaskSpec | str | Path, *, cache_dir: str 
             timeout_s: float | None = None, cost_model=None,
             output_dir: str | Path | None = None, model_dir: str | Path | None = None, threads: int | None = None,
             dry_run: bool = True, progress: bool = True,
-            wrap: Callable[[list[str]], list[str]] | None = None) -> JobResult:
+            wrap: Callable[[list[str]], list[str]] | None = None, warm: bool = False) -> JobResult:
     """Validate, train (child process), score and record one job; never raises for a job's fault.
+
+    ``warm=True`` forks the training process from a pre-imported worker (``inner_loop.worker``),
+    saving the ~10 s import, for jobs without agent-written code or data; the others (and any
+    sandboxed run, ``wrap``) always take a fresh interpreter.
 
     ``price_per_hour`` prices the machine (default: ``cost_model``'s, else ``CostModel()``'s $0.10);
     ``cost_model`` (``inner_loop.cost.CostModel``) makes the validation's estimate fit other hardware.
@@ -235,7 +235,8 @@ def run_job(job_dir: str | Path, task: TaskSpec | str | Path, *, cache_dir: str 
     deadline = timeout_s or task.budget.max_seconds * KILL_FACTOR + KILL_MARGIN_S
     run = run_worker(job_dir, base_dir, task.family, out, max_steps=task.budget.max_steps,
                      max_seconds=task.budget.max_seconds, deadline_s=deadline, threads=threads,
-                     progress=progress, wrap=wrap)
+                     progress=progress, wrap=wrap,
+                     warm=warm and wrap is None and not (spec.uses_agent_code or spec.uses_agent_data))
     st = run.status
     res.status = st.get("status", "crashed")
     res.detail, res.error = st.get("detail", ""), st.get("error", "")
@@ -250,11 +251,11 @@ def run_job(job_dir: str | Path, task: TaskSpec | str | Path, *, cache_dir: str 
 
     model_out = out / "model"
     if res.status in ("ok", "timeout") and st.get("model_dir") and model_out.is_dir():
-        _score(res, model_out, base_dir)
+        _score(res, model_out, base_dir, cache_dir)
     return _finish(res, out, t_start, price_per_hour, tracker, log)
 
 
-def _score(res: JobResult, checkpoint: Path, base_dir: Path) -> None:
+def _score(res: JobResult, checkpoint: Path, base_dir: Path, cache_dir) -> None:
     """Hidden score, baseline and uplift of a saved checkpoint (in this, the harness, process)."""
     from evaluation.hidden_eval import score_checkpoint
 
@@ -265,7 +266,7 @@ def _score(res: JobResult, checkpoint: Path, base_dir: Path) -> None:
     t0 = time.monotonic()
     try:
         res.hidden_score = float(score_checkpoint(checkpoint, res.family, res.hidden_n).score)
-        res.baseline = _baseline(base_dir, res.family, res.hidden_n)
+        res.baseline = _baseline(base_dir, res.family, res.hidden_n, cache_dir)
     except Exception as e:  # a checkpoint the harness cannot read is the job's failure, not the harness's
         res.status, res.detail = "crashed", f"the hidden evaluation could not score the model: {type(e).__name__}: {e}"
         res.hidden_score = res.baseline = None

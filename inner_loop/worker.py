@@ -32,6 +32,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from dataclasses import dataclass
@@ -153,10 +154,81 @@ def _log_tail(output_dir: Path, chars: int = ERROR_TAIL_CHARS) -> str:
         return ""
 
 
+# --- warm workers ------------------------------------------------------------------------------
+# A fresh interpreter pays ~10 s importing torch/transformers/TRL before a job's first step. Warm
+# workers are forked from a multiprocessing *forkserver* that imported those libraries once (and
+# ran no torch op, so no thread pool is forked): each job still gets its own new process, its own
+# process group, a scrubbed environment and the same limits; nothing of one job survives into the
+# next. The forkserver itself is started with a scrubbed environment, so no harness secret is in
+# the memory a job is forked from. Jobs carrying agent-written code or data use the cold path
+# (a fresh interpreter), the one a sandbox can wrap.
+PRELOAD = ["inner_loop.worker_preload"]
+_warm_ctx = None
+
+
+def warm_context():
+    """The forkserver context (started on first use, with a scrubbed environment)."""
+    global _warm_ctx
+    if _warm_ctx is None:
+        import multiprocessing
+        from multiprocessing import forkserver
+
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(PRELOAD)
+        saved = dict(os.environ)
+        try:
+            os.environ.clear()
+            os.environ.update(child_env(Path(tempfile.gettempdir()), None))
+            forkserver.ensure_running()
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+        _warm_ctx = ctx
+    return _warm_ctx
+
+
+def _warm_entry(job_dir: str, model: str, family: str, output_dir: str, max_steps: int, max_seconds: float,
+                threads: int | None, env: dict[str, str], log_path: str) -> None:
+    """Body of a warm job process: the same set-up a cold child gets, then ``run``."""
+    os.setsid()  # its own process group, so the harness can kill everything it starts
+    _limits()
+    os.environ.clear()
+    os.environ.update(env)
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.chdir(job_dir)
+    run(Path(job_dir), Path(model), family, Path(output_dir), max_steps, max_seconds, threads)
+
+
+class _WarmProc:
+    """A warm job process with the bits of ``Popen``'s interface ``run_worker`` uses."""
+
+    def __init__(self, ctx, args):
+        self.p = ctx.Process(target=_warm_entry, args=args, daemon=False)
+        self.p.start()
+        self.pid = self.p.pid
+
+    def poll(self):
+        return self.p.exitcode
+
+    def wait(self):
+        self.p.join()
+        return self.p.exitcode
+
+    @property
+    def returncode(self):
+        return self.p.exitcode
+
+
 def run_worker(job_dir: Path, model: Path, family: str, output_dir: Path, *, max_steps: int, max_seconds: float,
                deadline_s: float, threads: int | None = None, progress: bool = True,
-               wrap: Callable[[list[str]], list[str]] | None = None, poll_s: float = 0.5) -> WorkerRun:
-    """Run ``python -m inner_loop.worker`` for a job and wait for it, killing it at ``deadline_s``."""
+               wrap: Callable[[list[str]], list[str]] | None = None, poll_s: float = 0.5,
+               warm: bool = False) -> WorkerRun:
+    """Run the job's training process and wait for it, killing its process group at ``deadline_s``.
+
+    ``warm=True`` forks it from the pre-imported forkserver (no ``wrap`` then: a sandbox needs the
+    cold path, ``python -m inner_loop.worker``)."""
     from tqdm.auto import tqdm
 
     from inner_loop.runners.train import MODEL_DIR, TRAIN_LOG
@@ -178,15 +250,22 @@ def run_worker(job_dir: Path, model: Path, family: str, output_dir: Path, *, max
     t0 = time.monotonic()
     bar = tqdm(total=max_steps, desc=f"train {Path(job_dir).name}", unit="step", disable=not progress, leave=False)
     killed = False
+    if warm and wrap is not None:
+        raise ValueError("a sandboxed job (wrap=...) cannot run in a warm worker; use warm=False")
     with open(output_dir / WORKER_LOG, "wb") as log:
-        proc = subprocess.Popen(argv, cwd=job_dir, env=child_env(home, threads), stdin=subprocess.DEVNULL,
-                                stdout=log, stderr=subprocess.STDOUT, preexec_fn=_limits, start_new_session=True)
+        if warm:
+            proc = _WarmProc(warm_context(), (str(Path(job_dir).resolve()), str(Path(model).resolve()), family,
+                                               str(output_dir.resolve()), max_steps, max_seconds, threads,
+                                               child_env(home, threads), str((output_dir / WORKER_LOG).resolve())))
+        else:
+            proc = subprocess.Popen(argv, cwd=job_dir, env=child_env(home, threads), stdin=subprocess.DEVNULL,
+                                    stdout=log, stderr=subprocess.STDOUT, preexec_fn=_limits, start_new_session=True)
         offset = 0
         try:
             while proc.poll() is None:
                 if time.monotonic() - t0 > deadline_s:
                     # The whole group: TRL or agent code may have started processes of their own.
-                    os.killpg(proc.pid, signal.SIGKILL)
+                    _kill_group(proc.pid)
                     proc.wait()
                     killed = True
                     break
@@ -195,7 +274,7 @@ def run_worker(job_dir: Path, model: Path, family: str, output_dir: Path, *, max
             _advance(bar, output_dir, offset)
         finally:
             if proc.poll() is None:  # the harness itself is being interrupted: leave no orphan
-                os.killpg(proc.pid, signal.SIGKILL)
+                _kill_group(proc.pid)
                 proc.wait()
             bar.close()
     status = read_status(output_dir)
@@ -207,6 +286,16 @@ def run_worker(job_dir: Path, model: Path, family: str, output_dir: Path, *, max
                   "before it finished (out of memory?)", "error": _log_tail(output_dir)}
     return WorkerRun(status=status, wall_seconds=round(time.monotonic() - t0, 3), killed=killed,
                      returncode=proc.returncode)
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:  # a warm process killed before its setsid: kill it alone
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def _advance(bar, output_dir: Path, offset: int) -> int:

@@ -16,6 +16,7 @@ So the agent writes real jobs from its first step, with the novice's broad, impe
 from __future__ import annotations
 
 import json
+import logging
 import random
 import shutil
 import tempfile
@@ -25,6 +26,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
+
+log = logging.getLogger(__name__)
 
 AGENT_MODEL = "tiny-agent"
 # The tiny agent sees tools as one line of signatures (outer_loop.episode, tool_schemas: names):
@@ -47,6 +50,7 @@ class AgentBuildConfig:
     batch_size: int = 4
     lr: float = 3e-3
     warmup: int = 20
+    min_lr_ratio: float = 0.05
     threads: int = 2
 
 
@@ -61,11 +65,14 @@ def transcript_families() -> list[str]:
 
 
 def training_tasks() -> list:
-    """One task spec per training family, from ``examples/tasks/<family>_v1_fast.json``."""
+    """The task specs of the training families, ``examples/tasks/<family>_v1_{fast,tiny}.json`` (both
+    budgets, so the novice's step counts follow the budget in the task message), interleaved by family."""
     from agent_trainer.paths import PROJECT_ROOT
     from evaluation.tasks import load_task
 
-    return [load_task(PROJECT_ROOT / "examples" / "tasks" / f"{f}_v1_fast.json") for f in transcript_families()]
+    folder = PROJECT_ROOT / "examples" / "tasks"
+    return [load_task(folder / f"{f}_v1_{v}.json") for v in ("fast", "tiny") for f in transcript_families()
+            if (folder / f"{f}_v1_{v}.json").is_file()]
 
 
 def play_novice(task, rng: random.Random, work: Path) -> list[dict[str, Any]]:
@@ -186,37 +193,62 @@ def build_agent_model(out_dir: str | Path, seed: int = 0, on_step: Callable[[int
     return write_manifest(out, info)
 
 
+def _batches(lengths: list[int], batch_size: int, gen: torch.Generator) -> list[list[int]]:
+    """One epoch of length buckets: sequences sorted by length, cut into batches of neighbours (little
+    padding), the batches in a random order."""
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+    batches = [order[i: i + batch_size] for i in range(0, len(order), batch_size)]
+    return [batches[i] for i in torch.randperm(len(batches), generator=gen).tolist()]
+
+
 def _warm_start(model, sequences, cfg: AgentBuildConfig, seed: int, pad_id: int, on_step) -> float:
-    """Supervised training on the assistant tokens, shortest-first buckets to waste little padding."""
+    """Supervised training on the assistant tokens: length-bucketed batches, warmup then cosine decay.
+
+    Right padding needs no attention mask under causal attention (no real token sees a later pad),
+    so the fast causal kernel runs; the output layer runs on the assistant positions only.
+    Returns the mean loss over the last tenth of the steps.
+    """
+    import math
+
     gen = torch.Generator().manual_seed(seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
+    data = [(torch.tensor(ids, dtype=torch.long), torch.tensor(mask, dtype=torch.bool)) for ids, mask in sequences]
+    lengths = [len(ids) for ids, _ in sequences]
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), weight_decay=0.0)
     model.train()
-    loss_value = float("nan")
+    queue: list[list[int]] = []
+    tail: list[float] = []
     for step in range(cfg.steps):
-        lr = cfg.lr * min(1.0, (step + 1) / cfg.warmup) * (0.1 + 0.9 * (1 - step / cfg.steps))
+        warm = min(1.0, (step + 1) / cfg.warmup)
+        decay = 0.5 * (1 + math.cos(math.pi * step / cfg.steps))
         for g in opt.param_groups:
-            g["lr"] = lr
-        idx = torch.randint(len(sequences), (cfg.batch_size,), generator=gen).tolist()
-        batch = [sequences[i] for i in idx]
+            g["lr"] = cfg.lr * warm * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * decay)
+        if not queue:
+            queue = _batches(lengths, cfg.batch_size, gen)
+        batch = [data[i] for i in queue.pop()]
         width = max(len(ids) for ids, _ in batch)
         ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
-        labels = torch.full((len(batch), width), -100, dtype=torch.long)
-        attn = torch.zeros((len(batch), width), dtype=torch.long)
+        target = torch.zeros((len(batch), width), dtype=torch.bool)
         for r, (seq, mask) in enumerate(batch):
-            t = torch.tensor(seq)
-            ids[r, : len(seq)] = t
-            attn[r, : len(seq)] = 1
-            labels[r, : len(seq)] = torch.where(torch.tensor(mask, dtype=torch.bool), t, torch.tensor(-100))
-        out = model(input_ids=ids, attention_mask=attn, labels=labels)
-        out.loss.backward()
+            ids[r, : len(seq)] = seq
+            target[r, : len(seq)] = mask
+        hidden = model.model(input_ids=ids).last_hidden_state
+        # position t predicts token t+1: keep the positions whose next token is the assistant's
+        pick = target[:, 1:]
+        logits = model.lm_head(hidden[:, :-1][pick])
+        loss = torch.nn.functional.cross_entropy(logits.float(), ids[:, 1:][pick])
+        loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        loss_value = float(out.loss)
+        if step >= cfg.steps - max(1, cfg.steps // 10):
+            tail.append(float(loss.detach()))
+        if step % 50 == 0 or step == cfg.steps - 1:
+            log.debug("tiny-agent warm start: step %d/%d, loss %.4f, lr %.2e", step, cfg.steps, float(loss.detach()),
+                      opt.param_groups[0]["lr"])
         if on_step:
             on_step(step)
     model.eval()
-    return loss_value
+    return sum(tail) / len(tail)
 
 
 def register() -> None:

@@ -25,10 +25,11 @@ from evaluation.staged_reward import RewardWeights, staged_reward
 from outer_loop.tools import PendingJob, ToolBox, ToolLimits
 from outer_loop.workspace import Workspace
 
+# Terse on purpose: the tiny agent's tokenizer spends ~2 characters per token, and every turn re-reads this.
 SYSTEM_PROMPT = (
-    "You are an ML engineer agent. Post-train a small language model for the task: write job.yaml in "
-    "the workspace, check it with validate_job, fix what it reports, then submit_job. The trained "
-    "model's hidden evaluation score, compared with its base model's, is your reward. Answer with tool calls."
+    "You are an ML engineer agent. Post-train a small model for the task: write job.yaml, check it with "
+    "validate_job, fix what it reports, then submit_job. Reward: the trained model's hidden score minus its "
+    "base model's. Answer with one tool call."
 )
 NO_TOOL_CALL = "No tool call was found in your answer. Answer with one tool call, e.g. validate_job or submit_job."
 
@@ -77,13 +78,15 @@ def opening_messages(task, tool_style: str = "full") -> list[dict[str, Any]]:
 
 
 def task_message(task) -> str:
-    """The user message that opens an episode: the instruction and the task's public facts."""
+    """The user message that opens an episode: the instruction and the task's public facts.
+
+    The facts are written as job.yaml writes them (``family: calc_chain``, ``base_model: tiny-s``): a tiny
+    agent copies them into its job far more reliably when the surrounding tokens match."""
     b = task.budget
     return (
-        f"{task.instruction}\n\nTask: {task.name} (family {task.family}, version {task.version}). "
-        f"Allowed base models: {', '.join(task.allowed_base_models)}. Budget per job: at most {b.max_steps} "
-        f"steps, {b.max_seconds:g} seconds, ${b.max_usd:g}. The workspace has task.json and GUIDE.md "
-        f"(the job.yaml schema and the reward library)."
+        f"{task.instruction}\nfamily: {task.family}\nbase_model: {' or '.join(task.allowed_base_models)}\n"
+        f"budget per job: max_steps {b.max_steps}, {b.max_seconds:g} s, ${b.max_usd:g}\n"
+        f"Workspace: task.json, GUIDE.md (job.yaml schema, reward library)."
     )
 
 

@@ -29,7 +29,6 @@ MAX_STEPS = [20, 50, 100, 150]
 SFT_BATCH = [16, 32, 64]
 GRPO_SHAPES = [(32, 8), (64, 8), (32, 4)]  # (batch_size, num_generations)
 DATA_SIZES = [500, 1000, 2000]
-DATA_SEEDS = [0, 1, 2]
 LOOKUP_PROB = 0.7
 INVALID_PROB = 0.5
 FIX_PROB = 0.35
@@ -81,14 +80,14 @@ def sample_job(task, rng: random.Random) -> dict[str, Any]:
     else:
         hp["batch_size"] = rng.choice(SFT_BATCH)
     job["hyperparameters"] = hp
-    # Few distinct seeds: jobs repeat, so the job cache serves repeats instead of retraining.
-    job["data"] = {"sources": [{"family": family.name, "seed": rng.choice(DATA_SEEDS), "size": rng.choice(DATA_SIZES)}]}
+    # Few keys (seeds and reward weights keep their defaults): short jobs are what a tiny agent can
+    # write reliably, and identical jobs repeat, so the job cache serves repeats instead of retraining.
+    job["data"] = {"sources": [{"family": family.name, "size": rng.choice(DATA_SIZES)}]}
     if algorithm == "grpo":
         names = default_rewards(family.scorer)
         if len(names) > 1 and rng.random() < 0.5:
             names = names[-1:]  # exact only: too sparse a reward, a classic novice choice
-        job["reward"] = {"functions": [{"name": n, "weight": 1.0} for n in names]}
-    job["seed"] = rng.choice(DATA_SEEDS)
+        job["reward"] = {"functions": [{"name": n} for n in names]}
     return job
 
 
@@ -101,26 +100,43 @@ def break_job(job: dict[str, Any], mistake: str, task) -> dict[str, Any]:
     elif mistake == "one_generation":
         bad["algorithm"] = "grpo"
         hp.update(num_generations=1)
-        bad.setdefault("reward", {"functions": [{"name": "exact_match", "weight": 1.0}]})
+        bad.setdefault("reward", {"functions": [{"name": "exact_match"}]})
     elif mistake == "indivisible_batch":
         bad["algorithm"] = "grpo"
         hp.update(batch_size=30, num_generations=8)
-        bad.setdefault("reward", {"functions": [{"name": "exact_match", "weight": 1.0}]})
+        bad.setdefault("reward", {"functions": [{"name": "exact_match"}]})
     elif mistake == "too_many_steps":
         hp["max_steps"] = task.budget.max_steps * 10
     elif mistake == "unknown_reward":
         bad["algorithm"] = "grpo"
         hp.setdefault("num_generations", 8)
         hp["batch_size"] = 64
-        bad["reward"] = {"functions": [{"name": "accuracy", "weight": 1.0}]}
+        bad["reward"] = {"functions": [{"name": "accuracy"}]}
     elif mistake == "bad_model":
         bad["base_model"] = "qwen3-70b"
     return bad
 
 
+def _flow(value: Any) -> str:
+    """A YAML flow-style rendering; small floats as ``5.0e-4`` (one mantissa digit, one exponent digit:
+    what a learning rate is chosen by, in few tokens)."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {_flow(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_flow(v) for v in value) + "]"
+    if isinstance(value, float) and 0 < abs(value) < 0.01:
+        mantissa, exponent = f"{value:.1e}".split("e")
+        return f"{mantissa}e{int(exponent)}"
+    text = yaml.safe_dump(value, default_flow_style=True, width=1 << 16).strip()
+    return text[: -len("\n...")].strip() if text.endswith("\n...") else text
+
+
 def render_job(job: dict[str, Any]) -> str:
-    """``job.yaml`` text as the novice writes it (block style, keys in schema order)."""
-    return yaml.safe_dump(job, sort_keys=False, default_flow_style=False)
+    """``job.yaml`` text as the novice writes it: one line per top-level key, nested values as YAML flow
+    mappings (``peft: {r: 8, alpha: 16}``), about half the tokens of block style. ``reward`` follows
+    ``algorithm`` (GRPO needs one: a short-range dependency is one a tiny model gets right)."""
+    order = ["base_model", "algorithm", "reward"] + [k for k in job if k not in ("base_model", "algorithm", "reward")]
+    return "".join(f"{k}: {_flow(job[k])}\n" for k in order if k in job)
 
 
 def novice_episode(task, rng: random.Random, job_path: str = "job.yaml") -> Generator[dict, Any, None]:

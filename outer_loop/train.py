@@ -287,3 +287,37 @@ class Trainer:
             self.sync_tracker()
             bar.set_postfix(reward=f"{metrics['reward_mean']:.3f}", valid=f"{metrics['valid_first_try']:.2f}")
         return read_metrics_file(self.run_dir)
+
+    def finish(self, rows: list[dict]) -> dict[str, Any]:
+        """Plots (run folder and MLflow artifacts) and a summary of the run."""
+        from outer_loop.plots import write_training_plots
+
+        plots = write_training_plots(rows, self.run_dir / "plots")
+        if self.tracker is not None and plots:
+            self.tracker.log_artifacts(self.run_dir / "plots", artifact_path="plots")
+        summary = summarize(rows)
+        summary["run_dir"] = str(self.run_dir)
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        return summary
+
+
+def summarize(rows: list[dict], k: int = 3) -> dict[str, Any]:
+    """First-k and last-k mean reward, their gap, and how the choices moved."""
+    if not rows:
+        return {"steps": 0}
+    first, last = rows[:k], rows[-k:]
+
+    def mean(xs, key):
+        vals = [x.get(key, 0.0) for x in xs]
+        return sum(vals) / len(vals)
+
+    out = {"steps": len(rows), f"reward_first{k}": mean(first, "reward_mean"), f"reward_last{k}": mean(last, "reward_mean")}
+    out["reward_gain"] = out[f"reward_last{k}"] - out[f"reward_first{k}"]
+    for key in sorted({k2 for r in rows for k2 in r if k2.startswith("share_") or k2 == "valid_first_try"}):
+        out[f"{key}_first{k}"] = mean(first, key)
+        out[f"{key}_last{k}"] = mean(last, key)
+    held = [r["heldout_reward_mean"] for r in rows if "heldout_reward_mean" in r]
+    if held:
+        out["heldout_first"], out["heldout_last"] = held[0], held[-1]
+    out["usd_total"] = rows[-1].get("usd_cumulative", 0.0)
+    return out

@@ -1,4 +1,4 @@
-"""``at-models``: build the tiny base models into the cache and print where they are.
+"""``at-models``: build the tiny base models and the tiny agent into the cache; print where they are.
 
     at-models                 # builds what is missing (seeded; same seed, same weights)
     at-models force=true      # rebuilds everything
@@ -23,7 +23,9 @@ def run(cfg: DictConfig) -> dict[str, Path] | None:
     if cfg.dry_run:
         return None
     from inner_loop.models import build_all
+    from outer_loop.agent_model import register
 
+    register()  # the tiny agent (warm-started on novice transcripts) joins the build
     built = build_all(seed=int(cfg.seed), cache_dir=cfg.cache_dir, force=bool(cfg.force))
     paths = {str(k): Path(v) for k, v in (built.items() if isinstance(built, dict) else ((Path(p).name, p) for p in built))}
     cli.print_kv({name: str(path) for name, path in paths.items()})

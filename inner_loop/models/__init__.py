@@ -11,6 +11,7 @@ from inner_loop.models.build import BUILD_VERSION, TINY_M, TINY_S, ModelBuildCon
 from inner_loop.models.registry import (
     BASE_MODELS,
     BUILDERS,
+    ModelError,
     ModelNotFoundError,
     build_all,
     load_model,
@@ -24,6 +25,6 @@ from inner_loop.models.tokenizer import CHAT_TEMPLATE, EOS_TOKEN, PAD_TOKEN, SPE
 
 __all__ = [
     "BASE_MODELS", "BUILDERS", "BUILD_VERSION", "CHAT_TEMPLATE", "EOS_TOKEN", "PAD_TOKEN", "SPECIAL_TOKENS",
-    "TINY_M", "TINY_S", "ModelBuildConfig", "ModelNotFoundError", "build_all", "build_model", "build_tokenizer",
+    "TINY_M", "TINY_S", "ModelBuildConfig", "ModelError", "ModelNotFoundError", "build_all", "build_model", "build_tokenizer",
     "load_model", "load_tokenizer", "model_dir", "model_hash", "register_builder", "resolve_model",
 ]

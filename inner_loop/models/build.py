@@ -30,18 +30,19 @@ import torch
 from inner_loop.models.tokenizer import build_tokenizer
 
 # Bump when anything that changes the built bytes changes (configs, corpus, format, loop).
-BUILD_VERSION = 1
+BUILD_VERSION = 2
 MANIFEST = "manifest.json"
 
-# Per-family share of the pretraining stream. Triage is learnt from a handful of key phrases and
-# count_char answers are tiny, so both get less; calc/sort/convert need more to leave zero.
+# Per-family share of the pretraining stream, calibrated so that every family ends low but above
+# zero: triage is learnt from a few key phrases and unit_convert / sort_numbers jump past 50% soon
+# after they click, so they get little; calc_chain needs the most to leave the floor.
 DEFAULT_MIX = {
-    "calc_chain": 2.0,
+    "calc_chain": 3.0,
     "count_char": 1.0,
-    "reverse_text": 0.5,
-    "sort_numbers": 1.0,
+    "reverse_text": 0.8,
+    "sort_numbers": 0.6,
     "triage": 0.02,
-    "unit_convert": 0.5,
+    "unit_convert": 0.35,
 }
 
 
@@ -55,7 +56,7 @@ class ModelBuildConfig:
     num_heads: int = 4
     num_kv_heads: int = 2
     intermediate_size: int = 192
-    steps: int = 1200
+    steps: int = 650
     batch_size: int = 64
     lr: float = 3e-3
     warmup_steps: int = 50
@@ -67,9 +68,12 @@ class ModelBuildConfig:
         return self.hidden_size // self.num_heads
 
 
-TINY_S = ModelBuildConfig(name="tiny-s", hidden_size=64, num_layers=2, intermediate_size=192, steps=1200)
+# Step counts come from one long run per model with a hidden eval every 50 steps (the constant rate
+# makes step k of that run identical to a k-step build): tiny-s stops where every family is in
+# [0.02, 0.5], tiny-m where it beats tiny-s on every family and is still <= 0.5. See docs/baselines.md.
+TINY_S = ModelBuildConfig(name="tiny-s", hidden_size=64, num_layers=2, intermediate_size=192, steps=650)
 TINY_M = ModelBuildConfig(
-    name="tiny-m", hidden_size=96, num_layers=3, num_heads=4, num_kv_heads=2, intermediate_size=288, steps=1500
+    name="tiny-m", hidden_size=96, num_layers=3, num_heads=4, num_kv_heads=2, intermediate_size=288, steps=850
 )
 
 

@@ -34,7 +34,11 @@ from agent_trainer.paths import cache_dir as default_cache_dir
 from inner_loop.models.build import BUILD_VERSION, MANIFEST, TINY_M, TINY_S, ModelBuildConfig, build_model, file_sha256
 
 
-class ModelNotFoundError(FileNotFoundError):
+class ModelError(Exception):
+    """A model request the registry cannot serve; the message says what to do."""
+
+
+class ModelNotFoundError(ModelError, FileNotFoundError):
     """A base model that is not known or not on disk; the message says where to put it."""
 
 
@@ -71,11 +75,14 @@ BUILDERS: dict[str, tuple[Builder, int]] = {
 }
 
 
+_BUILTIN = frozenset(BUILDERS)
+
+
 def register_builder(name: str, builder: Builder, total_steps: int = 0) -> None:
-    """Add a model that ``build_all`` and ``resolve_model`` build into the cache (e.g. a tiny agent)."""
+    """Add a model that ``build_all`` and ``resolve_model`` build into the cache (e.g. a tiny agent).
+
+    It does not become a *base* model (``BASE_MODELS`` lists what inner jobs may start from)."""
     BUILDERS[name] = (builder, total_steps)
-    if name not in BASE_MODELS:
-        BASE_MODELS[name] = BaseModel(name, "built")
 
 
 def model_dir(name: str, seed: int = 0, cache_dir: str | os.PathLike | None = None) -> Path:
@@ -107,6 +114,7 @@ def _build_into_cache(name: str, seed: int, cache_dir, force: bool, progress: bo
             return final
         builder, total = BUILDERS[name]
         tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=final.parent))
+        tmp.chmod(0o755)  # mkdtemp makes it private; the cache is shared
         try:
             bar = None
             if progress:
@@ -145,9 +153,10 @@ def _local_model(info: BaseModel, cache_dir) -> Path:
 def resolve_model(name: str, cache_dir: str | os.PathLike | None = None, build_missing: bool = True,
                   seed: int = 0, progress: bool = True) -> Path:
     """The folder of base model ``name``; tiny models are built on first use unless ``build_missing`` is False."""
-    info = BASE_MODELS.get(name)
+    info = BASE_MODELS.get(name) or (BaseModel(name, "built") if name in BUILDERS else None)
     if info is None:
-        raise ModelNotFoundError(f"unknown base model {name!r}; known base models: {', '.join(BASE_MODELS)}")
+        known = list(BASE_MODELS) + [b for b in BUILDERS if b not in BASE_MODELS]
+        raise ModelNotFoundError(f"unknown model {name!r}; known models: {', '.join(known)}")
     if info.kind == "local":
         return _local_model(info, cache_dir)
     path = model_dir(name, seed, cache_dir)
@@ -161,14 +170,38 @@ def resolve_model(name: str, cache_dir: str | os.PathLike | None = None, build_m
     return _build_into_cache(name, seed, cache_dir, force=False, progress=progress)
 
 
+def _build_worker(name: str, seed: int, cache_dir, force: bool, progress: bool) -> str:
+    return str(_build_into_cache(name, seed, cache_dir, force, progress))
+
+
 def build_all(seed: int = 0, cache_dir: str | os.PathLike | None = None, force: bool = False,
-              progress: bool = True) -> dict[str, Path]:
-    """Build every registered model that is missing (or all with ``force``); returns name -> folder."""
-    out = {}
-    for name in list(BUILDERS):
-        path = model_dir(name, seed, cache_dir)
-        out[name] = path if is_built(path) and not force else _build_into_cache(name, seed, cache_dir, force, progress)
-    return out
+              progress: bool = True, parallel: bool = True) -> dict[str, Path]:
+    """Build every registered model that is missing (or all with ``force``); returns name -> folder.
+
+    Each build uses one thread, so with ``parallel`` the built-in tiny models build in separate
+    processes at once (about 2x faster on 2 cores, same bytes); builders registered at run time
+    (which a fresh process would not know) build in this process meanwhile.
+    """
+    todo = [n for n in BUILDERS if force or not is_built(model_dir(n, seed, cache_dir))]
+    in_pool = [n for n in todo if n in _BUILTIN] if parallel and len(todo) > 1 and (os.cpu_count() or 1) > 1 else []
+    futures = {}
+    if in_pool:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        # spawn, not fork: forking a process that already runs torch threads can deadlock.
+        pool = ProcessPoolExecutor(max_workers=len(in_pool), mp_context=multiprocessing.get_context("spawn"))
+        futures = {n: pool.submit(_build_worker, n, seed, cache_dir, force, progress) for n in in_pool}
+    try:
+        for name in todo:
+            if name not in futures:
+                _build_into_cache(name, seed, cache_dir, force, progress)
+        for fut in futures.values():
+            fut.result()
+    finally:
+        if futures:
+            pool.shutdown(wait=True, cancel_futures=True)
+    return {name: model_dir(name, seed, cache_dir) for name in BUILDERS}
 
 
 def load_tokenizer(path: str | os.PathLike):

@@ -62,7 +62,8 @@ def _job(tmp_path: Path, hp: dict, algorithm: str = "sft", reward: dict | None =
 
 
 def _run(job: Path, base_dir: Path, task: TaskSpec | None = None, **kw):
-    res = run_job(job, task or _task(), model_dir=base_dir, progress=False, cost_model=FAST_COSTS, **kw)
+    res = run_job(job, task or _task(), model_dir=base_dir, cache_dir=job.parent / "cache", progress=False,
+                  cost_model=FAST_COSTS, **kw)
     on_disk = json.loads((job / "output" / RESULT_FILE).read_text())
     assert on_disk["status"] == res.status, "result.json is written for every outcome"
     assert not set(HIDDEN) & set(res.visible()), "the agent's view never has the hidden score"

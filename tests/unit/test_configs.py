@@ -77,8 +77,10 @@ def test_group_defaults_are_the_cpu_default(composer):
 
 def test_overrides_and_experiments_apply(composer):
     obj = validate(composer(["experiment=smoke", "outer.lr=3e-4", "task=mixed", "model=qwen3-0.6b"]))
-    assert obj.outer.lr == pytest.approx(3e-4) and obj.outer.steps == 1
-    assert "sort_numbers" in obj.task.train_families and obj.model.name == "qwen3-0.6b"
+    assert obj.outer.lr == pytest.approx(3e-4) and obj.outer.steps == 2
+    # the experiment (applied after the task group) narrows the training families of task=mixed
+    assert obj.task.train_families == ["calc_chain", "count_char"] and obj.model.name == "qwen3-0.6b"
+    assert obj.task.held_out_families == ["triage"]
 
 
 def test_tracking_uri_is_an_absolute_sqlite_path_in_the_runs_folder(composer, tmp_path):

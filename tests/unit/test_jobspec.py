@@ -12,7 +12,8 @@ from evaluation.tasks import load_task
 from inner_loop.jobspec import JobSpec, JobSpecError, describe_errors, load_job, read_job_yaml
 
 JOBS = sorted((PROJECT_ROOT / "examples" / "jobs").glob("*/job.yaml"))
-TASKS = sorted((PROJECT_ROOT / "examples" / "tasks").glob("*.json"))
+TASKS = sorted((PROJECT_ROOT / "examples" / "tasks").glob("*_fast.json"))
+TINY_TASKS = sorted((PROJECT_ROOT / "examples" / "tasks").glob("*_tiny.json"))
 GRPO = {"base_model": "tiny-s", "algorithm": "grpo", "data": {"sources": [{"family": "calc_chain"}]},
         "reward": {"functions": [{"name": "exact_match"}]}}
 
@@ -38,6 +39,15 @@ def test_every_example_task_parses_with_the_budget_shape():
         assert 200 <= task.budget.max_steps <= 400 and task.budget.max_seconds == 90 and task.hidden_eval_size == 200
     assert families == {"calc_chain", "reverse_text", "sort_numbers", "unit_convert", "count_char", "triage"}
     assert load_task(PROJECT_ROOT / "examples/tasks/triage_v1_fast.json").held_out is True
+
+
+def test_tiny_tasks_are_the_fast_ones_with_a_cpu_outer_loop_budget():
+    """The outer loop's CPU default runs many jobs: *_tiny specs keep each one short."""
+    assert {load_task(p).family for p in TINY_TASKS} == {load_task(p).family for p in TASKS}
+    for path in TINY_TASKS:
+        task = load_task(path)
+        assert task.budget.max_steps <= 100 and task.budget.max_seconds <= 45 and task.hidden_eval_size == 100
+    assert all(p.name.endswith("_tiny.json") and sorted(p.parent.glob("*.json")) for p in TINY_TASKS)
 
 
 def test_example_strategies():

@@ -1,0 +1,15 @@
+"""Imported once by the warm-worker forkserver (``inner_loop.worker``): the slow libraries of a job.
+
+Imports only: no torch operation runs here, so forked job processes start with no thread pool.
+"""
+
+import datasets  # noqa: F401
+import peft  # noqa: F401
+import torch  # noqa: F401
+import transformers  # noqa: F401
+import trl  # noqa: F401
+from trl import GRPOTrainer, SFTTrainer  # noqa: F401
+
+import inner_loop.data  # noqa: F401
+import inner_loop.rewards  # noqa: F401
+import inner_loop.runners  # noqa: F401

@@ -1,0 +1,88 @@
+"""PNG plots of an outer training run, from its per-step metrics (``metrics.jsonl``).
+
+    >>> write_training_plots(rows, run_dir / "plots")   # reward.png, choices.png, heldout.png
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+STAGES = (("validation_mean", "validation"), ("job_success_rate", "job success"), ("quality_mean", "quality"),
+          ("speed_mean", "speed"))
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def reward_plot(rows: list[dict], path: Path) -> Path:
+    """Mean episode reward (with +-1 std) and each stage per step."""
+    plt = _plt()
+    steps = [r["step"] for r in rows]
+    mean = [r["reward_mean"] for r in rows]
+    std = [r.get("reward_std", 0.0) for r in rows]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    ax1.plot(steps, mean, marker="o", label="reward (mean)")
+    ax1.fill_between(steps, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)], alpha=0.2)
+    ax1.set(xlabel="outer step", ylabel="episode reward", title="Episode reward")
+    ax1.grid(alpha=0.3)
+    ax1.legend()
+    for key, label in STAGES:
+        if any(key in r for r in rows):
+            ax2.plot(steps, [r.get(key, 0.0) for r in rows], marker=".", label=label)
+    ax2.set(xlabel="outer step", ylabel="stage value", title="Reward stages")
+    ax2.grid(alpha=0.3)
+    ax2.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def choices_plot(rows: list[dict], path: Path) -> Path:
+    """Share of each base model, algorithm and adapter choice per step."""
+    plt = _plt()
+    steps = [r["step"] for r in rows]
+    keys = sorted({k for r in rows for k in r if k.startswith("share_")})
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for k in keys:
+        ax.plot(steps, [r.get(k, 0.0) for r in rows], marker=".", label=k.removeprefix("share_"))
+    ax.set(xlabel="outer step", ylabel="share of episodes", title="Agent choices", ylim=(-0.05, 1.05))
+    ax.grid(alpha=0.3)
+    if keys:
+        ax.legend(fontsize=8, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def heldout_plot(rows: list[dict], path: Path) -> Path:
+    """Held-out reward at the steps it was measured, next to the training reward."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot([r["step"] for r in rows], [r["reward_mean"] for r in rows], marker=".", label="training families")
+    held = [r for r in rows if "heldout_reward_mean" in r]
+    ax.plot([r["step"] for r in held], [r["heldout_reward_mean"] for r in held], marker="s", label="held-out families")
+    ax.set(xlabel="outer step", ylabel="episode reward", title="Held-out families")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_training_plots(rows: list[dict], folder: str | Path) -> list[Path]:
+    """All training plots into ``folder``; returns their paths (none when there are no rows)."""
+    if not rows:
+        return []
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    return [reward_plot(rows, out / "reward.png"), choices_plot(rows, out / "choices.png"),
+            heldout_plot(rows, out / "heldout.png")]

@@ -1,0 +1,97 @@
+"""From a composed Hydra config to the outer loop's objects (settings, ledger, agent, trainer).
+
+Kept apart from the scripts so tests build exactly what ``at-train`` / ``at-episode`` build.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from evaluation.staged_reward import RewardWeights
+from outer_loop.episode import EpisodeSettings
+from outer_loop.policy import PolicyConfig
+from outer_loop.train import TrainSettings, Trainer
+
+
+def spec_paths(cfg: DictConfig, families) -> list[str]:
+    """Task spec files of ``families`` (``task.spec_pattern`` with ``{family}``)."""
+    return [str(cfg.task.spec_pattern).format(family=f) for f in families]
+
+
+def episode_settings(cfg: DictConfig) -> EpisodeSettings:
+    a = cfg.agent
+    return EpisodeSettings(max_turns=int(a.max_turns), max_jobs=int(cfg.budget.max_jobs_per_episode),
+                           temperature=float(a.temperature), max_new_tokens=int(a.max_new_tokens),
+                           validate_dry_run=bool(a.validate_dry_run), tool_schemas=str(a.tool_schemas),
+                           reward=RewardWeights())
+
+
+def job_kwargs(cfg: DictConfig) -> dict[str, Any]:
+    """Keyword arguments of every ``run_job`` call from the inner and hardware groups."""
+    return {"cache_dir": cfg.cache_dir, "hidden_n": cfg.inner.eval_size, "timeout_s": cfg.inner.timeout_s,
+            "price_per_hour": float(cfg.hardware.usd_per_hour), "threads": cfg.hardware.threads_per_job}
+
+
+def train_settings(cfg: DictConfig) -> TrainSettings:
+    """``TrainSettings`` from the outer, task, agent, budget and hardware groups."""
+    o = cfg.outer
+    families = list(cfg.task.train_families)
+    if not families:
+        from evaluation.tasks import load_task
+
+        families = [load_task(cfg.task.spec_path).family]
+    policy = PolicyConfig(lr=float(o.lr), lora_r=int(o.lora_r), lora_alpha=float(o.lora_alpha),
+                          clip_eps_low=float(o.clip_eps),
+                          clip_eps_high=float(o.clip_eps_high if o.clip_eps_high is not None else o.clip_eps),
+                          kl_beta=float(o.kl_beta), scale_by_std=bool(o.scale_by_std), epochs=int(o.epochs),
+                          micro_batch_size=int(o.micro_batch_size), max_grad_norm=float(o.max_grad_norm))
+    return TrainSettings(steps=int(o.steps), tasks_per_step=int(o.tasks_per_step), group_size=int(o.group_size),
+                         train_tasks=spec_paths(cfg, families),
+                         heldout_tasks=spec_paths(cfg, cfg.task.held_out_families),
+                         heldout_every=int(o.heldout_every), heldout_group_size=int(o.heldout_group_size),
+                         max_steps_off_policy=int(o.max_steps_off_policy),
+                         parallel_jobs=int(cfg.hardware.max_parallel_jobs), seed=int(cfg.seed), policy=policy,
+                         episode=episode_settings(cfg), job_kwargs=job_kwargs(cfg))
+
+
+def make_ledger(cfg: DictConfig, run_dir: Path):
+    """The run's ledger with the budget caps and prices of the config."""
+    from outer_loop.ledger import Budget, Ledger, Prices
+
+    b, a = cfg.budget, cfg.agent
+    budget = Budget(episode_usd=b.max_usd_per_episode, episode_tokens=b.max_tokens_per_episode,
+                    episode_jobs=b.max_jobs_per_episode, run_usd=b.max_usd_per_run, run_tokens=b.max_tokens_per_run)
+    prices = Prices(llm={str(a.model): (float(a.usd_per_1m_tokens_in), float(a.usd_per_1m_tokens_out))},
+                    default_llm=(float(a.usd_per_1m_tokens_in), float(a.usd_per_1m_tokens_out)),
+                    default_job_usd_per_hour=float(cfg.hardware.usd_per_hour))
+    return Ledger.open(run_dir, budget=budget, prices=prices)
+
+
+def agent_dir(cfg: DictConfig) -> Path:
+    """The local agent's weights: ``agent.model_path`` or the registry (tiny-agent is built on first use)."""
+    if cfg.agent.model_path:
+        return Path(str(cfg.agent.model_path))
+    from inner_loop.models import resolve_model
+    from outer_loop.agent_model import register
+
+    register()
+    return resolve_model(str(cfg.agent.model), cache_dir=cfg.cache_dir)
+
+
+def make_executor(cfg: DictConfig):
+    """The inner-job executor of the hardware group."""
+    from inner_loop.executor import make_executor as make
+
+    return make(str(cfg.hardware.executor), max_parallel=int(cfg.hardware.max_parallel_jobs))
+
+
+def build_trainer(cfg: DictConfig, run_dir: Path, *, tracker=None, resume: bool = False) -> Trainer:
+    """The ``Trainer`` that ``at-train`` runs."""
+    if str(cfg.agent.backend) != "local":
+        raise ValueError(f"at-train updates a local agent's LoRA; agent.backend={cfg.agent.backend} cannot be "
+                         f"trained here (use agent=tiny_local, or a local model_path)")
+    return Trainer(train_settings(cfg), run_dir, agent_dir(cfg), ledger=make_ledger(cfg, run_dir), tracker=tracker,
+                   executor=make_executor(cfg), resume=resume)

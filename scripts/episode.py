@@ -1,0 +1,95 @@
+"""``at-episode``: one agent episode on one task, from the task to the staged reward.
+
+    at-episode task=examples/tasks/calc_chain_v1_tiny.json                 # the tiny local agent
+    at-episode task=calc_chain_v1_fast agent=openai agent.model=gpt-x agent.base_url=http://host/v1 \
+        agent.api_key_env=OPENAI_API_KEY
+
+Writes ``runs/<run_id>/`` (resolved config, ledger.jsonl, episodes/0/ with the workspace, the
+trajectory, the job and summary.json) and one MLflow run; prints a summary table.
+"""
+
+from __future__ import annotations
+
+import hydra
+from omegaconf import DictConfig
+
+from agent_trainer import cli
+from agent_trainer.config import CONFIG_DIR
+from agent_trainer.paths import resolve_path
+from agent_trainer.tracking import Tracker
+from scripts._errors import user_errors
+
+
+def make_agent_backend(cfg: DictConfig):
+    """The configured agent backend (local: the tiny agent or ``agent.model_path``, plus ``adapter``)."""
+    from outer_loop.backends import make_backend
+
+    a = cfg.agent
+    if str(a.backend) == "local":
+        from outer_loop.backends.local import LocalBackend
+        from outer_loop.run_config import agent_dir
+
+        backend = LocalBackend.from_path(agent_dir(cfg), model_name=str(a.model))
+        if cfg.get("adapter"):
+            from peft import PeftModel
+
+            backend.model = PeftModel.from_pretrained(backend.model, str(resolve_path(cfg.adapter))).eval()
+        return backend
+    return make_backend({"kind": str(a.backend), "model": str(a.model), "base_url": a.base_url,
+                         "api_key_env": a.api_key_env, **({"model_path": a.model_path} if a.model_path else {})})
+
+
+def run(cfg: DictConfig) -> float | None:
+    """Play one episode of ``cfg.task.spec_path``; print the stages, reward and cost; return the reward."""
+    folder = cli.start_run(cfg)
+    if cfg.dry_run:
+        return None
+    from evaluation.tasks import load_task
+    from outer_loop.episode import Episode
+    from outer_loop.run_config import episode_settings, job_kwargs, make_ledger
+
+    task = load_task(resolve_path(cfg.task.spec_path))
+    backend = make_agent_backend(cfg)
+    ledger = make_ledger(cfg, folder)
+    with Tracker.from_config(cfg, run_name=f"episode-{folder.name}", tags={"command": "at-episode"}) as tr:
+        tr.log_config(cfg)
+        ep = Episode(backend, task, folder / "episodes" / "0", ledger=ledger, settings=episode_settings(cfg),
+                     episode_id="0", seed=int(cfg.seed), job_kwargs=job_kwargs(cfg), model_name=str(cfg.agent.model))
+        print(f"at-episode: {cfg.agent.backend} agent {cfg.agent.model} on {task.name} ...")
+        ep.play()
+        result = ep.finish()
+        stages = result.reward
+        tr.log_metrics({f"reward_{k}": float(v) for k, v in stages.items() if isinstance(v, (int, float))
+                        and not isinstance(v, bool)} | {"tokens": float(result.tokens_in + result.tokens_out),
+                                                        "usd": float(result.usd), "turns": float(result.n_turns)})
+        tr.log_artifact(ep.dir / "trajectory.jsonl")
+        tr.log_artifact(ep.dir / "summary.json")
+    ledger.close()
+    job = result.jobs[-1] if result.jobs else {}
+    cli.print_kv({
+        "status": result.status, "turns": result.n_turns, "job": job.get("status", "-"),
+        "choices": ", ".join(f"{k}={v}" for k, v in result.choices.items()) or "-",
+        "validation": f"{stages['validation']:.3f}", "job_success": f"{stages['job_success']:.3f}",
+        "quality": f"{stages['quality']:.3f}", "speed": f"{stages['speed']:.3f}",
+        "hidden_score": _fmt(stages.get("post_score")), "baseline": _fmt(stages.get("baseline")),
+        "reward": f"{stages['total']:.4f}", "tokens": result.tokens_in + result.tokens_out,
+        "usd": f"{result.usd:.5f}", "seconds": f"{result.seconds:.1f}", "folder": str(ep.dir),
+    })
+    return float(stages["total"])
+
+
+def _fmt(v) -> str:
+    return "-" if v is None else f"{v:.4f}"
+
+
+@hydra.main(config_path=str(CONFIG_DIR), config_name="episode", version_base="1.3")
+def _hydra_main(cfg: DictConfig) -> float | None:
+    return cli.call(run, cfg, user_errors=user_errors)
+
+
+def main() -> None:
+    cli.main(_hydra_main, "episode")
+
+
+if __name__ == "__main__":
+    main()
