@@ -37,21 +37,27 @@ TOOL_STYLE = "names"
 
 @dataclass(frozen=True)
 class AgentBuildConfig:
-    """Size and warm-start schedule of the tiny agent."""
+    """Size and warm-start schedule of the tiny agent (~167 K parameters).
 
-    hidden_size: int = 128
-    num_layers: int = 4
+    Measured on the 2-core CPU (one thread; a second thread made each step ~8x slower while another
+    process held a core): ~0.22 s per step of 4 transcripts (~900 tokens each), ~3 minutes per build.
+    Many small steps beat fewer large ones here: at equal tokens, batch 4 x 720 steps wrote well-formed
+    calls in 100% of turns and copied the task's family far more often than batch 8 x 360.
+    """
+
+    hidden_size: int = 64
+    num_layers: int = 2
     num_heads: int = 4
     num_kv_heads: int = 2
-    intermediate_size: int = 384
+    intermediate_size: int = 192
     max_positions: int = 4096
     n_transcripts: int = 240
-    steps: int = 360
+    steps: int = 720
     batch_size: int = 4
-    lr: float = 3e-3
+    lr: float = 5e-3
     warmup: int = 20
     min_lr_ratio: float = 0.05
-    threads: int = 2
+    threads: int = 1
 
 
 DEFAULT_AGENT = AgentBuildConfig()

@@ -32,7 +32,8 @@ def episode_settings(cfg: DictConfig) -> EpisodeSettings:
 def job_kwargs(cfg: DictConfig) -> dict[str, Any]:
     """Keyword arguments of every ``run_job`` call from the inner and hardware groups."""
     return {"cache_dir": cfg.cache_dir, "hidden_n": cfg.inner.eval_size, "timeout_s": cfg.inner.timeout_s,
-            "price_per_hour": float(cfg.hardware.usd_per_hour), "threads": cfg.hardware.threads_per_job}
+            "price_per_hour": float(cfg.hardware.usd_per_hour), "threads": cfg.hardware.threads_per_job,
+            "warm": bool(cfg.inner.warm_workers)}
 
 
 def train_settings(cfg: DictConfig) -> TrainSettings:

@@ -42,7 +42,7 @@ def run(cfg: DictConfig) -> float | None:
         result = run_job(
             job_dir, spec, cache_dir=cfg.cache_dir, tracker=tr, hidden_n=cfg.inner.eval_size,
             price_per_hour=float(cfg.hardware.usd_per_hour), timeout_s=cfg.inner.timeout_s,
-            output_dir=folder / "job", threads=cfg.hardware.threads_per_job,
+            output_dir=folder / "job", threads=cfg.hardware.threads_per_job, warm=bool(cfg.inner.warm_workers),
         )
     cli.print_kv({
         "status": result.status, "detail": result.detail, "task": result.task, "base_model": result.base_model,

@@ -15,3 +15,13 @@ def built_models() -> dict:
     from inner_loop.models import build_all
 
     return build_all(seed=0, progress=False)
+
+
+@pytest.fixture(scope="session")
+def built_agent(built_models) -> "Path":
+    """Folder of the tiny agent (built once into the shared cache, after the inner models)."""
+    from inner_loop.models import resolve_model
+    from outer_loop.agent_model import register
+
+    register()
+    return resolve_model("tiny-agent", progress=False)

@@ -55,7 +55,7 @@ def test_dry_run_writes_the_run_folder(tmp_path):
 
 
 @pytest.mark.slow
-def test_models_then_eval_end_to_end(tmp_path):
+def test_models_then_eval_end_to_end(tmp_path, built_agent):
     """at-models then at-eval through their run(cfg): a real score, logged to MLflow and read back."""
     from scripts import eval as at_eval
     from scripts import models as at_models

@@ -1,0 +1,95 @@
+"""at-train end to end on the smoke experiment: the LoRA learns from episodes, MLflow holds the
+step metrics, and a run killed mid-step resumes with every step counted exactly once."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from agent_trainer.config import compose_config
+from agent_trainer.tracking import read_metrics
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _ledger(run: Path) -> list[dict]:
+    return [json.loads(x) for x in (run / "ledger.jsonl").read_text().splitlines() if x.strip()]
+
+
+def test_smoke_training_updates_the_adapter_and_logs_every_step(tmp_path, built_agent):
+    from scripts import train as at_train
+
+    cfg = compose_config([f"runs_dir={tmp_path}", "run_id=smoke", "experiment=smoke"], "train")
+    at_train.run(cfg)
+    run = tmp_path / "smoke"
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1]
+    # the adapter after step 1 differs from the one after step 0 (B matrices start at zero)
+    a0 = load_file(run / "checkpoints/step_0000/adapter/adapter_model.safetensors")
+    a1 = load_file(run / "checkpoints/step_0001/adapter/adapter_model.safetensors")
+    assert a0.keys() == a1.keys() and any(not torch.equal(a0[k], a1[k]) for k in a0)
+    assert any(k for k in a1 if "lora_B" in k) and not any("base_layer" in k for k in a1), "adapter only"
+    # the base agent on disk is untouched by training
+    manifest = json.loads((built_agent / "manifest.json").read_text())
+    from inner_loop.models.build import file_sha256
+
+    assert file_sha256(built_agent / "model.safetensors") == manifest["files"]["model.safetensors"]
+    marker = json.loads((run / "outer_run.json").read_text())
+    uri = f"sqlite:///{tmp_path.resolve()}/mlflow.db"
+    hist = read_metrics(uri, marker["mlflow_run_id"], ["reward_mean", "validation_mean", "usd_cumulative"])
+    assert [s for s, _ in hist["reward_mean"]] == [0, 1]
+    assert [v for _, v in hist["reward_mean"]] == pytest.approx([r["reward_mean"] for r in rows])
+    assert all((run / "plots" / f).is_file() for f in ("reward.png", "choices.png", "heldout.png"))
+    episodes = sorted(p.name for p in (run / "episodes").iterdir())
+    assert len(episodes) == 4 and all((run / "episodes" / e / "trajectory.jsonl").is_file() for e in episodes)
+
+
+def test_killed_mid_step_resumes_with_every_step_and_record_once(tmp_path, built_agent):
+    args = [sys.executable, "-m", "scripts.train", f"runs_dir={tmp_path}", "experiment=smoke", "outer.steps=3",
+            "tracking.enabled=true"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(args + ["run_id=r"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    run = tmp_path / "r"
+    deadline = time.time() + 600
+    try:
+        # wait until step 0 is checkpointed and step 1 has started, then kill without warning
+        while time.time() < deadline and proc.poll() is None:
+            if (run / "checkpoints/step_0000").is_dir() and any((run / "episodes").glob("s0001-*")):
+                break
+            time.sleep(0.2)
+        assert proc.poll() is None, "the run ended before it could be killed mid-step"
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert not (run / "checkpoints/step_0001").exists()
+
+    done = subprocess.run(args + ["run_id=again", f"resume={run}"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    marker = json.loads((run / "outer_run.json").read_text())
+    hist = read_metrics(f"sqlite:///{tmp_path.resolve()}/mlflow.db", marker["mlflow_run_id"], ["reward_mean"])
+    assert [s for s, _ in hist["reward_mean"]] == [0, 1, 2]
+    # ledger: every record parses; each episode's LLM calls appear exactly once (= its turns)
+    records = _ledger(run)
+    assert [r["seq"] for r in records] == list(range(len(records)))
+    for ep in (run / "episodes").iterdir():
+        summary = json.loads((ep / "summary.json").read_text())
+        calls = [r for r in records if r["episode"] == ep.name and r["kind"] == "llm"]
+        assert len(calls) == summary["n_turns"], ep.name
+    assert {r["episode"] for r in records} <= {p.name for p in (run / "episodes").iterdir()}
+    assert (run / "ledger.rolled_back.jsonl").exists() and (run / "rolled_back").is_dir()

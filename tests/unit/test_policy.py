@@ -1,0 +1,95 @@
+"""The outer update: group-relative advantages and the clipped policy gradient on a LoRA."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+from peft import LoraConfig, get_peft_model
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+from outer_loop.policy import AgentPolicy, PolicyConfig, TurnSample, collate, group_advantages, token_logprobs
+
+
+def tiny_policy(lr: float = 1e-2, **kw) -> AgentPolicy:
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=8, tie_word_embeddings=True)
+    model = get_peft_model(Qwen3ForCausalLM(cfg), LoraConfig(r=4, lora_alpha=8, target_modules="all-linear",
+                                                             task_type="CAUSAL_LM"))
+    return AgentPolicy(model, types.SimpleNamespace(pad_token_id=0), PolicyConfig(lr=lr, micro_batch_size=4, **kw))
+
+
+def on_policy_samples(policy: AgentPolicy, advantages: list[float]) -> list[TurnSample]:
+    out = []
+    for i, a in enumerate(advantages):
+        ctx, comp = [1, 2, 3 + i], [10 + i, 20, 30]
+        batch = collate([TurnSample(ctx, comp, [0.0] * 3, 0.0)], 0)
+        with torch.no_grad():
+            lp = token_logprobs(policy.model, batch)[0, len(ctx):].tolist()
+        out.append(TurnSample(ctx, comp, lp, a))
+    return out
+
+
+def test_group_advantages_subtract_the_group_mean():
+    assert group_advantages([1.0, 0.0, 0.5]) == pytest.approx([0.5, -0.5, 0.0])
+    scaled = group_advantages([1.0, 0.0], scale_by_std=True)
+    assert scaled == pytest.approx([1.0, -1.0], abs=1e-5)
+    assert group_advantages([0.3, 0.3]) == [0.0, 0.0]
+
+
+def test_collate_masks_everything_but_the_sampled_tokens():
+    b = collate([TurnSample([5, 6], [7, 8, 9], [-1.0, -2.0, -3.0], 1.0), TurnSample([5], [7], [-0.5], -1.0)], pad_id=0)
+    assert b["loss_mask"].tolist() == [[0, 0, 1, 1, 1], [0, 1, 0, 0, 0]]
+    assert b["old_logprobs"][0, 2:].tolist() == [-1.0, -2.0, -3.0]
+    assert b["attention_mask"].tolist() == [[1, 1, 1, 1, 1], [1, 1, 0, 0, 0]]
+
+
+def test_update_changes_the_adapter_only_and_moves_probability_toward_positive_advantage():
+    pol = tiny_policy()
+    samples = on_policy_samples(pol, [1.0, -1.0, 1.0, -1.0])
+    before, frozen = pol.trainable_state(), pol.frozen_state()
+    old = [sum(s.old_logprobs) for s in samples]
+    stats = pol.update(samples)
+    after = pol.trainable_state()
+    # LoRA's B starts at zero, so the first step moves every B (A's gradient is still zero)
+    assert all(not torch.equal(before[k], after[k]) for k in before if "lora_B" in k), "every LoRA B must change"
+    assert all(torch.equal(frozen[k], v) for k, v in pol.frozen_state().items()), "base weights must not change"
+    # on-policy rollouts: the importance ratio starts at exactly 1
+    assert stats["ratio_mean"] == pytest.approx(1.0, abs=1e-5) and stats["tokens"] == 12
+    new = [sum(s.old_logprobs) for s in on_policy_samples(pol, [0.0] * 4)]
+    assert new[0] > old[0] and new[2] > old[2]      # advantage +1: more likely
+    assert new[1] < old[1] and new[3] < old[3]      # advantage -1: less likely
+    assert pol.version == 1
+    pol.update(on_policy_samples(pol, [1.0, -1.0, 1.0, -1.0]))
+    assert all(not torch.equal(before[k], v) for k, v in pol.trainable_state().items()), "every LoRA tensor changes"
+
+
+def test_zero_advantages_leave_the_policy_unchanged():
+    pol = tiny_policy()
+    before = pol.trainable_state()
+    pol.update(on_policy_samples(pol, [0.0, 0.0]))
+    assert all(torch.equal(before[k], v) for k, v in pol.trainable_state().items())
+
+
+def test_kl_term_uses_the_base_model_as_reference():
+    pol = tiny_policy(kl_beta=0.5)
+    stats = pol.update(on_policy_samples(pol, [1.0, -1.0]))
+    assert stats["kl"] == pytest.approx(0.0, abs=1e-6)  # LoRA B starts at zero: policy == reference
+    stats = pol.update(on_policy_samples(pol, [1.0, -1.0]))
+    assert stats["kl"] > 0.0
+
+
+def test_checkpoint_restores_adapter_optimizer_and_version(tmp_path):
+    pol = tiny_policy()
+    pol.update(on_policy_samples(pol, [1.0, -1.0]))
+    pol.save(tmp_path)
+    other = tiny_policy()
+    other.model.load_state_dict(pol.model.state_dict())
+    other.load_state(tmp_path)
+    assert other.version == 1
+    a = pol.module._optimizer.state_dict()["state"]
+    b = other.module._optimizer.state_dict()["state"]
+    assert a.keys() == b.keys() and all(torch.equal(a[k]["exp_avg"], b[k]["exp_avg"]) for k in a)
+    assert (tmp_path / "adapter" / "adapter_model.safetensors").is_file()
