@@ -32,6 +32,7 @@ import hashlib
 import json
 import os
 import platform
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from importlib.metadata import PackageNotFoundError, version
@@ -41,6 +42,10 @@ from typing import Any, Callable
 from evaluation.tasks import TaskSpec, load_task
 
 RESULT_FILE = "result.json"
+# transformers' from_pretrained is not thread-safe (module-level init flags): jobs running in
+# parallel threads (inner_loop.executor) train in parallel child processes, but load and score
+# models in this process one at a time. A race here left weights on the meta device.
+HARNESS_LOCK = threading.RLock()
 STATUSES = ("ok", "invalid", "over_budget", "crashed", "timeout", "diverged")
 KILL_FACTOR, KILL_MARGIN_S = 1.5, 60.0
 # Architecture fields a checkpoint must share with its declared base model (no model substitution).
@@ -211,8 +216,9 @@ def run_job(job_dir: str | Path, task: TaskSpec | str | Path, *, cache_dir: str 
     res = JobResult(status="invalid", task=task.name, family=task.family, job_dir=str(job_dir), output_dir=str(out),
                     job_hash=job_hash(job_dir), hidden_n=hidden_n, libraries=library_versions())
 
-    report = validate_job(job_dir, task, dry_run=dry_run, cache_dir=cache_dir, model_dir=model_dir,
-                          cost_model=cost_model)
+    with HARNESS_LOCK:  # the dry run loads a model in this process
+        report = validate_job(job_dir, task, dry_run=dry_run, cache_dir=cache_dir, model_dir=model_dir,
+                              cost_model=cost_model)
     res.findings = [asdict(f) for f in report.findings]
     est = report.estimated_cost
     res.estimated_usd = est.usd if est else None
@@ -251,7 +257,8 @@ def run_job(job_dir: str | Path, task: TaskSpec | str | Path, *, cache_dir: str 
 
     model_out = out / "model"
     if res.status in ("ok", "timeout") and st.get("model_dir") and model_out.is_dir():
-        _score(res, model_out, base_dir, cache_dir)
+        with HARNESS_LOCK:
+            _score(res, model_out, base_dir, cache_dir)
     return _finish(res, out, t_start, price_per_hour, tracker, log)
 
 

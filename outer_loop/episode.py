@@ -213,6 +213,8 @@ class Episode:
 
     def tool_schemas(self) -> list[dict[str, Any]] | None:
         """The tool schemas given to the backend: full, compact, or None ("names": listed in the system prompt)."""
+        if getattr(self.backend, "native_tools", False):
+            return self.box.schemas()  # a server with native function calling always gets the full schemas
         return tool_schemas_for(self.box.schemas(), self.settings.tool_schemas)
 
     def _add_message(self, msg: dict[str, Any], **extra: Any) -> None:

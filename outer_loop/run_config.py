@@ -16,6 +16,16 @@ from outer_loop.policy import PolicyConfig
 from outer_loop.train import TrainSettings, Trainer
 
 
+def quiet_libraries() -> None:
+    """No per-load progress bars or advice from transformers/datasets during a long run."""
+    import datasets
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    datasets.disable_progress_bars()
+
+
 def spec_paths(cfg: DictConfig, families) -> list[str]:
     """Task spec files of ``families`` (``task.spec_pattern`` with ``{family}``)."""
     return [str(cfg.task.spec_pattern).format(family=f) for f in families]
@@ -55,7 +65,7 @@ def train_settings(cfg: DictConfig) -> TrainSettings:
                          heldout_every=int(o.heldout_every), heldout_group_size=int(o.heldout_group_size),
                          max_steps_off_policy=int(o.max_steps_off_policy),
                          parallel_jobs=int(cfg.hardware.max_parallel_jobs), seed=int(cfg.seed), policy=policy,
-                         episode=episode_settings(cfg), job_kwargs=job_kwargs(cfg))
+                         episode=episode_settings(cfg), job_kwargs={**job_kwargs(cfg), "progress": False})
 
 
 def make_ledger(cfg: DictConfig, run_dir: Path):
@@ -94,5 +104,9 @@ def build_trainer(cfg: DictConfig, run_dir: Path, *, tracker=None, resume: bool 
     if str(cfg.agent.backend) != "local":
         raise ValueError(f"at-train updates a local agent's LoRA; agent.backend={cfg.agent.backend} cannot be "
                          f"trained here (use agent=tiny_local, or a local model_path)")
-    return Trainer(train_settings(cfg), run_dir, agent_dir(cfg), ledger=make_ledger(cfg, run_dir), tracker=tracker,
-                   executor=make_executor(cfg), resume=resume)
+    from outer_loop.train import prepare_resume
+
+    settings = train_settings(cfg)
+    state = prepare_resume(run_dir) if resume else None  # before the ledger is opened: it may truncate it
+    return Trainer(settings, run_dir, agent_dir(cfg), ledger=make_ledger(cfg, run_dir), tracker=tracker,
+                   executor=make_executor(cfg), state=state)

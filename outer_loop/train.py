@@ -106,6 +106,17 @@ def roll_back(run_dir: Path, state: StepState) -> None:
         metrics.write_text("".join(ln + "\n" for ln in keep))
 
 
+def prepare_resume(run_dir: Path) -> StepState:
+    """The state after the last complete step, with what a killed step left moved aside (see module doc).
+
+    Call it before opening the run's ledger: it truncates the ledger to the checkpoint's offset."""
+    run_dir = Path(run_dir)
+    ckpt = last_complete_step(run_dir)
+    state = StepState(**json.loads((ckpt / "state.json").read_text())) if ckpt is not None else StepState()
+    roll_back(run_dir, state)
+    return state
+
+
 def read_metrics_file(run_dir: Path) -> list[dict]:
     """Per-step metrics of complete steps, in order."""
     path = Path(run_dir) / METRICS_FILE
@@ -152,7 +163,8 @@ class Trainer:
     """The rollout loop around an ``AgentPolicy``."""
 
     def __init__(self, settings: TrainSettings, run_dir: str | Path, agent_dir: str | Path, *, ledger=None,
-                 tracker=None, executor=None, resume: bool = False, progress: bool = True):
+                 tracker=None, executor=None, state: StepState | None = None, progress: bool = True):
+        """``state``: from ``prepare_resume`` to continue a run (open the ledger after that call)."""
         from outer_loop.backends.local import LocalBackend
 
         self.s, self.run_dir = settings, Path(run_dir)
@@ -163,16 +175,12 @@ class Trainer:
         if not self.train_tasks:
             raise ValueError("outer.train_tasks is empty: list task spec files of the training families")
         self.executor = executor
-        self.state = StepState()
-        ckpt = last_complete_step(self.run_dir) if resume else None
+        self.state = state or StepState()
+        ckpt = last_complete_step(self.run_dir) if state is not None else None
         if ckpt is not None:
-            self.state = StepState(**json.loads((ckpt / "state.json").read_text()))
-            roll_back(self.run_dir, self.state)
             self.policy = AgentPolicy.from_pretrained(agent_dir, settings.policy, adapter_dir=ckpt / "adapter")
             self.policy.load_state(ckpt)
         else:
-            if resume:
-                roll_back(self.run_dir, self.state)
             self.policy = AgentPolicy.from_pretrained(agent_dir, settings.policy)
         self.backend = LocalBackend(self.policy.model, self.policy.tokenizer, device="cpu", model_name="tiny-agent")
 

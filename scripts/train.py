@@ -50,8 +50,9 @@ def run(cfg: DictConfig) -> float | None:
 
         train_settings(cfg)  # builds every setting object: a dry run fails where a real run would
         return None
-    from outer_loop.run_config import build_trainer
+    from outer_loop.run_config import build_trainer, quiet_libraries
 
+    quiet_libraries()  # one progress bar (outer steps), not one per model load and inner job
     previous = resume_folder(cfg, folder)
     run_dir = previous or folder
     marker = run_dir / RUN_MARKER

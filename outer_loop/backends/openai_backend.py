@@ -31,6 +31,8 @@ _KEYLIKE = re.compile(r"\b(sk|key|api)[-_][A-Za-z0-9*_\-]{4,}", re.IGNORECASE)
 class OpenAIBackend(AgentBackend):
     """The ``openai`` SDK against ``base_url``; one chat completion per ``generate``."""
 
+    native_tools = True  # tools travel as OpenAI function schemas; the server renders them
+
     def __init__(self, *, model: str, base_url: str | None = None, api_key_env: str | None = "OPENAI_API_KEY",
                  timeout_s: float = 120.0, max_retries: int = 2, logprobs: bool = False,
                  extra_body: dict[str, Any] | None = None):

@@ -63,11 +63,12 @@ def test_killed_mid_step_resumes_with_every_step_and_record_once(tmp_path, built
     run = tmp_path / "r"
     deadline = time.time() + 600
     try:
-        # wait until step 0 is checkpointed and step 1 has started, then kill without warning
+        # wait until step 0 is checkpointed and step 1 has spent something, then kill without warning
         while time.time() < deadline and proc.poll() is None:
-            if (run / "checkpoints/step_0000").is_dir() and any((run / "episodes").glob("s0001-*")):
+            ledger = run / "ledger.jsonl"
+            if (run / "checkpoints/step_0000").is_dir() and ledger.exists() and '"s0001-' in ledger.read_text():
                 break
-            time.sleep(0.2)
+            time.sleep(0.1)
         assert proc.poll() is None, "the run ended before it could be killed mid-step"
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
