@@ -6,6 +6,8 @@ fixture free, a cold one costs the ~2-minute build once for the whole test sessi
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 
@@ -18,10 +20,31 @@ def built_models() -> dict:
 
 
 @pytest.fixture(scope="session")
-def built_agent(built_models) -> "Path":
+def built_agent(built_models) -> Path:
     """Folder of the tiny agent (built once into the shared cache, after the inner models)."""
     from inner_loop.models import resolve_model
     from outer_loop.agent_model import register
 
     register()
     return resolve_model("tiny-agent", progress=False)
+
+
+@pytest.fixture(scope="session")
+def base_dir(tmp_path_factory):
+    """A random-init tiny Qwen3 with the project tokenizer (no pretraining: runner mechanics only)."""
+    import torch
+    from transformers import Qwen3ForCausalLM
+
+    from inner_loop.models.build import ModelBuildConfig, qwen3_config
+    from inner_loop.models.tokenizer import build_tokenizer
+
+    path = tmp_path_factory.mktemp("base")
+    tok = build_tokenizer()
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(qwen3_config(ModelBuildConfig(name="t", hidden_size=32, num_layers=1, num_heads=2,
+                                                           num_kv_heads=1, intermediate_size=64), tok))
+    model.generation_config.eos_token_id = tok.eos_token_id
+    model.generation_config.pad_token_id = tok.pad_token_id
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path

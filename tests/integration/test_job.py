@@ -11,36 +11,18 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 import yaml
-from transformers import Qwen3ForCausalLM
 
 from agent_trainer.tracking import Tracker, read_metrics
 from evaluation.tasks import TaskSpec
 from inner_loop.cost import CostModel
 from inner_loop.job import RESULT_FILE, run_job
-from inner_loop.models.build import ModelBuildConfig, qwen3_config
-from inner_loop.models.tokenizer import build_tokenizer
 
 pytestmark = pytest.mark.slow
 
 HIDDEN = ("hidden_score", "baseline", "uplift")
 # Tiny estimates so that the validation's budget check passes for budgets of a few seconds.
 FAST_COSTS = CostModel(startup_s=0.0, grpo_step_s=1e-4, grpo_token_s=0.0, sft_step_s=1e-4, sft_sequence_s=0.0)
-
-
-@pytest.fixture(scope="module")
-def base_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("base")
-    tok = build_tokenizer()
-    torch.manual_seed(0)
-    model = Qwen3ForCausalLM(qwen3_config(ModelBuildConfig(name="t", hidden_size=32, num_layers=1, num_heads=2,
-                                                           num_kv_heads=1, intermediate_size=64), tok))
-    model.generation_config.eos_token_id = tok.eos_token_id
-    model.generation_config.pad_token_id = tok.pad_token_id
-    model.save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
 
 
 def _task(max_seconds: float = 60, max_usd: float = 0.05) -> TaskSpec:

@@ -10,28 +10,11 @@ import json
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, Qwen3ForCausalLM, TrainerCallback
+from transformers import AutoModelForCausalLM, TrainerCallback
 
 from evaluation.families import get_family
 from inner_loop.jobspec import JobSpec
-from inner_loop.models.build import ModelBuildConfig, qwen3_config
-from inner_loop.models.tokenizer import build_tokenizer
 from inner_loop.runners import TRAIN_LOG, TRL_CONFIG, train, trl_config
-
-
-@pytest.fixture(scope="module")
-def base_dir(tmp_path_factory):
-    """A random-init tiny Qwen3 with the project tokenizer (no pretraining: mechanics only)."""
-    path = tmp_path_factory.mktemp("base")
-    tok = build_tokenizer()
-    torch.manual_seed(0)
-    model = Qwen3ForCausalLM(qwen3_config(ModelBuildConfig(name="t", hidden_size=32, num_layers=1, num_heads=2,
-                                                           num_kv_heads=1, intermediate_size=64), tok))
-    model.generation_config.eos_token_id = tok.eos_token_id
-    model.generation_config.pad_token_id = tok.pad_token_id
-    model.save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
 
 
 ROWS = [dict(ex.as_dict(), family="calc_chain") for ex in get_family("calc_chain").training_examples(seed=3, n=48)]
