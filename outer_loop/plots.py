@@ -20,6 +20,15 @@ def _plt():
     return plt
 
 
+def _save(fig, path: Path) -> Path:
+    """Lay out, write the PNG and free the figure."""
+    plt = _plt()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def reward_plot(rows: list[dict], path: Path) -> Path:
     """Mean episode reward (with +-1 std) and each stage per step."""
     plt = _plt()
@@ -38,10 +47,7 @@ def reward_plot(rows: list[dict], path: Path) -> Path:
     ax2.set(xlabel="outer step", ylabel="stage value", title="Reward stages")
     ax2.grid(alpha=0.3)
     ax2.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def choices_plot(rows: list[dict], path: Path) -> Path:
@@ -56,10 +62,7 @@ def choices_plot(rows: list[dict], path: Path) -> Path:
     ax.grid(alpha=0.3)
     if keys:
         ax.legend(fontsize=8, ncol=2)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def heldout_plot(rows: list[dict], path: Path) -> Path:
@@ -72,10 +75,7 @@ def heldout_plot(rows: list[dict], path: Path) -> Path:
     ax.set(xlabel="outer step", ylabel="episode reward", title="Held-out families")
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def write_training_plots(rows: list[dict], folder: str | Path) -> list[Path]:

@@ -49,7 +49,6 @@ class TrainSettings:
     heldout_every: int = 5
     heldout_group_size: int = 2
     max_steps_off_policy: int = 0
-    parallel_jobs: int = 2
     seed: int = 0
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     episode: EpisodeSettings = field(default_factory=EpisodeSettings)
@@ -63,7 +62,6 @@ class StepState:
     step: int = 0                      # steps completed
     ledger_bytes: int = 0
     mlflow_run_id: str | None = None
-    buffer: list[dict] = field(default_factory=list)   # off-policy rollouts kept for later steps
 
 
 def _load_tasks(paths: list[str]):
