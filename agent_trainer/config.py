@@ -71,8 +71,19 @@ class Executor(StrEnum):
 
 
 class StrategyMode(StrEnum):
-    none = "none"  # no intervention
-    check = "check"  # one explicit "switch strategy" instruction mid-run (arXiv 2608.19072)
+    none = "none"  # no protocol
+    check = "check"  # after every job result the agent answers CONTINUE or SWITCH with decide(...)
+
+
+class JobPick(StrEnum):
+    last = "last"  # the episode's reward is that of its last job
+    best = "best"  # ... of its best-scoring job
+
+
+class EvaluatorKind(StrEnum):
+    none = "none"  # no evaluator
+    rule = "rule"  # deterministic heuristics (offline, free)
+    llm = "llm"  # a second agent through a backend (local, openai, vllm)
 
 
 # --- group schemas ------------------------------------------------------------------------
@@ -130,6 +141,15 @@ class HardwareConfig:
     gpus_per_job: int = doc(0, "GPUs per inner job (0 on CPU)")
     usd_per_hour: float = doc(0.0, "price of the machine per hour, for the ledger")
     slurm_partition: Optional[str] = doc(None, "SLURM partition (executor slurm only)")
+    cpus_per_job: Optional[int] = doc(None, "CPUs reserved per job (slurm: cpus-per-task, ray: num_cpus); "
+                                            "null = threads_per_job or 1")
+    mem_gb: Optional[int] = doc(None, "memory per job in GB (slurm); null = the partition's default")
+    time_limit_min: Optional[int] = doc(None, "time limit per job in minutes (slurm, submitit_local); "
+                                              "null = the task's hard deadline + 10 min")
+    slurm_additional: dict[str, Any] = doc({}, "extra sbatch options, e.g. {account: my_account, qos: high}")
+    launcher_dir: str = doc("${abspath:${runs_dir}}/submitit", "submitit's job scripts and logs (slurm, submitit_local)")
+    ray_address: Optional[str] = doc(None, "ray: null = a local Ray on this machine; auto or ray://host:10001 = "
+                                           "an existing cluster")
 
 
 @dataclass
@@ -152,6 +172,8 @@ class OuterConfig:
     scale_by_std: bool = doc(False, "divide advantages by the group's reward std")
     epochs: int = doc(1, "passes over a step's rollouts in the update")
     micro_batch_size: int = doc(8, "agent turns per forward pass in the update")
+    loss_aggregation: str = doc("token", "token: mean over all agent tokens (DAPO); episode: every episode "
+                                         "weighs the same whatever its length")
 
 
 @dataclass
@@ -161,8 +183,17 @@ class InnerConfig:
     eval_size: Optional[int] = doc(None, "hidden-eval items; null = the task spec's hidden_eval_size")
     eval_batch_size: int = doc(64, "sequences per batch in the hidden evaluation")
     timeout_s: Optional[float] = doc(None, "hard kill deadline of a job's training process; null = task max_seconds x 1.5 + 60")
-    sandbox: bool = doc(True, "run agent-written code in the sandbox (bubblewrap); off only for trusted jobs")
-    cache: bool = doc(True, "reuse cached baselines and results of identical jobs")
+    sandbox: bool = doc(True, "run jobs with agent-written code or data in the sandbox (bubblewrap; "
+                              "inner_loop.sandbox); with it off (or bwrap missing) they are refused unless allow_unsafe")
+    allow_unsafe: bool = doc(False, "run jobs with agent-written code or data without bubblewrap when the sandbox is "
+                                    "off or bwrap is missing (limits and a scrubbed environment only): trusted agents only")
+    sandbox_memory_gb: Optional[float] = doc(16.0, "address-space cap of a sandboxed training process (GiB; raise "
+                                                   "it for models over ~1B parameters on CPU); null = none (GPU jobs "
+                                                   "get none: CUDA reserves a lot of address space)")
+    sandbox_max_processes: int = doc(64, "processes + threads the agent's reward code may run at once")
+    reward_timeout_s: float = doc(60.0, "seconds one call of the agent's reward code (or its import) may take")
+    cache: bool = doc(True, "return the stored result of an identical job (same files, task, base model weights, "
+                            "seed, libraries, harness; inner_loop.cache) instead of running it again")
     warm_workers: bool = doc(True, "fork jobs without agent-written code from a pre-imported worker (saves ~10 s "
                                    "of imports per job); agent code always gets a fresh interpreter")
 
@@ -176,12 +207,49 @@ class ModelConfig:
 
 
 @dataclass
-class StrategyConfig:
-    """Strategy intervention protocol."""
+class Intervention:
+    """A message put into the agent's conversation after a job's result (outer_loop.steering)."""
 
-    mode: StrategyMode = doc(StrategyMode.none, "none | check")
-    after_jobs: int = doc(1, "check: jobs finished before the switch instruction is given (the fork point)")
-    message: str = doc("", "check: the instruction given at the fork point")
+    after_job: int = doc(1, "the job (1 = the first) after whose result the message is given")
+    message: str = doc(MISSING, "the message, e.g. 'switch to GRPO instead of SFT' or 'reconsider your strategy'")
+
+
+@dataclass
+class EvaluatorConfig:
+    """The evaluator agent: after each job it predicts, evaluates, analyses and suggests (outer_loop.evaluator)."""
+
+    kind: EvaluatorKind = doc(EvaluatorKind.none, "none | rule (heuristics, offline) | llm (a second agent)")
+    backend: Backend = doc(Backend.local, "llm: where the evaluator runs: local | openai | vllm")
+    model: str = doc("tiny-agent", "llm: a registry name (local) or the served model name")
+    model_path: Optional[str] = doc(None, "llm: local weights folder; null = the registry")
+    base_url: Optional[str] = doc(None, "llm: OpenAI-compatible endpoint")
+    api_key_env: Optional[str] = doc(None, "llm: NAME of the environment variable holding the API key")
+    temperature: float = doc(0.7, "llm: sampling temperature")
+    max_new_tokens: int = doc(320, "llm: tokens per evaluation")
+    usd_per_1m_tokens_in: float = doc(0.0, "llm: price of 1M prompt tokens, USD (the ledger charges the episode)")
+    usd_per_1m_tokens_out: float = doc(0.0, "llm: price of 1M generated tokens, USD")
+    show_to_agent: bool = doc(True, "put the evaluation and its suggestions into the agent's conversation")
+
+
+@dataclass
+class StrategyConfig:
+    """Multi-job strategy: the CONTINUE/SWITCH protocol, interventions, journal, skills, evaluator (docs/strategy.md)."""
+
+    mode: StrategyMode = doc(StrategyMode.none, "none | check (CONTINUE/SWITCH answer after every job result)")
+    episode_reward: JobPick = doc(JobPick.last, "which job's outcome the staged reward uses when several ran: last | best")
+    dev_size: int = doc(64, "public dev items (the family generator, not the hidden set) scored after each job "
+                            "for the protocol and the evaluator; 0 = none")
+    rule_window: int = doc(2, "check: SWITCH is suggested after this many consecutive dev-score gains below rule_min_gain")
+    rule_min_gain: float = doc(0.01, "check: a dev-score gain below this counts as no progress")
+    max_reasks: int = doc(1, "check: a malformed answer is asked again this many times, then logged as malformed")
+    interventions: list[Intervention] = doc([], "messages scheduled after given jobs, e.g. "
+                                                "[{after_job: 1, message: 'switch to GRPO instead of SFT'}]")
+    journal: bool = doc(False, "give the agent journal_write / journal_read (an append-only experiment journal)")
+    journal_path: Optional[str] = doc(None, "journal file; null = one per episode; a relative path is inside the run "
+                                            "folder and persists across the run's episodes (absolute: across runs)")
+    skills: bool = doc(False, "give the agent list_skills / read_skill (short markdown skills)")
+    skills_dir: Optional[str] = doc(None, "folder of *.md skills; null = the seeded library (outer_loop/skills)")
+    evaluator: EvaluatorConfig = doc(EvaluatorConfig, "the evaluator agent")
 
 
 @dataclass
@@ -254,6 +322,27 @@ class EpisodeCommand(Config):
                                        "for the local agent")
 
 
+@dataclass
+class ForkCommand(EpisodeCommand):
+    """``at-fork``: replay an episode up to job ``at`` and run branches on from there (docs/strategy.md)."""
+
+    run: Optional[str] = doc(None, "the source run: a run_id in runs_dir (or a run folder path)")
+    episode: str = doc("0", "the source episode: its folder name under <run>/episodes/")
+    at: int = doc(1, "the fork point: right after job <at>'s result")
+    branches: list[str] = doc(["continue", "switch:grpo", "reconsider"],
+                              "continue | reconsider | switch:<algorithm, data source, lora/full or 'sft>grpo'>")
+
+
+@dataclass
+class CompareCommand(Config):
+    """``at-compare``: tables and plots of MLflow runs (docs/strategy.md)."""
+
+    runs: list[str] = doc([], "MLflow run ids to compare (a fork's parent brings its branches)")
+    experiments: list[str] = doc([], "MLflow experiment names: every top-level run in them")
+    out: Optional[str] = doc(None, "output folder; null = the run folder runs/<run_id>")
+    group_by: list[str] = doc(["agent.model", "strategy.mode"], "params that define an agent configuration")
+
+
 GROUP_SCHEMAS: dict[str, type] = {
     "agent": AgentConfig, "task": TaskConfig, "budget": BudgetConfig, "hardware": HardwareConfig,
     "outer": OuterConfig, "inner": InnerConfig, "model": ModelConfig, "strategy": StrategyConfig,
@@ -261,7 +350,7 @@ GROUP_SCHEMAS: dict[str, type] = {
 }
 COMMAND_SCHEMAS: dict[str, type] = {
     "config": Config, "models": ModelsCommand, "eval": EvalCommand, "job": JobCommand,
-    "train": TrainCommand, "episode": EpisodeCommand,
+    "train": TrainCommand, "episode": EpisodeCommand, "fork": ForkCommand, "compare": CompareCommand,
 }
 
 
@@ -334,6 +423,8 @@ def validate(cfg: DictConfig) -> Config:
            "or hardware.executor=local_parallel")
     _check(h.device != Device.cpu or h.gpus_per_job == 0, "hardware.device=cpu cannot use hardware.gpus_per_job > 0")
     _check(h.threads_per_job is None or h.threads_per_job >= 1, "hardware.threads_per_job must be >= 1 or null")
+    for key in ("cpus_per_job", "mem_gb", "time_limit_min"):
+        _check(getattr(h, key) is None or getattr(h, key) >= 1, f"hardware.{key} must be >= 1 or null")
     _check(o.group_size >= 2, "outer.group_size must be >= 2: group-relative advantages compare episodes of one task")
     _check(o.steps >= 1 and o.tasks_per_step >= 1, "outer.steps and outer.tasks_per_step must be >= 1")
     _check(o.lr > 0 and o.clip_eps > 0 and o.kl_beta >= 0, "outer.lr and outer.clip_eps must be > 0, outer.kl_beta >= 0")
@@ -345,9 +436,22 @@ def validate(cfg: DictConfig) -> Config:
     _check(obj.inner.timeout_s is None or obj.inner.timeout_s > 0, "inner.timeout_s must be > 0 or null")
     _check(obj.inner.eval_batch_size >= 1, "inner.eval_batch_size must be >= 1")
     _check(obj.inner.eval_size is None or obj.inner.eval_size >= 1, "inner.eval_size must be >= 1 or null")
-    _check(obj.strategy.mode != StrategyMode.check or bool(obj.strategy.message.strip()),
-           "strategy=check needs strategy.message, the switch instruction given at the fork point")
+    _check_strategy(obj.strategy)
     return obj
+
+
+def _check_strategy(s: StrategyConfig) -> None:
+    _check(s.dev_size >= 0 and s.max_reasks >= 0, "strategy.dev_size and strategy.max_reasks must be >= 0")
+    _check(s.rule_window >= 1, "strategy.rule_window must be >= 1")
+    for i, iv in enumerate(s.interventions):
+        _check(iv.after_job >= 1, f"strategy.interventions.{i}.after_job must be >= 1 (1 = after the first job)")
+        _check(bool(iv.message.strip()), f"strategy.interventions.{i}.message is empty; write the message to give")
+    e = s.evaluator
+    if e.kind == EvaluatorKind.llm:
+        _check(e.api_key_env is None or (bool(_ENV_NAME.match(e.api_key_env)) and not e.api_key_env.startswith("sk-")),
+               "strategy.evaluator.api_key_env takes the NAME of an environment variable, not the key itself")
+        _check(e.backend != Backend.openai or e.api_key_env is not None,
+               "strategy.evaluator.backend=openai needs strategy.evaluator.api_key_env (the variable's name)")
 
 
 def field_help(schema: type) -> dict[str, str]:

@@ -129,6 +129,17 @@ def check_tracking_uri(uri: str, timeout_s: float = 5.0) -> None:
         )
 
 
+def check_reachable(cfg: Any) -> None:
+    """Probe the configured MLflow server (``tracking=server``) before a command starts any work.
+
+    Commands call this right after writing the run folder, so a wrong or closed URI ends the
+    command in seconds with one line, not after imports, model loads or an hour of training.
+    """
+    t = cfg.tracking
+    if bool(t.enabled) and str(t.tracking_uri).startswith(("http://", "https://")):
+        check_tracking_uri(str(t.tracking_uri), float(t.connect_timeout_s))
+
+
 def prepare_sqlite(path: Path) -> None:
     """Make the folder and, for a new file, copy an empty MLflow database from the cache.
 
@@ -256,6 +267,14 @@ class Tracker:
             raise TrackingError("start the parent run before creating a child run (use `with tracker:`)")
         return Tracker(self.tracking_uri, self.experiment, run_name, self.artifact_location, tags,
                        self.connect_timeout_s, self.enabled, parent=self)
+
+    def child_names(self) -> set[str]:
+        """Run names of this run's nested runs (to log each child exactly once across a resume)."""
+        if not self.enabled or self.run_id is None:
+            return set()
+        runs = self.client.search_runs([self.experiment_id], f"tags.mlflow.parentRunId = '{self.run_id}'",
+                                       max_results=50_000)
+        return {r.info.run_name for r in runs}
 
     # --- logging --------------------------------------------------------------------------
     def _require_run(self) -> bool:

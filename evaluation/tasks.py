@@ -21,7 +21,7 @@ class TaskSpecError(ValueError):
 class InnerBudget(BaseModel):
     """What one inner job may spend."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # a NaN or inf budget disables the cap
 
     max_steps: int = Field(200, ge=1, le=100_000, description="optimizer steps per inner job")
     max_seconds: float = Field(90.0, gt=0, le=86_400, description="wall-clock seconds per inner job")
@@ -31,7 +31,7 @@ class InnerBudget(BaseModel):
 class TaskSpec(BaseModel):
     """A training task for the agent: which family, which base models, what budget."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     name: str = Field(description="unique task name, e.g. calc_chain_v1_fast")
     family: str = Field(description="task family from the registry")
@@ -62,9 +62,17 @@ def load_task(path: str | Path) -> TaskSpec:
     if not p.is_file():
         raise TaskSpecError(f"task spec {str(p)!r} not found; task specs live in examples/tasks/*.json")
     try:
-        raw = json.loads(p.read_text())
+        raw = json.loads(p.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise TaskSpecError(f"task spec {p}: not UTF-8 text") from None
     except json.JSONDecodeError as e:
         raise TaskSpecError(f"task spec {p}: not valid JSON ({e})") from None
+    except RecursionError:
+        raise TaskSpecError(f"task spec {p}: nested too deeply to be a task spec") from None
+    except ValueError as e:  # e.g. an integer of thousands of digits
+        raise TaskSpecError(f"task spec {p}: a value cannot be read ({str(e).split(';')[0]})") from None
+    except OSError as e:
+        raise TaskSpecError(f"task spec {p}: cannot be read ({e.strerror or e})") from None
     return parse_task(raw, source=str(p))
 
 
@@ -77,3 +85,5 @@ def parse_task(raw: object, source: str = "<task>") -> TaskSpec:
         raise TaskSpecError(f"task spec {source} is invalid: " + "; ".join(lines)) from None
     except FamilyError as e:
         raise TaskSpecError(f"task spec {source} is invalid: {e}") from None
+    except RecursionError:
+        raise TaskSpecError(f"task spec {source} is nested too deeply to be a task spec") from None

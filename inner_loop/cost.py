@@ -9,7 +9,11 @@ tiny-s = 64 hidden / 2 layers, TRL on CPU; figures from the team's FACTS.md)::
     seconds = startup_s + steps * step_s * model_factor[base_model] * (lora_factor if peft)
     GRPO step_s = grpo_step_s + completions_per_step * max_completion_length * grpo_token_s
     SFT  step_s = sft_step_s  + batch_size * sft_sequence_s
+    DPO  step_s = dpo_step_s  + pairs_per_step * dpo_pair_s
+    + sampling (DPO pairs, self-generated data): sampled sequences * max tokens * sample_token_s * model_factor
     usd = seconds / 3600 * usd_per_hour
+
+A multi-stage job (``estimate_job``) pays the start-up once and every stage's steps and sampling.
 
 Calibration points (measured, whole process): GRPO 32 prompts x 8 generations, 75 steps 31 s and
 150 steps ~50 s; GRPO 64 completions/step ~10-13 steps/s; SFT batch 64 ~20-27 steps/s, 150 steps
@@ -38,6 +42,10 @@ class CostModel:
     sft_sequence_s: float = 0.0005
     lora_factor_grpo: float = 1.15
     lora_factor_sft: float = 1.4
+    dpo_step_s: float = 0.03
+    dpo_pair_s: float = 0.003
+    lora_factor_dpo: float = 1.2
+    sample_token_s: float = 0.0001
     usd_per_hour: float = 0.10
     model_factors: dict = field(default_factory=lambda: dict(DEFAULT_MODEL_FACTORS))
 
@@ -52,14 +60,29 @@ class CostEstimate:
     step_seconds: float
     startup_seconds: float
     formula: str
+    sampling_seconds: float = 0.0  # sampling the model before training (DPO pairs, self-generated data)
 
     def steps_within(self, seconds: float) -> int:
         """How many steps fit in ``seconds`` under the same per-step cost."""
-        return max(0, int((seconds - self.startup_seconds) / self.step_seconds)) if self.step_seconds else self.steps
+        fixed = self.startup_seconds + self.sampling_seconds
+        return max(0, int((seconds - fixed) / self.step_seconds)) if self.step_seconds else self.steps
 
     def summary(self) -> str:
-        return (f"{self.seconds:.0f} s, ${self.usd:.4f} ({self.steps} steps x {self.step_seconds:.3f} s "
+        sampling = f" + {self.sampling_seconds:.0f} s sampling" if self.sampling_seconds else ""
+        return (f"{self.seconds:.0f} s, ${self.usd:.4f} ({self.steps} steps x {self.step_seconds:.3f} s{sampling} "
                 f"+ {self.startup_seconds:.0f} s start-up; {self.formula})")
+
+
+def sampled_tokens(spec) -> int:
+    """Sequence-tokens a single-stage spec samples before training: DPO's pairs, self-generated sources."""
+    hp = spec.hyperparameters
+    n = sum(s.size for s in spec.data.sources) * hp.num_generations * hp.max_completion_length \
+        if spec.algorithm == "dpo" else 0
+    for src in spec.data.sources:
+        gen = getattr(src, "self_generated", None)
+        if gen is not None:
+            n += src.size * gen.samples_per_prompt * gen.max_completion_length
+    return n
 
 
 def estimate_cost(spec, model: CostModel | None = None, steps: int | None = None) -> CostEstimate:
@@ -72,13 +95,41 @@ def estimate_cost(spec, model: CostModel | None = None, steps: int | None = None
         step = model.grpo_step_s + hp.batch_size * hp.max_completion_length * model.grpo_token_s
         lora = model.lora_factor_grpo if spec.peft else 1.0
         formula = f"grpo, {hp.batch_size} completions x {hp.max_completion_length} tokens"
+    elif spec.algorithm == "dpo":
+        step = model.dpo_step_s + hp.batch_size * model.dpo_pair_s
+        lora = model.lora_factor_dpo if spec.peft else 1.0
+        formula = f"dpo, {hp.batch_size} pairs"
     else:
         step = model.sft_step_s + hp.batch_size * model.sft_sequence_s
         lora = model.lora_factor_sft if spec.peft else 1.0
         formula = f"sft, batch {hp.batch_size}"
     step *= factor * lora
     formula += f", {spec.base_model} x{factor:g}" + (f", lora x{lora:g}" if spec.peft else "")
-    seconds = model.startup_s + steps * step
+    tokens = sampled_tokens(spec)
+    sampling = tokens * model.sample_token_s * factor
+    if tokens:
+        formula += f", sampling {tokens} tokens"
+    seconds = model.startup_s + steps * step + sampling
     return CostEstimate(seconds=round(seconds, 2), usd=round(seconds / 3600 * model.usd_per_hour, 6), steps=steps,
                         step_seconds=round(step, 5), startup_seconds=model.startup_s,
-                        formula=formula + f", ${model.usd_per_hour}/h")
+                        formula=formula + f", ${model.usd_per_hour}/h", sampling_seconds=round(sampling, 2))
+
+
+def estimate_job(spec, model: CostModel | None = None, steps: list[int] | None = None) -> CostEstimate:
+    """Estimate a whole job, stages included (``steps``: per stage); one start-up, every stage's steps and sampling."""
+    model = model or CostModel()
+    views = spec.stage_specs()
+    steps = steps or [v.hyperparameters.max_steps for v in views]
+    parts = [estimate_cost(v, model, n) for v, n in zip(views, steps)]
+    if len(parts) == 1:
+        return parts[0]
+    total_steps = sum(p.steps for p in parts)
+    train_s = sum(p.steps * p.step_seconds for p in parts)
+    sampling = sum(p.sampling_seconds for p in parts)
+    seconds = model.startup_s + train_s + sampling
+    formula = " | ".join(f"stage {n}: {p.steps} x {p.step_seconds:.3f} s ({p.formula.rsplit(', $', 1)[0]})"
+                         for n, p in enumerate(parts, 1))
+    return CostEstimate(seconds=round(seconds, 2), usd=round(seconds / 3600 * model.usd_per_hour, 6),
+                        steps=total_steps, step_seconds=round(train_s / max(1, total_steps), 5),
+                        startup_seconds=model.startup_s, formula=formula + f", ${model.usd_per_hour}/h",
+                        sampling_seconds=round(sampling, 2))

@@ -9,6 +9,10 @@ The mixed stream has ``sum(size)`` rows; source ``i`` fills ``weight_i / sum(wei
 repeating its pool or taking a seeded subsample. File rows are appended, then everything is
 shuffled with the job seed: the same job gives the same rows, in the same order, everywhere.
 
+A ``self_generated`` source's pool is the model's own accepted samples (``inner_loop.selfgen``,
+in the job's process); ``build_rows_with_origins`` says per row whether it is ``curated``
+(a family's reference answer), ``self_generated`` or ``agent`` (the job's data file).
+
 Family generators never return hidden-set items (``evaluation.families.base``), so library
 rows are clean by construction; agent-written rows are checked for overlap by the harness.
 
@@ -51,6 +55,10 @@ def _check_row(obj: object) -> str | None:
             return f"{key!r} must be a string, got {type(obj[key]).__name__} (write it in quotes)"
         if not obj[key].strip():
             return f"{key!r} is empty"
+        try:
+            obj[key].encode("utf-8")
+        except UnicodeEncodeError:
+            return f"{key!r} holds an escape that is no character (a lone \\ud800-style surrogate); remove it"
     if len(obj["prompt"]) > MAX_PROMPT_CHARS:
         return f"prompt has {len(obj['prompt'])} characters; keep prompts under {MAX_PROMPT_CHARS}"
     fam = obj.get("family")
@@ -83,6 +91,9 @@ def read_data_file(path: str | Path) -> list[dict]:
         except json.JSONDecodeError as e:
             problems.append((n, f"not valid JSON ({e.msg} at column {e.colno})"))
             continue
+        except (ValueError, RecursionError):  # a number of thousands of digits, nesting too deep
+            problems.append((n, "not a usable JSON row (a huge number or nesting too deep)"))
+            continue
         why = _check_row(obj)
         if why:
             problems.append((n, why))
@@ -108,35 +119,68 @@ def _apportion(total: int, weights: list[float]) -> list[int]:
     return shares
 
 
-def library_rows(spec, seed: int | None = None) -> list[dict]:
-    """The mixed library rows of a job (not shuffled); ``seed`` defaults to the job seed."""
+def source_items(src) -> list[dict]:
+    """The items of one library source: ``{"prompt", "answer", "family"}`` from its family's generator."""
+    return [dict(ex.as_dict(), family=src.family)
+            for ex in get_family(src.family).training_examples(seed=src.seed, n=src.size)]
+
+
+def _library(spec, seed: int | None, generated: dict | None) -> list[tuple[str, dict]]:
+    """``(origin, row)`` pairs of the mixed library sources (see ``build_rows``)."""
     seed = spec.seed if seed is None else seed
     sources = spec.data.sources
     if not sources:
         return []
     quotas = _apportion(sum(s.size for s in sources), [s.weight for s in sources])
-    rows: list[dict] = []
+    out: list[tuple[str, dict]] = []
     for i, (src, quota) in enumerate(zip(sources, quotas)):
-        pool = [dict(ex.as_dict(), family=src.family)
-                for ex in get_family(src.family).training_examples(seed=src.seed, n=src.size)]
+        selfgen = src.self_generated is not None and generated is not None
+        pool = generated[i] if selfgen else source_items(src)
+        if not pool or not quota:
+            continue
         rng = random.Random(f"mix/{seed}/{i}")
         full, rest = divmod(quota, len(pool))
-        rows.extend(pool * full + rng.sample(pool, rest))
-    return rows
+        origin = "self_generated" if selfgen else "curated"
+        out.extend((origin, row) for row in pool * full + rng.sample(pool, rest))
+    return out
 
 
-def build_rows(spec, job_dir: str | Path, default_family: str | None = None) -> list[dict]:
-    """All training rows of a job (dicts with ``prompt``, ``answer``, ``family``), shuffled by the job seed.
+def library_rows(spec, seed: int | None = None, generated: dict[int, list[dict]] | None = None) -> list[dict]:
+    """The mixed library rows of a job (not shuffled); ``seed`` defaults to the job seed.
 
-    ``default_family`` (usually the task's family) labels file rows that carry no ``family``.
-    Raises ``DataFileError`` for a bad data file and ``FamilyError`` for a bad source.
+    ``generated`` maps a ``self_generated`` source's index to its pool of accepted samples
+    (``inner_loop.selfgen``); without it such a source stands in with its prompts and reference
+    answers (what validation counts before any model has sampled).
     """
-    rows = library_rows(spec)
+    return [row for _, row in _library(spec, seed, generated)]
+
+
+def build_rows_with_origins(spec, job_dir: str | Path, default_family: str | None = None,
+                            generated: dict[int, list[dict]] | None = None) -> tuple[list[dict], list[str]]:
+    """``build_rows`` and, per row, where it came from: ``curated``, ``self_generated`` or ``agent`` (data.file)."""
+    pairs = _library(spec, None, generated)
     if spec.data.file:
         for row in read_data_file(Path(job_dir) / spec.data.file):
-            rows.append(dict(row, family=row.get("family") or default_family))
+            pairs.append(("agent", dict(row, family=row.get("family") or default_family)))
     # Columns must agree across rows for datasets.Dataset.from_list: fill missing ones with None.
-    keys = sorted({k for r in rows for k in r})
-    rows = [{k: r.get(k) for k in keys} for r in rows]
-    random.Random(f"shuffle/{spec.seed}").shuffle(rows)
-    return rows
+    keys = sorted({k for _, r in pairs for k in r})
+    pairs = [(o, {k: r.get(k) for k in keys}) for o, r in pairs]
+    random.Random(f"shuffle/{spec.seed}").shuffle(pairs)
+    return [r for _, r in pairs], [o for o, _ in pairs]
+
+
+def build_rows(spec, job_dir: str | Path, default_family: str | None = None,
+               generated: dict[int, list[dict]] | None = None) -> list[dict]:
+    """All training rows of a job (dicts with ``prompt``, ``answer``, ``family``), shuffled by the job seed.
+
+    ``default_family`` (usually the task's family) labels file rows that carry no ``family``;
+    ``generated`` is as in ``library_rows``. Raises ``DataFileError`` for a bad data file and
+    ``FamilyError`` for a bad source.
+    """
+    return build_rows_with_origins(spec, job_dir, default_family, generated)[0]
+
+
+def data_source_label(origins) -> str:
+    """One word for the origins of the rows a stage trained on: the origin, or ``mixed`` for several."""
+    kinds = set(origins)
+    return kinds.pop() if len(kinds) == 1 else "mixed" if kinds else "none"

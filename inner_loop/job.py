@@ -20,7 +20,13 @@ Statuses:
 - ``ok``: trained to the end of its steps, saved, scored.
 
 Files (in ``output_dir``, default ``<job_dir>/output``): ``result.json`` (written atomically),
-``train_log.jsonl``, ``trl_config.json``, ``train_status.json``, ``worker.log``, ``model/``.
+``train_log.jsonl``, ``trl_config.json``, ``train_status.json``, ``worker.log``, ``model/`` (and
+``generation.json``, ``stage_<n>/`` for jobs that sample or have stages: ``inner_loop.runners.stages``).
+``result.json``'s ``ran`` is what actually ran, as the job's process recorded it at the start and
+end of each stage: ``{"stages": [{"algorithm", "peft", "data_source", "steps"}]}`` (strategy labels
+are derived from it, never from job.yaml). A job with a reward file adds ``reward.log`` (what the
+agent's reward code printed, capped at 64 MB); ``flagged``/``contamination`` and ``sandbox`` say
+whether its data overlapped the hidden set and how it ran (``docs/security.md``).
 ``result.json`` holds the hidden score: point ``output_dir`` outside any folder the agent can
 read (the outer loop does), and hand the agent ``JobResult.visible()`` only.
 """
@@ -48,9 +54,6 @@ RESULT_FILE = "result.json"
 HARNESS_LOCK = threading.RLock()
 STATUSES = ("ok", "invalid", "over_budget", "crashed", "timeout", "diverged")
 KILL_FACTOR, KILL_MARGIN_S = 1.5, 60.0
-# Architecture fields a checkpoint must share with its declared base model (no model substitution).
-_ARCH_KEYS = ("model_type", "architectures", "hidden_size", "num_hidden_layers", "num_attention_heads",
-              "num_key_value_heads", "intermediate_size", "vocab_size")
 _LIBRARIES = ("torch", "transformers", "trl", "peft", "datasets", "accelerate", "tokenizers")
 
 
@@ -81,11 +84,26 @@ class JobResult:
     uplift: float | None = None
     hidden_n: int = 0
     # train: the training loop; process: the child's whole life (imports, data, training, saving);
-    # eval: hidden score and baseline; total: everything, validation included.
-    seconds: dict = field(default_factory=lambda: {"train": 0.0, "process": 0.0, "eval": 0.0, "total": 0.0})
+    # eval: hidden score and baseline; validate: the harness's validation; total: everything.
+    seconds: dict = field(default_factory=lambda: {"validate": 0.0, "train": 0.0, "process": 0.0, "eval": 0.0,
+                                                   "total": 0.0})
     estimated_usd: float | None = None
     usd: float = 0.0
     libraries: dict = field(default_factory=dict)
+    # What actually ran, from the job's process (inner_loop.runners.stages): {"stages": [{"algorithm":
+    # sft|grpo|dpo, "peft": full|lora, "data_source": curated|self_generated|mixed|agent, "steps": int}]}.
+    ran: dict = field(default_factory=lambda: {"stages": []})
+    # Job cache (inner_loop.cache): a hit is ``cached`` (its numbers come from the run in ``cached_from``;
+    # seconds["total"] and usd are the lookup's); ``cache_key`` is set whenever the cache was asked.
+    cached: bool = False
+    cache_key: str | None = None
+    cached_from: str | None = None
+    # Reward-hacking guards (harness-only, never in visible()): agent data that contains hidden items
+    # (evaluation.contamination) flags the job: it scores as its baseline, uplift 0. ``sandbox``: how the
+    # job's process ran, "bwrap", "unsafe" (allowed by inner.allow_unsafe) or "none" (no agent files).
+    flagged: bool = False
+    contamination: dict = field(default_factory=dict)
+    sandbox: str = "none"
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -100,7 +118,7 @@ class JobResult:
                 "final_train_reward": self.final_train_reward, "final_train_loss": self.final_train_loss,
                 "reward_curve": self.reward_curve, "loss_curve": self.loss_curve,
                 "seconds": {k: self.seconds[k] for k in ("train", "process", "total")},
-                "estimated_usd": self.estimated_usd, "usd": self.usd}
+                "estimated_usd": self.estimated_usd, "usd": self.usd, "ran": self.ran}
 
 
 def library_versions() -> dict[str, str]:
@@ -118,8 +136,7 @@ def job_hash(job_dir: Path, spec=None) -> str:
     """sha256 over the files the job uses (``job.yaml``, its data and reward files), by name and content."""
     names = ["job.yaml"]
     if spec is not None:
-        names += [spec.data.file] if spec.data.file else []
-        names += [spec.reward.file] if spec.reward and spec.uses_agent_code else []
+        names += spec.agent_files()  # every stage's data and reward files
     h = hashlib.sha256()
     for name in names:
         p = Path(job_dir) / name
@@ -145,27 +162,27 @@ def _read_log(path: Path) -> list[dict]:
     return out
 
 
+def _ran(ran: dict | None, log: list[dict]) -> dict:
+    """The child's ``ran`` record; a stage still at 0 steps when the child died gets its steps from the log."""
+    stages = [dict(s) for s in (ran or {}).get("stages", [])]
+    for n, stage in enumerate(stages, 1):
+        if not stage.get("steps"):
+            stage["steps"] = sum(1 for r in log if r.get("stage", 1) == n and "loss" in r)
+    return {"stages": stages}
+
+
 def _curve(log: list[dict], key: str) -> list[list[float]]:
     return [[r["step"], r[key]] for r in log if isinstance(r.get(key), (int, float))]
 
 
 def architecture_mismatch(checkpoint: Path, base: Path) -> str | None:
-    """Why ``checkpoint`` is not a model of ``base``'s architecture, or None when it is."""
-    try:
-        got = json.loads((Path(checkpoint) / "config.json").read_text())
-        want = json.loads((Path(base) / "config.json").read_text())
-    except (OSError, ValueError) as e:
-        return f"cannot read config.json: {e}"
-    if not any(Path(checkpoint).glob("*.safetensors")):
-        return "no safetensors weights in the checkpoint"
-    # Pickled weights can run code when loaded; the harness loads safetensors only.
-    pickled = [p.name for ext in ("*.bin", "*.pt", "*.pth", "*.pkl", "*.ckpt") for p in Path(checkpoint).glob(ext)]
-    if pickled:
-        return f"pickled weight files {pickled} next to the safetensors"
-    for key in _ARCH_KEYS:
-        if got.get(key) != want.get(key):
-            return f"{key} is {got.get(key)!r}, the base model has {want.get(key)!r}"
-    return None
+    """Why ``checkpoint`` is not a model of ``base``'s architecture, or None when it is.
+
+    The full lineage check (``evaluation.lineage``): plain safetensors files, every config key, every
+    parameter shape, the tokenizer and the generation config equal to the base model's."""
+    from evaluation.lineage import lineage_mismatch
+
+    return lineage_mismatch(checkpoint, base)
 
 
 def _base_model_dir(name: str, cache_dir) -> Path:
@@ -185,7 +202,8 @@ def run_job(job_dir: str | Path, task: TaskSpec | str | Path, *, cache_dir: str 
             timeout_s: float | None = None, cost_model=None,
             output_dir: str | Path | None = None, model_dir: str | Path | None = None, threads: int | None = None,
             dry_run: bool = True, progress: bool = True,
-            wrap: Callable[[list[str]], list[str]] | None = None, warm: bool = False) -> JobResult:
+            wrap: Callable[[list[str]], list[str]] | None = None, warm: bool = False, cache: bool = False,
+            sandbox=None) -> JobResult:
     """Validate, train (child process), score and record one job; never raises for a job's fault.
 
     ``warm=True`` forks the training process from a pre-imported worker (``inner_loop.worker``),
@@ -197,8 +215,21 @@ def run_job(job_dir: str | Path, task: TaskSpec | str | Path, *, cache_dir: str 
     ``model_dir`` uses that base-model folder instead of resolving ``base_model``; ``timeout_s``
     overrides the hard kill deadline; ``wrap`` turns the child's argv into a sandboxed one (e.g.
     a bubblewrap prefix); ``tracker`` is anything with ``log_params``/``log_metrics``/``log_artifact``
-    (``agent_trainer.tracking.Tracker``).
+    (``agent_trainer.tracking.Tracker``). ``cache=True`` returns the stored result of an identical job
+    (``inner_loop.cache``; the ``inner.cache`` config key, on by default in the commands).
+
+    ``sandbox`` (``inner_loop.sandbox.SandboxPolicy``, a dict of its fields, a bool, or None for the
+    default: on, unsafe execution refused) runs a job with agent-written code or data under
+    bubblewrap, its reward functions in a sandboxed reward host of their own; without bubblewrap
+    such a job is refused (``invalid``, a ``sandbox`` finding) unless the policy allows unsafe runs.
+    Agent data (and reward file text) are checked against the hidden set first: a job that contains
+    hidden items is ``flagged`` and scores as its baseline (``evaluation.contamination``).
     """
+    if cache:
+        args = {k: v for k, v in locals().items() if k != "cache"}  # first statement: only the arguments
+        from inner_loop.cache import run_cached
+
+        return run_cached(run_job, **args)
     from inner_loop.cost import CostModel
     from inner_loop.jobspec import JobSpecError, load_job
     from inner_loop.validate import validate_job
@@ -216,9 +247,15 @@ def run_job(job_dir: str | Path, task: TaskSpec | str | Path, *, cache_dir: str 
     res = JobResult(status="invalid", task=task.name, family=task.family, job_dir=str(job_dir), output_dir=str(out),
                     job_hash=job_hash(job_dir), hidden_n=hidden_n, libraries=library_versions())
 
+    from inner_loop.sandbox import SandboxPolicy
+
+    policy = SandboxPolicy.coerce(sandbox)
     with HARNESS_LOCK:  # the dry run loads a model in this process
+        if warm and wrap is None:
+            _prestart_warm_worker(job_dir)
         report = validate_job(job_dir, task, dry_run=dry_run, cache_dir=cache_dir, model_dir=model_dir,
-                              cost_model=cost_model)
+                              cost_model=cost_model, sandbox=policy)
+    res.seconds["validate"] = round(time.monotonic() - t_start, 3)
     res.findings = [asdict(f) for f in report.findings]
     est = report.estimated_cost
     res.estimated_usd = est.usd if est else None
@@ -239,10 +276,30 @@ def run_job(job_dir: str | Path, task: TaskSpec | str | Path, *, cache_dir: str 
     base_dir = Path(model_dir) if model_dir else _base_model_dir(spec.base_model, cache_dir)
 
     deadline = timeout_s or task.budget.max_seconds * KILL_FACTOR + KILL_MARGIN_S
-    run = run_worker(job_dir, base_dir, task.family, out, max_steps=task.budget.max_steps,
-                     max_seconds=task.budget.max_seconds, deadline_s=deadline, threads=threads,
-                     progress=progress, wrap=wrap,
-                     warm=warm and wrap is None and not (spec.uses_agent_code or spec.uses_agent_data))
+    agent_files = spec.uses_agent_code or spec.uses_agent_data
+    reward_host = None
+    if agent_files:
+        from inner_loop.contamination import check_job
+        from inner_loop.reward_proxy import RewardHost
+        from inner_loop.sandbox import trainer_wrapper
+
+        found = check_job(spec, job_dir, task.family, hidden_n)
+        res.flagged, res.contamination = found.flagged, found.to_dict()
+        res.sandbox = "bwrap" if policy.use_bwrap() else "unsafe"
+        if wrap is None and res.sandbox == "bwrap":
+            out.mkdir(parents=True, exist_ok=True)
+            wrap = trainer_wrapper(policy, job_dir=job_dir, output_dir=out, model_dir=base_dir, deadline_s=deadline,
+                                   threads=threads)
+        if spec.uses_agent_code:
+            reward_host = RewardHost(policy, job_dir, out / "reward.log", deadline_s=deadline)
+    try:
+        run = run_worker(job_dir, base_dir, task.family, out, max_steps=task.budget.max_steps,
+                         max_seconds=task.budget.max_seconds, deadline_s=deadline, threads=threads,
+                         progress=progress, wrap=wrap, warm=warm and wrap is None and not agent_files,
+                         reward_host=reward_host)
+    finally:
+        if reward_host is not None:
+            reward_host.close()
     st = run.status
     res.status = st.get("status", "crashed")
     res.detail, res.error = st.get("detail", ""), st.get("error", "")
@@ -251,6 +308,7 @@ def run_job(job_dir: str | Path, task: TaskSpec | str | Path, *, cache_dir: str 
     log = _read_log(out / "train_log.jsonl")
     if log:  # a crash mid-run leaves the steps it made in the log only
         res.steps = max(res.steps, int(log[-1].get("step", 0)))
+    res.ran = _ran(st.get("ran"), log)
     res.reward_curve, res.loss_curve = _curve(log, "reward"), _curve(log, "loss")
     res.final_train_reward = res.reward_curve[-1][1] if res.reward_curve else None
     res.final_train_loss = res.loss_curve[-1][1] if res.loss_curve else None
@@ -262,8 +320,26 @@ def run_job(job_dir: str | Path, task: TaskSpec | str | Path, *, cache_dir: str 
     return _finish(res, out, t_start, price_per_hour, tracker, log)
 
 
+def _prestart_warm_worker(job_dir: Path) -> None:
+    """Start the warm-worker forkserver now, so that its ~10 s of imports overlap the validation.
+
+    Only for a job that will take the warm path (no agent-written code or data); once per process."""
+    from inner_loop.jobspec import JobSpecError, load_job
+    from inner_loop.worker import warm_context
+
+    try:
+        spec = load_job(job_dir)
+    except JobSpecError:
+        return
+    if not (spec.uses_agent_code or spec.uses_agent_data):
+        warm_context()
+
+
 def _score(res: JobResult, checkpoint: Path, base_dir: Path, cache_dir) -> None:
-    """Hidden score, baseline and uplift of a saved checkpoint (in this, the harness, process)."""
+    """Hidden score, baseline and uplift of a saved checkpoint (in this, the harness, process).
+
+    The checkpoint is loaded only after its lineage check; a flagged job is not scored at all: its
+    hidden score is its baseline (uplift 0)."""
     from evaluation.hidden_eval import score_checkpoint
 
     why = architecture_mismatch(checkpoint, base_dir)
@@ -272,8 +348,9 @@ def _score(res: JobResult, checkpoint: Path, base_dir: Path, cache_dir) -> None:
         return
     t0 = time.monotonic()
     try:
-        res.hidden_score = float(score_checkpoint(checkpoint, res.family, res.hidden_n).score)
         res.baseline = _baseline(base_dir, res.family, res.hidden_n, cache_dir)
+        res.hidden_score = (res.baseline if res.flagged
+                            else float(score_checkpoint(checkpoint, res.family, res.hidden_n).score))
     except Exception as e:  # a checkpoint the harness cannot read is the job's failure, not the harness's
         res.status, res.detail = "crashed", f"the hidden evaluation could not score the model: {type(e).__name__}: {e}"
         res.hidden_score = res.baseline = None
@@ -296,12 +373,14 @@ def _track(tracker, res: JobResult, out: Path, log) -> None:
     """Params, per-step training metrics, final metrics and the job's files, to MLflow (or any tracker)."""
     tracker.log_params({"job.hash": res.job_hash, "job.status": res.status, "job.task": res.task,
                         "job.base_model": res.base_model, "job.algorithm": res.algorithm, "job.seed": res.seed,
+                        "job.flagged": res.flagged, "job.sandbox": res.sandbox,
                         **{f"lib.{k}": v for k, v in res.libraries.items()}})
     for rec in log:
         tracker.log_metrics({f"train/{k}": v for k, v in rec.items()
                              if k != "step" and "/" not in k and isinstance(v, (int, float))}, step=rec["step"])
     final = {"job/hidden_score": res.hidden_score, "job/baseline": res.baseline, "job/uplift": res.uplift,
              "job/steps": res.steps, "job/final_train_reward": res.final_train_reward, "job/usd": res.usd,
+             "job/flagged": float(res.flagged), "job/contaminated_items": float(res.contamination.get("hits", 0)),
              **{f"job/seconds_{k}": v for k, v in res.seconds.items()}}
     tracker.log_metrics(final, step=res.steps)
     for name in (RESULT_FILE, "train_log.jsonl", "trl_config.json"):

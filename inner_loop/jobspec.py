@@ -20,6 +20,15 @@ Example (GRPO with LoRA on curated family data)::
       functions: [{name: numeric_closeness, weight: 1.0}, {name: exact_match, weight: 1.0}]
     seed: 0
 
+Preference optimisation, self-generated data and stages (``docs/inner_loop.md``, "Strategy space")::
+
+    algorithm: dpo                      # pairs (best, worst) of the model's own samples, ranked by the reward
+    data:
+      sources: [{family: calc_chain, size: 500, self_generated: {samples_per_prompt: 4}}]   # sft: rejection sampling
+    stages:                             # instead of algorithm/peft/hyperparameters: one block per stage
+      - {algorithm: sft, hyperparameters: {max_steps: 250}}
+      - {algorithm: grpo, peft: {r: 16}, hyperparameters: {max_steps: 100}}
+
 Cross-field errors raised by validators start with ``[field.path]`` (relative to the model that
 raises them) so that ``describe_errors`` can point at the field an agent has to change.
 """
@@ -40,6 +49,10 @@ from inner_loop.rewards import LIBRARY
 JOB_FILE = "job.yaml"
 DATA_FILE = "data.jsonl"
 REWARD_FILE = "reward.py"
+ALGORITHMS = ("grpo", "sft", "dpo")
+Algorithm = Literal["grpo", "sft", "dpo"]
+DPO_DEFAULT_BETA = 0.1
+MAX_STAGES = 4
 _FIELD_PREFIX = re.compile(r"^(?:Value error, )?\[([\w.]+)\] ")
 
 
@@ -76,7 +89,8 @@ class Hyperparameters(_Strict):
     """Optimisation settings. GRPO-only fields are ignored by SFT (validation warns when set)."""
 
     learning_rate: float = Field(5e-4, gt=0, le=1.0, description="peak learning rate")
-    batch_size: int = Field(32, ge=1, le=4096, description="SFT: sequences per step; GRPO: completions per step")
+    batch_size: int = Field(32, ge=1, le=4096,
+                            description="SFT: sequences per step; GRPO: completions per step; DPO: pairs per step")
     max_steps: int = Field(100, ge=1, le=100_000, description="optimizer steps (the task budget caps it)")
     epochs: float | None = Field(None, gt=0, le=1000,
                                  description="passes over the data, used only when max_steps is not given")
@@ -85,15 +99,30 @@ class Hyperparameters(_Strict):
     weight_decay: float = Field(0.0, ge=0.0, le=1.0)
     max_grad_norm: float = Field(1.0, gt=0)
     # GRPO
-    num_generations: int = Field(8, ge=1, le=256, description="GRPO completions per prompt (>= 2)")
-    max_completion_length: int = Field(12, ge=1, le=2048, description="GRPO: tokens generated per completion")
-    temperature: float = Field(1.0, gt=0, le=5.0, description="GRPO sampling temperature")
-    beta: float = Field(0.0, ge=0.0, le=10.0, description="GRPO KL coefficient (0 = no reference model)")
+    num_generations: int = Field(8, ge=1, le=256,
+                                 description="GRPO completions per prompt (>= 2); DPO: samples ranked per prompt")
+    max_completion_length: int = Field(12, ge=1, le=2048, description="GRPO/DPO: tokens generated per completion")
+    temperature: float = Field(1.0, gt=0, le=5.0, description="GRPO/DPO sampling temperature")
+    beta: float = Field(0.0, ge=0.0, le=10.0, description="GRPO KL coefficient (0 = no reference model); DPO: > 0, "
+                        f"{DPO_DEFAULT_BETA} if unset")
     loss_type: Literal["grpo", "dr_grpo", "dapo", "bnpo"] = Field("dapo", description="TRL GRPO loss type")
     scale_rewards: Literal["group", "batch", "none"] = "group"
 
 
 GRPO_ONLY = ("num_generations", "max_completion_length", "temperature", "beta", "loss_type", "scale_rewards")
+# DPO samples its pairs with these GRPO fields; the others do not apply to it.
+DPO_IGNORED = ("loss_type", "scale_rewards")
+
+
+class SelfGenerated(_Strict):
+    """Rejection sampling: the model being trained answers the source's prompts; the reward decides what is kept."""
+
+    samples_per_prompt: int = Field(4, ge=1, le=64)
+    temperature: float = Field(1.0, gt=0, le=5.0)
+    max_completion_length: int = Field(8, ge=1, le=256)
+    min_reward: float = Field(1.0, ge=-1000, le=1000,
+                              description="keep samples scoring at least this (the job's reward, else the family's: "
+                                          "1.0 = correct)")
 
 
 class DataSource(_Strict):
@@ -101,12 +130,16 @@ class DataSource(_Strict):
 
     ``size`` distinct draws form the source's pool; ``weight`` is its share of the mixed stream,
     whose length is the sum of all sizes (a pool is repeated or subsampled to fill its share).
+    With ``self_generated`` the ``size`` items are prompts only: the pool is the model's own
+    accepted samples (sft only).
     """
 
     family: str
     seed: int = Field(0, ge=0, lt=MAX_AGENT_SEED, description=f"generator seed in [0, {MAX_AGENT_SEED})")
     size: int = Field(1000, ge=1, le=100_000, description="items drawn from the generator")
     weight: float = Field(1.0, gt=0, le=1000, description="share in the mix (normalised over sources)")
+    self_generated: SelfGenerated | None = Field(
+        None, description="sft only: train on the model's own answers that the reward accepts (true: defaults)")
 
     @field_validator("family")
     @classmethod
@@ -115,12 +148,21 @@ class DataSource(_Strict):
             raise ValueError(f"unknown family {v!r}; known families: {', '.join(sorted(FAMILIES))}")
         return v
 
+    @field_validator("self_generated", mode="before")
+    @classmethod
+    def _flag(cls, v):
+        # `self_generated: true` means "with the defaults"; false means curated.
+        if v is True:
+            return {}
+        return None if v is False else v
+
 
 class DataSpec(_Strict):
     """Training data: library sources, an agent-written ``data.jsonl``, or both (concatenated)."""
 
     sources: list[DataSource] = Field(default_factory=list, max_length=16)
-    file: str | None = Field(None, description="a JSONL file in the job folder with prompt/answer rows")
+    file: str | None = Field(None, description="a JSONL file in the job folder with prompt/answer rows "
+                                                "(dpo: and chosen/rejected)")
 
     @field_validator("file")
     @classmethod
@@ -177,52 +219,133 @@ class RewardSpec(_Strict):
         return self
 
 
-class JobSpec(_Strict):
-    """The whole ``job.yaml``."""
+def _check_stage(algorithm: str, hp: Hyperparameters, data: DataSpec, reward: "RewardSpec | None", at: str,
+                 data_at: str) -> None:
+    """Cross-field rules of one stage; ``at`` prefixes the stage's own fields, ``data_at`` its data's."""
+    if algorithm == "grpo":
+        if reward is None:
+            raise ValueError(f"[{at}reward] algorithm grpo needs a reward; "
+                             "e.g. reward: {functions: [{name: exact_match}]}")
+        if hp.num_generations < 2:
+            raise ValueError(
+                f"[{at}hyperparameters.num_generations] GRPO needs at least 2 generations per prompt (advantages "
+                "compare completions of the same prompt); use 4 or 8"
+            )
+        if hp.batch_size % hp.num_generations:
+            fixed = hp.num_generations * max(1, hp.batch_size // hp.num_generations)
+            raise ValueError(
+                f"[{at}hyperparameters.batch_size] batch_size ({hp.batch_size}) must be divisible by "
+                f"num_generations ({hp.num_generations}) for GRPO; e.g. batch_size: {fixed}"
+            )
+    if algorithm == "dpo":
+        if hp.num_generations < 2:
+            raise ValueError(f"[{at}hyperparameters.num_generations] DPO ranks num_generations samples per prompt into "
+                             "a (best, worst) pair, so it needs at least 2; use 4 or 8")
+        if "beta" in hp.model_fields_set and hp.beta == 0:
+            raise ValueError(f"[{at}hyperparameters.beta] DPO needs beta > 0 (it scales the preference margin); "
+                             f"use {DPO_DEFAULT_BETA} or leave beta out")
+    if algorithm != "sft":
+        for j, src in enumerate(data.sources):
+            if src.self_generated is not None:
+                why = ("grpo samples and scores its own completions" if algorithm == "grpo"
+                       else "dpo builds its own pairs from the model's samples of the sources' prompts")
+                raise ValueError(f"[{data_at}sources.{j}.self_generated] self_generated makes SFT data, but {why}; "
+                                 "remove self_generated, or use algorithm: sft")
 
-    base_model: str = Field(description="one of the task's allowed base models, e.g. tiny-s")
-    algorithm: Literal["grpo", "sft"]
+
+class StageSpec(_Strict):
+    """One stage of a multi-stage job: it trains the model the previous stage saved (the first: the base model)."""
+
+    algorithm: Algorithm
     peft: PeftSpec | None = Field(None, description="LoRA settings; null for full fine-tuning")
     hyperparameters: Hyperparameters = Field(default_factory=Hyperparameters)
-    data: DataSpec
-    reward: RewardSpec | None = Field(None, description="required for grpo, not used by sft")
+    data: DataSpec | None = Field(None, description="default: the job's data")
+    reward: RewardSpec | None = Field(None, description="default: the job's reward")
+    budget_share: float = Field(1.0, gt=0, le=100, description="relative share of the training time")
+
+
+class JobSpec(_Strict):
+    """The whole ``job.yaml``: one training run (``algorithm``...) or several in sequence (``stages``)."""
+
+    base_model: str = Field(description="one of the task's allowed base models, e.g. tiny-s")
+    algorithm: Algorithm | None = Field(None, description="required unless stages is given")
+    peft: PeftSpec | None = Field(None, description="LoRA settings; null for full fine-tuning")
+    hyperparameters: Hyperparameters = Field(default_factory=Hyperparameters)
+    data: DataSpec | None = Field(None, description="required unless each stage has data")
+    reward: RewardSpec | None = Field(None, description="required for grpo; ranks dpo/self_generated samples "
+                                                        "(default: the family's)")
     seed: int = Field(0, ge=0, le=2**31 - 1)
+    stages: list[StageSpec] | None = Field(
+        None, min_length=1, max_length=MAX_STAGES,
+        description="trainings in sequence, each from the previous model, e.g. [{algorithm: sft}, {algorithm: grpo}]; "
+                    "then no top-level algorithm/peft/hyperparameters")
 
     @model_validator(mode="after")
     def _combinations(self) -> "JobSpec":
-        hp = self.hyperparameters
-        if self.algorithm == "grpo":
-            if self.reward is None:
-                raise ValueError("[reward] algorithm grpo needs a reward; e.g. reward: {functions: [{name: exact_match}]}")
-            if hp.num_generations < 2:
-                raise ValueError(
-                    "[hyperparameters.num_generations] GRPO needs at least 2 generations per prompt (advantages "
-                    "compare completions of the same prompt); use 4 or 8"
-                )
-            if hp.batch_size % hp.num_generations:
-                fixed = hp.num_generations * max(1, hp.batch_size // hp.num_generations)
-                raise ValueError(
-                    f"[hyperparameters.batch_size] batch_size ({hp.batch_size}) must be divisible by "
-                    f"num_generations ({hp.num_generations}) for GRPO; e.g. batch_size: {fixed}"
-                )
+        if self.stages is None:
+            if self.algorithm is None:
+                raise ValueError("[algorithm] Field required: grpo, sft or dpo; e.g. algorithm: sft "
+                                 "(or a list of stages: [{algorithm: sft}, {algorithm: grpo}])")
+            if self.data is None:
+                raise ValueError("[data] Field required; "
+                                 "e.g. data: {sources: [{family: calc_chain, seed: 1, size: 2000}]}")
+            _check_stage(self.algorithm, self.hyperparameters, self.data, self.reward, "", "data.")
+            return self
+        top = [k for k in ("algorithm", "peft", "hyperparameters") if getattr(self, k) is not None
+               and (k != "hyperparameters" or k in self.model_fields_set)]
+        if top:
+            raise ValueError(f"[{top[0]}] a job with stages sets {', '.join(top)} inside each stage; move "
+                             f"{'it' if len(top) == 1 else 'them'} into the stages")
+        for i, st in enumerate(self.stages):
+            data = st.data or self.data
+            if data is None:
+                raise ValueError(f"[stages.{i}.data] stage {i + 1} has no data; give it data: or put data: at the "
+                                 "top level for every stage")
+            _check_stage(st.algorithm, st.hyperparameters, data, st.reward or self.reward, f"stages.{i}.",
+                         f"stages.{i}.data." if st.data else "data.")
         return self
+
+    # --- the job as run: a list of single-stage views -------------------------------------------
+
+    def stage_specs(self) -> list["JobSpec"]:
+        """The job as single-stage JobSpecs, in order (a single-stage job is its own only stage).
+
+        A stage's ``data`` and ``reward`` default to the job's; ``base_model`` and ``seed`` are the job's.
+        """
+        if self.stages is None:
+            return [self]
+        return [JobSpec.model_construct(base_model=self.base_model, algorithm=st.algorithm, peft=st.peft,
+                                        hyperparameters=st.hyperparameters, data=st.data or self.data,
+                                        reward=st.reward or self.reward, seed=self.seed, stages=None)
+                for st in self.stages]
+
+    def budget_shares(self) -> list[float]:
+        """Relative share of the training time per stage (``[1.0]`` for a single-stage job)."""
+        return [st.budget_share for st in self.stages] if self.stages else [1.0]
 
     @property
     def uses_agent_code(self) -> bool:
         """True when the job carries agent-written code (a reward file)."""
-        return bool(self.reward and any(f.source == "file" for f in self.reward.functions))
+        return any(s.reward and any(f.source == "file" for f in s.reward.functions) for s in self.stage_specs())
 
     @property
     def uses_agent_data(self) -> bool:
         """True when the job carries agent-written data."""
-        return self.data.file is not None
+        return any(s.data.file is not None for s in self.stage_specs())
+
+    def agent_files(self) -> list[str]:
+        """Names of the job's own files its stages use: data files, then reward files, each once."""
+        views = self.stage_specs()
+        names = [s.data.file for s in views if s.data.file]
+        names += [s.reward.file for s in views if s.reward and any(f.source == "file" for f in s.reward.functions)]
+        return list(dict.fromkeys(names))
 
     def strategy_algorithm(self) -> str:
-        """Short label of the algorithm as run, e.g. ``grpo+lora`` or ``sft+full``."""
-        return f"{self.algorithm}+{'lora' if self.peft else 'full'}"
+        """Short label of the algorithm as run, e.g. ``grpo+lora``, ``sft+full`` or ``sft+full>grpo+lora`` (stages)."""
+        return ">".join(f"{s.algorithm}+{'lora' if s.peft else 'full'}" for s in self.stage_specs())
 
     def rows_per_step(self) -> int:
-        """Dataset rows consumed per optimizer step: SFT sequences, GRPO prompts."""
+        """Dataset rows consumed per optimizer step: SFT sequences, GRPO prompts, DPO pairs (of a single stage)."""
         hp = self.hyperparameters
         return hp.batch_size // hp.num_generations if self.algorithm == "grpo" else hp.batch_size
 
@@ -232,6 +355,37 @@ class JobSpec(_Strict):
         if "max_steps" not in hp.model_fields_set and hp.epochs is not None:
             return max(1, min(100_000, math.ceil(hp.epochs * n_rows / self.rows_per_step())))
         return hp.max_steps
+
+    def dpo_beta(self) -> float:
+        """DPO's beta: the job's when set, else ``DPO_DEFAULT_BETA`` (GRPO's default 0 means no KL)."""
+        hp = self.hyperparameters
+        return hp.beta if "beta" in hp.model_fields_set else DPO_DEFAULT_BETA
+
+
+def data_source_of(spec: JobSpec) -> str:
+    """The data source a single-stage spec asks for: curated, self_generated, agent or mixed.
+
+    dpo: its pairs are the model's samples of the sources' prompts (self_generated) and the
+    agent's own pairs in ``data.file`` (agent). sft/grpo: reference answers of library sources
+    (curated), ``self_generated`` sources, the agent's ``data.file`` (agent).
+    """
+    if spec.algorithm == "dpo":
+        kinds = {"self_generated"} if spec.data.sources else set()
+    else:
+        kinds = {"self_generated" if s.self_generated is not None else "curated" for s in spec.data.sources}
+    if spec.data.file:
+        kinds.add("agent")
+    return kinds.pop() if len(kinds) == 1 else "mixed"
+
+
+def describe_strategy(spec: JobSpec) -> dict:
+    """What a job *asks* for, in the shape of ``result.json``'s ``ran`` (planned steps, before the budget cap).
+
+    Strategy labels use ``ran`` (written by the job's process as each stage starts), never this.
+    """
+    return {"stages": [{"algorithm": s.algorithm, "peft": "lora" if s.peft else "full",
+                        "data_source": data_source_of(s), "steps": s.hyperparameters.max_steps}
+                       for s in spec.stage_specs()]}
 
 
 def job_path(job_dir: str | Path) -> Path:
@@ -258,7 +412,25 @@ def describe_errors(e: ValidationError) -> list[tuple[str, str]]:
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that rejects duplicate keys (PyYAML keeps the last one silently)."""
+    """SafeLoader that rejects duplicate keys (PyYAML keeps the last one silently) and deep nesting."""
+
+    max_depth = 64  # a job is ~4 levels deep; PyYAML takes seconds to hit its recursion limit at ~1,000
+
+    def compose_node(self, parent, index):
+        self._depth = getattr(self, "_depth", 0) + 1
+        try:
+            if self._depth > self.max_depth:
+                raise yaml.composer.ComposerError(None, None, f"nested deeper than {self.max_depth} levels",
+                                                  self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def fetch_flow_collection_start(self, token_class):
+        # The scanner reads a whole flow collection ahead (quadratic in its depth) before composing.
+        if self.flow_level >= self.max_depth:
+            raise yaml.scanner.ScannerError(None, None, f"nested deeper than {self.max_depth} levels", self.get_mark())
+        super().fetch_flow_collection_start(token_class)
 
     def construct_mapping(self, node, deep=False):
         seen: set = set()
@@ -280,6 +452,10 @@ def read_job_yaml(path: str | Path) -> object:
         return yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)  # noqa: S506 (safe loader)
     except UnicodeDecodeError:
         raise JobSpecError(f"{path.name} is not UTF-8 text") from None
+    except RecursionError:
+        raise JobSpecError(f"{path.name} is nested too deeply to be a job; write plain key: value lines") from None
+    except ValueError as e:  # e.g. an integer of thousands of digits (Python refuses to convert it)
+        raise JobSpecError(f"{path.name} holds a value that cannot be read ({str(e).split(';')[0]})") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""

@@ -10,8 +10,8 @@ Called by ``inner_loop.validate.validate_job(..., dry_run=True)``; it adds findi
 
 The child process (``inner_loop.rewards._score_main``) gets a clean environment (no harness
 secrets), the job folder as working directory, a wall timeout, CPU-time and file-size limits,
-and is killed with its whole process group on timeout. It is NOT a sandbox: it can still read
-the file system and reach the network; the inner run's sandbox covers that.
+and is killed with its whole process group on timeout. It is NOT a sandbox: it runs library
+rewards only; agent-written ones run in the sandboxed reward host (``inner_loop.reward_proxy``).
 """
 
 from __future__ import annotations
@@ -133,8 +133,16 @@ def _child_env(home: str) -> dict[str, str]:
     return env
 
 
-def score_in_child(reward_spec, job_dir: Path, request: dict, timeout_s: float) -> dict:
-    """Run the job's rewards on ``request`` in a child process; returns the child's result or ``{"crash": why}``."""
+def score_in_child(reward_spec, job_dir: Path, request: dict, timeout_s: float, sandbox=None) -> dict:
+    """Run the job's rewards on ``request`` in a child process; returns the child's result or ``{"crash": why}``.
+
+    Agent-written functions (``source: file``) run in a sandboxed reward host instead
+    (``inner_loop.reward_proxy``, under ``sandbox``: a ``SandboxPolicy``, a bool or None)."""
+    if any(f.source == "file" for f in reward_spec.functions):
+        from inner_loop.reward_proxy import score_with_host
+        from inner_loop.sandbox import SandboxPolicy
+
+        return score_with_host(reward_spec, job_dir, request, timeout_s, SandboxPolicy.coerce(sandbox))
     with tempfile.TemporaryDirectory(prefix="reward-probe-") as tmp:
         req, res = Path(tmp) / "request.json", Path(tmp) / "result.json"
         req.write_text(json.dumps(dict(request, reward=reward_spec.model_dump(), job_dir=str(job_dir.resolve()))))
@@ -155,7 +163,7 @@ def score_in_child(reward_spec, job_dir: Path, request: dict, timeout_s: float) 
         return json.loads(res.read_text())
 
 
-def _probe_grpo(report, spec, tokenizer, model, rows, job_dir: Path, timeout_s: float) -> None:
+def _probe_grpo(report, spec, tokenizer, model, rows, job_dir: Path, timeout_s: float, sandbox=None) -> None:
     hp = spec.hyperparameters
     picked = rows[:SAMPLE_PROMPTS]
     need = max(len(tokenizer(r["answer"], add_special_tokens=False)["input_ids"]) + 1 for r in rows[:64])
@@ -168,7 +176,7 @@ def _probe_grpo(report, spec, tokenizer, model, rows, job_dir: Path, timeout_s: 
     columns = {k: [r.get(k) for r in expanded] for k in picked[0] if k != "prompt"}
     request = {"prompts": [r["prompt"] for r in expanded], "completions": texts, "completion_ids": ids,
                "columns": columns, "max_steps": hp.max_steps}
-    result = score_in_child(spec.reward, job_dir, request, timeout_s)
+    result = score_in_child(spec.reward, job_dir, request, timeout_s, sandbox)
     if "crash" in result or "load_error" in result:
         report.add("reward.file", result.get("crash") or result["load_error"],
                    "fix the reward code so it imports and returns one float per completion quickly")
@@ -201,7 +209,7 @@ def _probe_grpo(report, spec, tokenizer, model, rows, job_dir: Path, timeout_s: 
 
 
 def dry_run(report, spec, job_dir: Path, rows: list[dict], *, cache_dir=None, model_dir=None,
-            reward_timeout_s: float = 30.0) -> None:
+            reward_timeout_s: float = 30.0, sandbox=None) -> None:
     """Probe the job on its base model; adds findings and ``report.probe`` entries."""
     loaded = _load_base(report, spec, cache_dir, model_dir)
     if loaded is None:
@@ -217,6 +225,6 @@ def dry_run(report, spec, job_dir: Path, rows: list[dict], *, cache_dir=None, mo
         if spec.algorithm == "sft":
             _probe_sft(report, spec, tokenizer, model, rows)
         else:
-            _probe_grpo(report, spec, tokenizer, model, rows, Path(job_dir), reward_timeout_s)
+            _probe_grpo(report, spec, tokenizer, model, rows, Path(job_dir), reward_timeout_s, sandbox)
     finally:
         torch.set_num_threads(threads)

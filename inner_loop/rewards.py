@@ -237,6 +237,18 @@ def load_reward_file(path: str | Path) -> types.ModuleType:
     return module
 
 
+# A job process whose agent reward code runs in a sandboxed reward host (``inner_loop.reward_proxy``)
+# installs a loader here: ``resolve_rewards`` then gets ``source: file`` functions from it, as
+# callables that ask the host, and never imports the agent's file in this process.
+_file_function_loader: Callable[[Path, str], RewardFn] | None = None
+
+
+def set_file_function_loader(loader: Callable[[Path, str], RewardFn] | None) -> None:
+    """Route ``source: file`` rewards of this process to ``loader(path, name)`` (None: import them here)."""
+    global _file_function_loader
+    _file_function_loader = loader
+
+
 def resolve_rewards(spec, job_dir: str | Path) -> list[tuple[str, RewardFn, float]]:
     """``(name, callable, weight)`` per reward of a JobSpec (or RewardSpec); imports ``reward.py`` if used."""
     reward = getattr(spec, "reward", spec)
@@ -249,6 +261,8 @@ def resolve_rewards(spec, job_dir: str | Path) -> list[tuple[str, RewardFn, floa
             if f.name not in LIBRARY:
                 raise RewardError(f"unknown library reward {f.name!r}; known: {', '.join(LIBRARY)}")
             fn = LIBRARY[f.name].fn
+        elif _file_function_loader is not None:
+            fn = _file_function_loader(Path(job_dir) / reward.file, f.name)
         else:
             module = module or load_reward_file(Path(job_dir) / reward.file)
             fn = getattr(module, f.name, None)

@@ -12,7 +12,14 @@ schema (``inner_loop.jobspec``), the task (allowed base model, step budget), the
 reward file syntax and names, read with ``ast`` and never executed here), the estimated cost
 (``inner_loop.cost``), then the dry run (``dry_run=True``, ``inner_loop.probe``): load the base
 model, tokenize the first rows, compute the first SFT loss or sample GRPO completions and score
-them with the job's rewards in a child process.
+them with the job's rewards in a child process. A dpo stage is probed like grpo, with the reward
+that will rank its samples (the job's, else the family's).
+
+A multi-stage job is checked stage by stage (findings name ``stages.<i>.<field>``; a stage's
+inherited data or reward is named at the top level), its stages' ``max_steps`` must add up to the
+task's step budget, and its cost is one start-up plus every stage's steps and sampling.
+``self_generated`` sources are counted with their prompts (the kept rows are known only when the
+job's process has sampled the model).
 """
 
 from __future__ import annotations
@@ -28,9 +35,10 @@ from pydantic import BaseModel, ValidationError
 
 from evaluation.families import FAMILIES, FamilyError
 from evaluation.tasks import TaskSpec, TaskSpecError, load_task
-from inner_loop.cost import KNOWN_BASE_MODELS, CostEstimate, CostModel, estimate_cost
-from inner_loop.data import DataFileError, build_rows
-from inner_loop.jobspec import GRPO_ONLY, JOB_FILE, JobSpec, error_field, read_job_yaml
+from inner_loop.cost import KNOWN_BASE_MODELS, CostEstimate, CostModel, estimate_job
+from inner_loop.data import DataFileError, build_rows_with_origins
+from inner_loop.jobspec import DPO_IGNORED, GRPO_ONLY, JOB_FILE, JobSpec, error_field, read_job_yaml
+from inner_loop.sandbox import SandboxPolicy, job_file_problems
 
 Severity = Literal["error", "warning"]
 
@@ -163,6 +171,8 @@ def _hint(err: dict) -> str:
         return "write a list here, e.g. [{...}, {...}]"
     if kind == "too_short":
         return "add at least one item"
+    if kind == "too_long":
+        return "remove items down to the limit in the message"
     if kind == "string_pattern_mismatch":
         return "use a Python identifier: letters, digits and _, not starting with a digit"
     if kind == "string_type":
@@ -187,6 +197,15 @@ def _schema_findings(report: ValidationReport, e: ValidationError) -> None:
 # --- checks that need the task and the files -------------------------------------------------
 
 
+def _stage_views(spec: JobSpec) -> list[tuple[JobSpec, str, str, str]]:
+    """``(single-stage view, prefix of its own fields, of its data, of its reward)`` per stage."""
+    if spec.stages is None:
+        return [(spec, "", "data", "reward")]
+    return [(view, f"stages.{i}.", f"stages.{i}.data" if st.data else "data",
+             f"stages.{i}.reward" if st.reward else "reward")
+            for i, (view, st) in enumerate(zip(spec.stage_specs(), spec.stages))]
+
+
 def _check_task(report: ValidationReport, spec: JobSpec, task: TaskSpec) -> None:
     if spec.base_model not in KNOWN_BASE_MODELS:
         report.add("base_model", f"unknown base model {spec.base_model!r}",
@@ -194,38 +213,64 @@ def _check_task(report: ValidationReport, spec: JobSpec, task: TaskSpec) -> None
     elif spec.base_model not in task.allowed_base_models:
         report.add("base_model", f"base model {spec.base_model!r} is not allowed for task {task.name}",
                    f"use one of: {', '.join(task.allowed_base_models)}")
+    if spec.stages is not None:
+        total = sum(st.hyperparameters.max_steps for st in spec.stages)
+        if total > task.budget.max_steps:
+            report.add("stages", f"the stages' max_steps add up to {total}, over the task budget of "
+                       f"{task.budget.max_steps} steps (the stages share it)",
+                       f"lower them so that they add up to {task.budget.max_steps} or less")
+    for view, at, data_at, reward_at in _stage_views(spec):
+        own_reward = spec.stages is None or spec.stages[int(at.split(".")[1])].reward is not None
+        _check_stage_task(report, view, task, at, data_at, reward_at, own_reward)
+
+
+def _check_stage_task(report: ValidationReport, spec: JobSpec, task: TaskSpec, at: str, data_at: str,
+                      reward_at: str, own_reward: bool) -> None:
+    """The task checks of one stage (``spec``: its single-stage view); field names carry its prefixes."""
     hp = spec.hyperparameters
-    if hp.max_steps > task.budget.max_steps:
+    if not at and hp.max_steps > task.budget.max_steps:
         report.add("hyperparameters.max_steps", f"max_steps {hp.max_steps} is over the task budget of "
                    f"{task.budget.max_steps} steps", f"set max_steps: {task.budget.max_steps} or less")
     for i, src in enumerate(spec.data.sources):
         if src.family != task.family:
-            report.add(f"data.sources.{i}.family", f"source family {src.family!r} is not the task's family "
+            report.add(f"{data_at}.sources.{i}.family", f"source family {src.family!r} is not the task's family "
                        f"{task.family!r}; the hidden evaluation scores {task.family} only",
                        f"add a {task.family} source unless the mix is deliberate", "warning")
     set_fields = hp.model_fields_set
+    selfgen = any(src.self_generated is not None for src in spec.data.sources)
     if spec.algorithm == "sft":
-        if spec.reward is not None:
-            report.add("reward", "sft does not use a reward; it will be ignored",
-                       "remove reward, or use algorithm: grpo", "warning")
+        if spec.reward is not None and own_reward and not selfgen:
+            report.add(reward_at, "sft does not use a reward; it will be ignored",
+                       "remove reward, or use algorithm: grpo (sft uses it only to accept self_generated samples)",
+                       "warning")
         ignored = [k for k in GRPO_ONLY if k in set_fields]
         if ignored:
-            report.add("hyperparameters", f"{', '.join(ignored)} only apply to grpo and are ignored by sft",
+            report.add(f"{at}hyperparameters", f"{', '.join(ignored)} only apply to grpo and are ignored by sft",
+                       "remove them", "warning")
+    if spec.algorithm == "dpo":
+        ignored = [k for k in DPO_IGNORED if k in set_fields]
+        if ignored:
+            report.add(f"{at}hyperparameters", f"{', '.join(ignored)} only apply to grpo and are ignored by dpo",
                        "remove them", "warning")
     if "epochs" in set_fields and "max_steps" in set_fields:
-        report.add("hyperparameters.epochs", "epochs is ignored when max_steps is given",
+        report.add(f"{at}hyperparameters.epochs", "epochs is ignored when max_steps is given",
                    "keep one of them", "warning")
     if hp.warmup_ratio > 0 and hp.lr_scheduler == "constant":
-        report.add("hyperparameters.warmup_ratio", "the constant scheduler has no warmup",
+        report.add(f"{at}hyperparameters.warmup_ratio", "the constant scheduler has no warmup",
                    "use lr_scheduler: constant_with_warmup or cosine", "warning")
     if spec.algorithm == "grpo" and spec.peft is None and hp.learning_rate >= 1e-3:
-        report.add("hyperparameters.learning_rate", f"GRPO with full fine-tuning at lr {hp.learning_rate:g} "
+        report.add(f"{at}hyperparameters.learning_rate", f"GRPO with full fine-tuning at lr {hp.learning_rate:g} "
                    "went flat or down on these models", "try 5.0e-4 (LoRA tolerates about 2.0e-3)", "warning")
-    if spec.reward and spec.algorithm == "grpo" and FAMILIES[task.family].scorer == "numeric":
+    if spec.algorithm == "dpo" and hp.learning_rate >= (1e-2 if spec.peft else 1e-3):
+        report.add(f"{at}hyperparameters.learning_rate", f"DPO {'with LoRA ' if spec.peft else ''}at lr "
+                   f"{hp.learning_rate:g} pushed these models down (docs/inner_loop.md)",
+                   "try 5.0e-4 with beta 0.5 (full) or 5.0e-3 (LoRA)", "warning")
+    if spec.reward and spec.algorithm in ("grpo", "dpo") and FAMILIES[task.family].scorer == "numeric":
         names = {f.name for f in spec.reward.functions}
         if names == {"exact_match"}:
-            report.add("reward.functions", "exact_match alone is too sparse for GRPO on a weak base "
-                       "(most groups get no reward spread)", "add {name: numeric_closeness, weight: 1.0}", "warning")
+            what = "most groups get no reward spread" if spec.algorithm == "grpo" else "few prompts give a pair"
+            report.add(f"{reward_at}.functions", f"exact_match alone is too sparse for {spec.algorithm.upper()} on "
+                       f"a weak base ({what})", "add {name: numeric_closeness, weight: 1.0}", "warning")
 
 
 def _defined_names(tree: ast.Module) -> set[str]:
@@ -240,52 +285,85 @@ def _defined_names(tree: ast.Module) -> set[str]:
     return names
 
 
-def _check_reward_file(report: ValidationReport, spec: JobSpec, job_dir: Path) -> bool:
+def _check_reward_files(report: ValidationReport, spec: JobSpec, job_dir: Path) -> bool:
+    """Every reward section of the job (the top level's, each stage's own); True when all are fine."""
+    sections = [(spec.reward, "reward")]
+    sections += [(st.reward, f"stages.{i}.reward") for i, st in enumerate(spec.stages or []) if st.reward]
+    return all([_check_reward_file(report, reward, job_dir, at) for reward, at in sections])
+
+
+def _check_reward_file(report: ValidationReport, reward, job_dir: Path, at: str = "reward") -> bool:
     """Parse (never run) the reward file; True when every ``source: file`` function is defined in it."""
-    wanted = [f.name for f in spec.reward.functions if f.source == "file"] if spec.reward else []
+    wanted = [f.name for f in reward.functions if f.source == "file"] if reward else []
     if not wanted:
         return True
-    path = job_dir / spec.reward.file
+    path = job_dir / reward.file
     if not path.is_file():
-        report.add("reward.file", f"reward file {spec.reward.file!r} not found in the job folder",
-                   f"write {spec.reward.file} defining {', '.join(wanted)}, or use library rewards")
+        report.add(f"{at}.file", f"reward file {reward.file!r} not found in the job folder",
+                   f"write {reward.file} defining {', '.join(wanted)}, or use library rewards")
         return False
     try:
-        tree = ast.parse(path.read_text(encoding="utf-8"), filename=spec.reward.file)
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=reward.file)
     except (SyntaxError, ValueError, UnicodeDecodeError) as e:
         line = f" line {e.lineno}" if getattr(e, "lineno", None) else ""
-        report.add("reward.file", f"{spec.reward.file}{line}: {getattr(e, 'msg', None) or e}",
+        report.add(f"{at}.file", f"{reward.file}{line}: {getattr(e, 'msg', None) or e}",
                    "fix the Python syntax; the file must import cleanly")
         return False
     missing = [n for n in wanted if n not in _defined_names(tree)]
-    for i, f in enumerate(spec.reward.functions):
+    for i, f in enumerate(reward.functions):
         if f.name in missing:
-            report.add(f"reward.functions.{i}.name", f"{spec.reward.file} defines no function {f.name!r}",
+            report.add(f"{at}.functions.{i}.name", f"{reward.file} defines no function {f.name!r}",
                        f"define def {f.name}(prompts, completions, **kwargs) -> list[float] at the top level")
     return not missing
 
 
-def _check_data(report: ValidationReport, spec: JobSpec, job_dir: Path, task: TaskSpec) -> list[dict] | None:
+def _check_data(report: ValidationReport, spec: JobSpec, job_dir: Path, task: TaskSpec) -> list[list[dict]] | None:
+    """Rows of every stage (self_generated sources stand in with their prompts and reference answers)."""
+    out, seen = [], {}
+    for view, at, data_at, _ in _stage_views(spec):
+        if id(view.data) in seen and seen[id(view.data)][0] == view.algorithm:
+            out.append(seen[id(view.data)][1])
+            continue
+        rows = _check_stage_data(report, view, job_dir, task, at, data_at)
+        if rows is None:
+            return None
+        seen[id(view.data)] = (view.algorithm, rows)
+        out.append(rows)
+    return out
+
+
+def _check_stage_data(report: ValidationReport, spec: JobSpec, job_dir: Path, task: TaskSpec, at: str,
+                      data_at: str) -> list[dict] | None:
     try:
-        rows = build_rows(spec, job_dir, default_family=task.family)
+        rows, origins = build_rows_with_origins(spec, job_dir, default_family=task.family)
     except DataFileError as e:
         for line, msg in e.problems[:5]:
-            report.add("data.file", f"{e.path.name} line {line}: {msg}" if line else f"{e.path.name}: {msg}",
+            report.add(f"{data_at}.file", f"{e.path.name} line {line}: {msg}" if line else f"{e.path.name}: {msg}",
                        "each line must be a JSON object with string prompt and answer")
         if len(e.problems) > 5:
-            report.add("data.file", f"{len(e.problems) - 5} more bad lines in {e.path.name}", "fix them all")
+            report.add(f"{data_at}.file", f"{len(e.problems) - 5} more bad lines in {e.path.name}", "fix them all")
         return None
     except FamilyError as e:
-        report.add("data.sources", str(e), "fix the source's family, seed or size")
+        report.add(f"{data_at}.sources", str(e), "fix the source's family, seed or size")
         return None
+    if spec.algorithm == "dpo":
+        unpaired = sum(1 for r, o in zip(rows, origins)
+                       if o == "agent" and not (isinstance(r.get("chosen"), str) and r["chosen"].strip()
+                                                and isinstance(r.get("rejected"), str) and r["rejected"].strip()))
+        if unpaired:
+            report.add(f"{data_at}.file", f"{unpaired} rows of {spec.data.file} have no chosen/rejected strings: a "
+                       "dpo data file holds the agent's own preference pairs",
+                       "give every row prompt, answer, chosen and rejected, or use data.sources (pairs are then "
+                       "sampled from the model)")
+            return None
     per_step = spec.rows_per_step()
     if len(rows) < per_step:
-        report.add("data", f"{len(rows)} rows is fewer than the {per_step} rows one step uses",
+        report.add(f"{at}data" if at else "data", f"{len(rows)} rows is fewer than the {per_step} rows one step uses",
                    "add rows or lower batch_size", "warning")
     passes = spec.effective_max_steps(len(rows)) * per_step / len(rows)
     if passes > 50:
-        report.add("data", f"training repeats each row about {passes:.0f} times ({len(rows)} rows)",
-                   "use more rows (a larger size) to avoid memorising", "warning")
+        report.add(f"{at}data" if at else "data", f"training repeats each row about {passes:.0f} times "
+                   f"({len(rows)} rows)", "use more rows (a larger size) to avoid memorising", "warning")
     return rows
 
 
@@ -332,8 +410,12 @@ def _load_spec(report: ValidationReport, job_dir: Path) -> JobSpec | None:
 
 def validate_job(job_dir: str | Path, task: TaskSpec | str | Path, *, dry_run: bool = True,
                  cache_dir: str | Path | None = None, cost_model: CostModel | None = None,
-                 model_dir: str | Path | None = None, reward_timeout_s: float = 30.0) -> ValidationReport:
+                 model_dir: str | Path | None = None, reward_timeout_s: float = 30.0,
+                 sandbox=None) -> ValidationReport:
     """Validate a job folder for a task; never raises on bad input (every problem is a finding).
+
+    ``sandbox`` (``inner_loop.sandbox.SandboxPolicy``, a bool or None for the default) decides whether
+    a job with agent-written code or data may run here; the dry run calls agent rewards in its sandbox.
 
     ``dry_run`` loads the base model (``inner_loop.models``, cached under ``cache_dir``) and probes
     the first rows; ``model_dir`` uses that model folder instead of resolving ``base_model``.
@@ -344,20 +426,28 @@ def validate_job(job_dir: str | Path, task: TaskSpec | str | Path, *, dry_run: b
     cost_model = cost_model or CostModel()
     try:
         spec_task = _resolve_task(task, report)
+        if _check_links(report, job_dir, [JOB_FILE]):
+            return report
         spec = _load_spec(report, job_dir)
         if spec is None or spec_task is None:
             return report
+        policy = SandboxPolicy.coerce(sandbox)
+        refusal = policy.refusal(spec)
+        if refusal:
+            report.add("sandbox", refusal, "use library rewards and data sources only")
+        if _check_links(report, job_dir, spec.agent_files()):
+            return report
         _check_task(report, spec, spec_task)
-        reward_ok = _check_reward_file(report, spec, job_dir)
-        rows = _check_data(report, spec, job_dir, spec_task)
-        n_rows = len(rows) if rows else spec.rows_per_step()
-        report.estimated_cost = estimate_cost(spec, cost_model, steps=spec.effective_max_steps(n_rows))
-        _check_budget(report, spec_task, report.estimated_cost)
-        if dry_run and rows and reward_ok and not report.errors:
-            from inner_loop.probe import dry_run as run_probe
-
-            run_probe(report, spec, job_dir, rows, cache_dir=cache_dir, model_dir=model_dir,
-                      reward_timeout_s=reward_timeout_s)
+        reward_ok = _check_reward_files(report, spec, job_dir)
+        stage_rows = _check_data(report, spec, job_dir, spec_task)
+        views = spec.stage_specs()
+        steps = [v.effective_max_steps(len(r) if stage_rows else v.rows_per_step())
+                 for v, r in zip(views, stage_rows or [None] * len(views))]
+        report.estimated_cost = estimate_job(spec, cost_model, steps=steps)
+        _check_budget(report, spec_task, report.estimated_cost, spec)
+        if dry_run and stage_rows and reward_ok and not report.errors:
+            _dry_run(report, spec, job_dir, stage_rows, spec_task.family, cache_dir=cache_dir, model_dir=model_dir,
+                     reward_timeout_s=reward_timeout_s, sandbox=policy)
     except Exception as e:  # a bug in the probe must reach the agent as a finding, not crash the harness
         report.add("<internal>", f"validation failed unexpectedly: {type(e).__name__}: {e}",
                    "report this to the harness maintainers; the job itself may be fine")
@@ -365,20 +455,56 @@ def validate_job(job_dir: str | Path, task: TaskSpec | str | Path, *, dry_run: b
     return report
 
 
-def _check_budget(report: ValidationReport, task: TaskSpec, cost: CostEstimate) -> None:
+def _check_links(report: ValidationReport, job_dir: Path, names: list[str]) -> bool:
+    """Findings for job files that are links (read before they are read); True when there are any."""
+    problems = job_file_problems(job_dir, names)
+    for name, message in problems:
+        report.add(name, message, f"write {name} as a plain file inside the job folder")
+    return bool(problems)
+
+
+def _check_budget(report: ValidationReport, task: TaskSpec, cost: CostEstimate, spec: JobSpec | None = None) -> None:
     if any(f.field == "base_model" for f in report.errors):
         return  # the estimate is for a model the job cannot use; the base_model error says enough
     budget = task.budget
+    where = "stages" if spec is not None and spec.stages else "hyperparameters.max_steps"
     if cost.seconds > budget.max_seconds:
         fits = cost.steps_within(budget.max_seconds)
         hint = (f"lower max_steps to about {fits}, or lower batch_size or num_generations" if fits >= 10 else
                 "not even 10 steps fit: lower batch_size, num_generations or max_completion_length, "
                 "or use a smaller base model")
-        report.add("hyperparameters.max_steps", f"estimated {cost.seconds:.0f} s is over the task's "
-                   f"{budget.max_seconds:.0f} s budget", hint)
+        of_it = ""
+        if cost.sampling_seconds > 0.5 * budget.max_seconds:
+            of_it = f" ({cost.sampling_seconds:.0f} s of it sampling)"
+            hint = ("lower the sources' size, num_generations (dpo), samples_per_prompt or max_completion_length "
+                    "(sampling before training)")
+        report.add(where, f"estimated {cost.seconds:.0f} s{of_it} is over the task's {budget.max_seconds:.0f} s budget",
+                   hint)
     elif cost.seconds > 0.8 * budget.max_seconds:
-        report.add("hyperparameters.max_steps", f"estimated {cost.seconds:.0f} s is close to the "
+        report.add(where, f"estimated {cost.seconds:.0f} s is close to the "
                    f"{budget.max_seconds:.0f} s budget; a slow machine may time out", "leave some margin", "warning")
     if cost.usd > budget.max_usd:
-        report.add("hyperparameters.max_steps", f"estimated ${cost.usd:.4f} is over the task's ${budget.max_usd} "
+        report.add(where, f"estimated ${cost.usd:.4f} is over the task's ${budget.max_usd} "
                    "budget", "train fewer steps or use a smaller base model")
+
+
+def _dry_run(report: ValidationReport, spec: JobSpec, job_dir: Path, stage_rows: list[list[dict]], family: str,
+             **kw) -> None:
+    """The probe (``inner_loop.probe``) on the base model, once per stage; a dpo stage is probed like
+    grpo with the reward that ranks its samples. Findings of stage ``i`` get the ``stages.i.`` prefix."""
+    from inner_loop.probe import dry_run as run_probe
+    from inner_loop.selfgen import default_reward_spec
+
+    for (view, at, _, _), rows in zip(_stage_views(spec), stage_rows):
+        if view.algorithm == "dpo" and view.reward is None:
+            view = view.model_copy(update={"reward": default_reward_spec(family)})
+        first = len(report.findings)
+        run_probe(report, view, job_dir, rows, **kw)
+        for f in report.findings[first:]:
+            if view.algorithm == "dpo":
+                f.message = f.message.replace("GRPO cannot learn from a reward with no spread",
+                                              "DPO makes no pair from samples with equal rewards")
+            if at and not f.field.startswith("stages.") and f.field != "base_model":
+                f.field = at + f.field
+        if any(f.field == "base_model" for f in report.findings[first:]):
+            return  # the base model does not load: every stage would say the same

@@ -3,12 +3,16 @@
     python -m inner_loop.worker JOB_DIR --model BASE_DIR --family calc_chain \\
         --output OUT_DIR --max-steps 200 --max-seconds 90 [--threads 2]
 
-The harness (``inner_loop.job.run_job``) starts this as a child process, because it imports
-the job's ``reward.py`` and reads its ``data.jsonl`` (agent-written, untrusted). The harness
+The harness (``inner_loop.job.run_job``) starts this as a child process, because it runs the
+job's ``reward.py`` and reads its ``data.jsonl`` (agent-written, untrusted); with ``--reward-fd``
+(a sandboxed job) the reward functions run in the job's reward host (``inner_loop.reward_proxy``)
+and this process only asks them for numbers. The harness
 never imports agent code itself; it reads back only files this process writes under OUT_DIR:
 
-- ``train_status.json``: ``{"status": "running", "planned_steps"}`` at the start, then the final
-  ``{"status": ok | timeout | diverged | crashed, "steps", "seconds", "detail", "error", ...}``;
+- ``train_status.json``: ``{"status": "running", "planned_steps", "ran"}`` as each stage starts and
+  ends, then the final ``{"status": ok | timeout | diverged | crashed, "steps", "seconds", "detail",
+  "error", "ran", ...}``; ``ran`` is ``{"stages": [{algorithm, peft, data_source, steps}]}``, what
+  really ran (``inner_loop.runners.stages``);
 - ``train_log.jsonl`` (one line per step; also the harness's progress feed), ``trl_config.json``;
 - ``model/``: the trained (LoRA-merged) safetensors checkpoint with its tokenizer.
 
@@ -18,8 +22,8 @@ harness report ``crashed`` with the tail of this process's log.
 The parent side is ``run_worker``: it starts this module with a clean environment (no harness
 secrets, hub access off), the job folder as working directory, a file-size limit and its own
 process group; it draws a tqdm bar from ``train_log.jsonl`` and kills the whole group at the
-hard deadline. What it does NOT cover (the sandbox's job, ``wrap=``): file-system and network
-isolation; without a sandbox the child can read what the harness user can read.
+hard deadline. What it does NOT cover (the sandbox's job, ``wrap=``, ``inner_loop.sandbox``):
+file-system and network isolation; without a sandbox the child can read what the harness user can read.
 """
 
 from __future__ import annotations
@@ -77,29 +81,36 @@ def error_text(e: BaseException, job_dir: Path) -> str:
 
 
 def run(job_dir: Path, model: Path, family: str, output_dir: Path, max_steps: int, max_seconds: float,
-        threads: int | None = None) -> dict:
-    """Train the job in this process; returns (and writes) the final status. Never raises for a job's fault."""
+        threads: int | None = None, reward_fd: int | None = None, reward_timeout_s: float = 60.0) -> dict:
+    """Train the job in this process; returns (and writes) the final status. Never raises for a job's fault.
+
+    ``reward_fd``: a socket to the job's reward host (``inner_loop.reward_proxy``); the job's own
+    reward functions then run there, never in this process."""
     t0 = time.monotonic()
     output_dir.mkdir(parents=True, exist_ok=True)
-    status: dict = {"status": "crashed", "steps": 0, "planned_steps": 0, "seconds": 0.0, "detail": "", "error": ""}
+    # ``ran``: what actually ran, stage by stage (inner_loop.runners.stages), copied into result.json.
+    status: dict = {"status": "crashed", "steps": 0, "planned_steps": 0, "seconds": 0.0, "detail": "", "error": "",
+                    "ran": {"stages": []}}
     try:
         import torch
 
         if threads:
             torch.set_num_threads(threads)
         _quiet()
-        from inner_loop.data import build_rows
+        if reward_fd is not None:
+            from inner_loop.reward_proxy import install
+
+            install(reward_fd, timeout_s=reward_timeout_s)
         from inner_loop.jobspec import load_job
-        from inner_loop.rewards import resolve_rewards
-        from inner_loop.runners import planned_steps, train
+        from inner_loop.runners.stages import run_stages
+
+        def running(update: dict) -> None:
+            status["planned_steps"] = update["planned_steps"]
+            write_status(output_dir, {"status": "running", **update})
 
         spec = load_job(job_dir)
-        rows = build_rows(spec, job_dir, default_family=family)
-        rewards = resolve_rewards(spec, job_dir) if spec.algorithm == "grpo" else []
-        status["planned_steps"] = planned_steps(spec, len(rows), max_steps)
-        write_status(output_dir, {"status": "running", "planned_steps": status["planned_steps"]})
-        report = train(spec, rows, rewards, model, output_dir, max_steps=max_steps, max_seconds=max_seconds)
-        status.update(report.as_dict())
+        status.update(run_stages(spec, job_dir, model, family, output_dir, max_steps=max_steps,
+                                 max_seconds=max_seconds, ran=status["ran"], on_update=running))
     except Exception as e:  # the job's fault (bad reward, bad data) or ours: the harness reports it as crashed
         status["detail"] = f"{type(e).__name__}: {e}"[:500]
         status["error"] = error_text(e, job_dir)
@@ -224,11 +235,12 @@ class _WarmProc:
 def run_worker(job_dir: Path, model: Path, family: str, output_dir: Path, *, max_steps: int, max_seconds: float,
                deadline_s: float, threads: int | None = None, progress: bool = True,
                wrap: Callable[[list[str]], list[str]] | None = None, poll_s: float = 0.5,
-               warm: bool = False) -> WorkerRun:
+               warm: bool = False, reward_host=None) -> WorkerRun:
     """Run the job's training process and wait for it, killing its process group at ``deadline_s``.
 
     ``warm=True`` forks it from the pre-imported forkserver (no ``wrap`` then: a sandbox needs the
-    cold path, ``python -m inner_loop.worker``)."""
+    cold path, ``python -m inner_loop.worker``). ``reward_host`` (``inner_loop.reward_proxy.RewardHost``)
+    is started first, the child talks to it through an inherited socket, and it is killed at the end."""
     from tqdm.auto import tqdm
 
     from inner_loop.runners.train import MODEL_DIR, TRAIN_LOG
@@ -245,6 +257,11 @@ def run_worker(job_dir: Path, model: Path, family: str, output_dir: Path, *, max
             "--max-steps", str(max_steps), "--max-seconds", str(max_seconds)]
     if threads:
         argv += ["--threads", str(threads)]
+    if warm and reward_host is not None:
+        raise ValueError("a job with a reward host cannot run in a warm worker; use warm=False")
+    reward_fd = reward_host.start() if reward_host is not None else None
+    if reward_fd is not None:
+        argv += ["--reward-fd", str(reward_fd), "--reward-timeout", str(reward_host.policy.reward_timeout_s)]
     if wrap is not None:
         argv = wrap(argv)
     t0 = time.monotonic()
@@ -259,7 +276,10 @@ def run_worker(job_dir: Path, model: Path, family: str, output_dir: Path, *, max
                                                child_env(home, threads), str((output_dir / WORKER_LOG).resolve())))
         else:
             proc = subprocess.Popen(argv, cwd=job_dir, env=child_env(home, threads), stdin=subprocess.DEVNULL,
-                                    stdout=log, stderr=subprocess.STDOUT, preexec_fn=_limits, start_new_session=True)
+                                    stdout=log, stderr=subprocess.STDOUT, preexec_fn=_limits, start_new_session=True,
+                                    pass_fds=() if reward_fd is None else (reward_fd,))
+            if reward_host is not None:
+                reward_host.release_fd()
         offset = 0
         try:
             while proc.poll() is None:
@@ -276,6 +296,8 @@ def run_worker(job_dir: Path, model: Path, family: str, output_dir: Path, *, max
             if proc.poll() is None:  # the harness itself is being interrupted: leave no orphan
                 _kill_group(proc.pid)
                 proc.wait()
+            if reward_host is not None:
+                reward_host.close()
             bar.close()
     status = read_status(output_dir)
     if killed:
@@ -336,8 +358,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-steps", type=int, required=True, help="the task's step budget")
     p.add_argument("--max-seconds", type=float, required=True, help="the task's training-time budget")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.add_argument("--reward-fd", type=int, default=None, help="inherited socket to the job's reward host")
+    p.add_argument("--reward-timeout", type=float, default=60.0, help="seconds one reward call may take")
     a = p.parse_args(argv)
-    run(a.job_dir, a.model, a.family, a.output, a.max_steps, a.max_seconds, a.threads)
+    run(a.job_dir, a.model, a.family, a.output, a.max_steps, a.max_seconds, a.threads, a.reward_fd,
+        a.reward_timeout)
     return 0
 
 

@@ -8,8 +8,9 @@ import peft  # noqa: F401
 import torch  # noqa: F401
 import transformers  # noqa: F401
 import trl  # noqa: F401
-from trl import GRPOTrainer, SFTTrainer  # noqa: F401
+from trl import DPOTrainer, GRPOTrainer, SFTTrainer  # noqa: F401
 
 import inner_loop.data  # noqa: F401
 import inner_loop.rewards  # noqa: F401
 import inner_loop.runners  # noqa: F401
+import inner_loop.runners.stages  # noqa: F401

@@ -5,6 +5,13 @@
     >>> ep.run_pending()       # deferred jobs (at-train runs a whole batch of them in parallel instead)
     >>> result = ep.finish()   # staged reward, trajectory and summary written to the episode folder
 
+Several jobs per episode (``max_jobs`` > 1): the agent sees each job's visible result before it writes
+the next. Jobs run inside ``submit_job`` by default; with ``defer_jobs`` the episode pauses after each
+submission (``ep.waiting``) until the caller has run the job and called ``complete_job`` (``play_all``
+does that for a batch). ``settings.reward_pick`` chooses the job whose outcome is rewarded (last | best).
+``steering`` (``outer_loop.steering``) adds the strategy layer: check protocol, interventions,
+journal and skills tools, evaluator; ``summary.json`` always carries the jobs' strategy labels.
+
 The episode folder holds ``workspace/`` (as the agent left it), ``jobs/`` (the submitted snapshots
 and their outputs, which the agent never sees), ``trajectory.jsonl`` (every message, tool call and
 result, with token counts and the sampler's log-probs of the agent's tokens) and ``summary.json``.
@@ -48,6 +55,7 @@ class EpisodeSettings:
     # cost it ~1,900 tokens per turn); a frontier model or a server with native tool calls wants "full".
     tool_schemas: str = "full"
     reward: RewardWeights = field(default_factory=RewardWeights)
+    reward_pick: str = "last"            # which job's outcome the reward uses when several ran: last | best
 
 
 def tool_schemas_for(schemas: list[dict[str, Any]], style: str) -> list[dict[str, Any]] | None:
@@ -67,13 +75,15 @@ def tool_signatures(schemas: list[dict[str, Any]]) -> str:
                      for s in schemas)
 
 
-def opening_messages(task, tool_style: str = "full") -> list[dict[str, Any]]:
-    """The system and user messages every episode starts with."""
+def opening_messages(task, tool_style: str = "full", schemas: list[dict[str, Any]] | None = None,
+                     note: str = "") -> list[dict[str, Any]]:
+    """The system and user messages every episode starts with (``schemas``: the episode's tools, default
+    the standard set; ``note``: sentences the strategy layer adds for the tools it enabled)."""
     from outer_loop.tools import SCHEMAS
 
-    system = SYSTEM_PROMPT
+    system = SYSTEM_PROMPT + (" " + note if note else "")
     if tool_style == "names":
-        system += " Tools: " + tool_signatures(SCHEMAS) + "."
+        system += " Tools: " + tool_signatures(schemas or SCHEMAS) + "."
     return [{"role": "system", "content": system}, {"role": "user", "content": task_message(task)}]
 
 
@@ -117,6 +127,7 @@ class EpisodeResult:
     tokens_out: int
     usd: float
     seconds: float
+    strategy: dict[str, Any] = field(default_factory=dict)   # labels, switches, steering (outer_loop.strategy)
 
     def summary(self) -> dict[str, Any]:
         """Everything but the token-level turns (for summary.json and MLflow)."""
@@ -130,7 +141,8 @@ class Episode:
 
     def __init__(self, backend, task, episode_dir: str | Path, *, ledger=None, settings: EpisodeSettings | None = None,
                  episode_id: str | None = None, seed: int = 0, defer_jobs: bool = False,
-                 job_kwargs: dict[str, Any] | None = None, model_name: str = "agent"):
+                 job_kwargs: dict[str, Any] | None = None, model_name: str = "agent", steering=None):
+        """``steering``: an ``outer_loop.steering.Steering`` (check protocol, interventions, journal, evaluator)."""
         self.backend, self.task = backend, task
         self.dir = Path(episode_dir)
         self.settings = settings or EpisodeSettings()
@@ -142,7 +154,11 @@ class Episode:
                                                              max_jobs=self.settings.max_jobs),
                            jobs_dir=self.dir / "jobs", ledger=ledger, episode=self.id, defer_jobs=defer_jobs,
                            job_kwargs=job_kwargs, validate_kwargs={"dry_run": self.settings.validate_dry_run})
-        self.messages: list[dict[str, Any]] = opening_messages(task, self.settings.tool_schemas)
+        self.steering = steering
+        if steering is not None:
+            steering.attach(self)
+        self.messages: list[dict[str, Any]] = opening_messages(
+            task, self.settings.tool_schemas, self.box.schemas(), steering.system_note() if steering else "")
         self.turns: list[TurnRecord] = []
         self.status = "running"
         self.tokens_in = self.tokens_out = 0
@@ -161,7 +177,7 @@ class Episode:
         s = self.settings
         tools = self.tool_schemas()
         last_prompt = 0
-        while not self.box.done:
+        while not self.box.done and not self.waiting:
             if self.ledger is not None:
                 try:
                     self.ledger.check("llm", self.ledger.estimate_llm(self.model_name, last_prompt + 512,
@@ -193,19 +209,23 @@ class Episode:
             self._log({"event": "message", **msg, "prompt_tokens": gen.prompt_tokens,
                        "completion_tokens": gen.completion_tokens, "token_ids": gen.token_ids,
                        "logprobs": gen.logprobs, "finish_reason": gen.finish_reason})
+            if self.steering is not None and self.steering.handle_turn(self, gen):
+                continue  # the turn answered an open strategy check
             if not gen.tool_calls:
                 self._add_message({"role": "user", "content": NO_TOOL_CALL})
                 continue
             for call in gen.tool_calls:
-                before = len(self.box.state.pending)
+                before, ran_before = len(self.box.state.pending), len(self.box.state.jobs)
                 res = self.box.call(call["name"], call["arguments"])
                 if len(self.box.state.pending) > before:
                     self._pending_calls[self.box.state.pending[-1].index] = call["id"]
                 self._add_message({"role": "tool", "tool_call_id": call["id"], "name": call["name"],
                                    "content": res.text}, ok=res.ok)
-                if self.box.done:
+                if len(self.box.state.jobs) > ran_before:
+                    self._after_job(self.box.state.jobs[-1])
+                if self.box.done or self.waiting:
                     break
-        if self.status == "running":
+        if self.status == "running" and not self.waiting:
             st = self.box.state
             self.status = ("finished" if st.finished else "max_jobs" if st.submitted >= self.box.limits.max_jobs
                            else "max_turns")
@@ -216,6 +236,19 @@ class Episode:
         if getattr(self.backend, "native_tools", False):
             return self.box.schemas()  # a server with native function calling always gets the full schemas
         return tool_schemas_for(self.box.schemas(), self.settings.tool_schemas)
+
+    @property
+    def waiting(self) -> bool:
+        """A deferred job was submitted and more may follow: the agent waits for its result (``complete_job``)."""
+        return self.status == "running" and bool(self.box.state.pending) and not self.box.done
+
+    def _after_job(self, result) -> None:
+        """Job ``len(jobs)`` has its result: log it; the strategy layer's messages go into the conversation."""
+        k = len(self.box.state.jobs)
+        self._log({"event": "job", "job": k, "status": result.status})
+        if self.steering is not None:
+            for msg in self.steering.after_job(self, result, live=not self.box.done):
+                self._add_message(msg)
 
     def _add_message(self, msg: dict[str, Any], **extra: Any) -> None:
         self.messages.append(msg)
@@ -228,9 +261,14 @@ class Episode:
 
     def complete_job(self, pending: PendingJob, result) -> None:
         """Record a deferred job's result (run by the caller) in the tools' state and the trajectory."""
+        resumes = self.waiting  # the agent is waiting for this result before its next job
         res = self.box.complete(pending, result)
         self._log({"event": "job_result", "job": pending.index, "tool_call_id": self._pending_calls.get(pending.index),
                    "content": res.text, "ok": res.ok})
+        if resumes:
+            self._add_message({"role": "user",
+                               "content": f"Result of job {pending.index + 1} ({pending.agent_path}):\n{res.text}"})
+        self._after_job(result)
 
     def run_pending(self, **job_kwargs: Any) -> None:
         """Run deferred jobs here, one after the other."""
@@ -244,14 +282,15 @@ class Episode:
     def finish(self) -> EpisodeResult:
         """Compute the staged reward, write summary.json, close the trajectory."""
         st = self.box.state
-        stages = staged_reward(st.validation_failures(), st.outcome(self.task), self.settings.reward)
+        stages = staged_reward(st.validation_failures(), st.outcome(self.task, self.settings.reward_pick),
+                               self.settings.reward)
         jobs = [_job_summary(r) for r in st.jobs]
         usd = self.ledger.episode_totals(self.id).usd if self.ledger is not None else 0.0
         result = EpisodeResult(
             episode_id=self.id, task=self.task.name, family=self.task.family, status=self.status,
             reward=stages.to_dict(), turns=self.turns, n_turns=st.turns, jobs=jobs,
             choices=submitted_choices(self.dir / "jobs"), tokens_in=self.tokens_in, tokens_out=self.tokens_out,
-            usd=usd, seconds=time.time() - self._t0,
+            usd=usd, seconds=time.time() - self._t0, strategy=self.strategy_summary(),
         )
         self._log({"event": "reward", **stages.to_dict()})
         self._traj.close()
@@ -260,9 +299,35 @@ class Episode:
         os.replace(tmp, self.dir / "summary.json")
         return result
 
+    def strategy_summary(self) -> dict[str, Any]:
+        """Strategy labels of the jobs (from what ran), switch metrics and the steering layer's records."""
+        from outer_loop.strategy import from_dict, job_labels, sequence_metrics
+
+        jobs = job_labels(self.dir / "jobs")
+        out: dict[str, Any] = {"jobs": jobs, **sequence_metrics([from_dict(j["label"]) for j in jobs])}
+        if self.steering is not None:
+            out["steering"] = self.steering.summary()
+        return out
+
     def _log(self, record: dict[str, Any]) -> None:
         self._traj.write(json.dumps({"t": round(time.time() - self._t0, 3), **record}, default=str) + "\n")
         self._traj.flush()
+
+
+def play_all(episodes: list[Episode], run_jobs) -> None:
+    """Play deferred-job episodes to their end: whenever some wait for a job's result (``Episode.waiting``),
+    ``run_jobs(waiting)`` runs their pending jobs (all at once, e.g. through an executor) and completes them,
+    and those episodes go on with the results in their conversation. With one job per episode this is
+    ``play`` then ``run_jobs`` once."""
+    for ep in episodes:
+        ep.play()
+    while True:
+        waiting = [ep for ep in episodes if ep.waiting]
+        if not waiting:
+            return
+        run_jobs(waiting)
+        for ep in waiting:
+            ep.play()
 
 
 def compact_tool_schemas(schemas: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -10,12 +10,17 @@ Objective (per outer step, maximised; we minimise its negative)::
     A_e   = (R_e - mean_{group}(R)) [/ (std_{group}(R) + 1e-6) if scale_by_std]
     KL_t  = exp(ref_t - new_t) - (ref_t - new_t) - 1                  # k3 estimator, ref = adapter disabled
 
-where T is the number of agent tokens in the batch (a token-level mean, as in DAPO), mu is the
+where T is the number of agent tokens in the batch (``loss_aggregation="token"``: a token-level mean,
+as in DAPO) or, with ``loss_aggregation="episode"``, each token is weighted by 1 / (its episode's agent
+tokens) so that every episode counts once whatever its length (a long, rambling episode with a
+negative advantage cannot dominate the step: the failure that makes small policies collapse); mu is the
 policy that sampled the rollout (its log-probs are recorded by the backend at sampling time, at the
 sampling temperature), and only the agent's own sampled tokens count: prompts, tool results and
 the harness's messages are context, never targets. Rollouts sampled by a policy more than
 ``max_steps_off_policy`` updates old are dropped before they reach this module. There is no value
-function; with ``beta = 0`` no reference forward pass is made.
+function; with ``beta = 0`` no reference forward pass is made. Each epoch over a step's batch is ONE
+optimizer step (the micro-batches' gradients are accumulated, normalised over the whole batch), so
+every update compares whole groups; ``epochs > 1`` re-uses the batch with the ratio clipped.
 
 Usage::
 
@@ -56,6 +61,11 @@ class PolicyConfig:
     micro_batch_size: int = 8       # turn samples per forward pass
     max_grad_norm: float = 1.0
     weight_decay: float = 0.0
+    loss_aggregation: str = "token"  # "token" (DAPO) | "episode" (each episode weighs the same)
+
+    def __post_init__(self) -> None:
+        if self.loss_aggregation not in ("token", "episode"):
+            raise ValueError(f"loss_aggregation must be 'token' or 'episode', got {self.loss_aggregation!r}")
 
 
 @dataclass
@@ -69,6 +79,7 @@ class TurnSample:
     temperature: float = 1.0
     policy_version: int = 0
     episode_id: str = ""
+    weight: float = 1.0              # per-token weight (1 / episode tokens with loss_aggregation="episode")
 
 
 def group_advantages(rewards: Sequence[float], scale_by_std: bool = False) -> list[float]:
@@ -104,6 +115,7 @@ def collate(samples: list[TurnSample], pad_id: int) -> dict[str, torch.Tensor]:
         "old_logprobs": old,
         "advantages": torch.tensor([s.advantage for s in samples], dtype=torch.float32),
         "temperature": torch.tensor([s.temperature for s in samples], dtype=torch.float32),
+        "weights": torch.tensor([s.weight for s in samples], dtype=torch.float32),
     }
 
 
@@ -136,6 +148,8 @@ class PolicyModule(L.LightningModule):
         self._optimizer: torch.optim.Optimizer | None = None
         self.last_stats: dict[str, float] = {}
         self._acc: dict[str, list[float]] = {}
+        self.norm: float | None = None   # sum of token weights of the whole step (set by AgentPolicy.update)
+        self.accumulate = 1              # micro-batches per optimizer step
 
     def configure_optimizers(self):
         # One optimizer for the whole training: a fresh Trainer per outer step reuses it, so Adam's
@@ -161,11 +175,17 @@ class PolicyModule(L.LightningModule):
             kl = torch.exp(delta) - delta - 1
             per_token = per_token + cfg.kl_beta * kl
         n_tokens = mask.sum().clamp(min=1.0)
-        loss = (per_token * mask).sum() / n_tokens
+        weighted = mask * batch["weights"].view(-1, 1)    # all ones with token aggregation
+        # Normalised over the whole step's batch (not this micro-batch), and the gradients of every
+        # micro-batch are accumulated into one optimizer step per epoch: each update sees whole
+        # groups, so a micro-batch holding one bad episode cannot move the policy on its own.
+        # Lightning divides a returned loss by accumulate_grad_batches; ``accumulate`` undoes that.
+        norm = self.norm if self.norm is not None else weighted.sum().clamp(min=1e-12)
+        loss = (per_token * weighted).sum() / norm * self.accumulate
         with torch.no_grad():
             clipped = ((ratio - 1).abs() > cfg.clip_eps_low).float()
             for k, v in {
-                "loss": loss.item(),
+                "loss": loss.item() / self.accumulate,
                 "ratio_mean": ((ratio * mask).sum() / n_tokens).item(),
                 "clip_frac": ((clipped * mask).sum() / n_tokens).item(),
                 "kl": ((kl * mask).sum() / n_tokens).item(),
@@ -175,7 +195,10 @@ class PolicyModule(L.LightningModule):
         return loss
 
     def on_train_epoch_end(self):
-        self.last_stats = {k: (sum(v) if k == "tokens" else sum(v) / len(v)) for k, v in self._acc.items()}
+        # loss: the step's objective (its micro-batch parts add up); tokens: a count; the rest: means.
+        epochs = self.current_epoch + 1
+        self.last_stats = {k: (sum(v) / epochs if k in ("tokens", "loss") else sum(v) / len(v))
+                           for k, v in self._acc.items()}
 
 
 class AgentPolicy:
@@ -214,7 +237,11 @@ class AgentPolicy:
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         loader = DataLoader(samples, batch_size=self.config.micro_batch_size, shuffle=False,
                             collate_fn=lambda b: collate(b, pad))
+        n_batches = math.ceil(len(samples) / self.config.micro_batch_size)
+        self.module.norm = max(1e-12, sum(s.weight * len(s.completion_ids) for s in samples))
+        self.module.accumulate = n_batches
         kwargs = dict(accelerator="cpu", devices=1, max_epochs=self.config.epochs, logger=False,
+                      accumulate_grad_batches=n_batches,
                       enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                       gradient_clip_val=self.config.max_grad_norm, num_sanity_val_steps=0)
         kwargs.update(self.trainer_kwargs)

@@ -36,14 +36,30 @@ def episode_settings(cfg: DictConfig) -> EpisodeSettings:
     return EpisodeSettings(max_turns=int(a.max_turns), max_jobs=int(cfg.budget.max_jobs_per_episode),
                            temperature=float(a.temperature), max_new_tokens=int(a.max_new_tokens),
                            validate_dry_run=bool(a.validate_dry_run), tool_schemas=str(a.tool_schemas),
-                           reward=RewardWeights())
+                           reward=RewardWeights(), reward_pick=str(cfg.strategy.episode_reward))
 
 
 def job_kwargs(cfg: DictConfig) -> dict[str, Any]:
     """Keyword arguments of every ``run_job`` call from the inner and hardware groups."""
     return {"cache_dir": cfg.cache_dir, "hidden_n": cfg.inner.eval_size, "timeout_s": cfg.inner.timeout_s,
             "price_per_hour": float(cfg.hardware.usd_per_hour), "threads": cfg.hardware.threads_per_job,
-            "warm": bool(cfg.inner.warm_workers)}
+            "warm": bool(cfg.inner.warm_workers), "cache": bool(cfg.inner.cache), "sandbox": sandbox_settings(cfg)}
+
+
+def sandbox_settings(cfg: DictConfig) -> dict[str, Any]:
+    """``run_job(sandbox=...)`` / ``validate_job(sandbox=...)`` from the inner group (``inner_loop.sandbox``)."""
+    from inner_loop.sandbox import SandboxPolicy
+
+    return SandboxPolicy.from_config(cfg.inner).as_dict()
+
+
+def steering_factory(cfg: DictConfig, run_dir: Path, ledger=None):
+    """A callable giving each training episode its strategy layer, or None with ``strategy=none``."""
+    from outer_loop.steering import make_steering, wanted
+
+    if not wanted(cfg.strategy):
+        return None
+    return lambda: make_steering(cfg.strategy, run_dir=run_dir, ledger=ledger, cache_dir=cfg.cache_dir)
 
 
 def train_settings(cfg: DictConfig) -> TrainSettings:
@@ -58,7 +74,8 @@ def train_settings(cfg: DictConfig) -> TrainSettings:
                           clip_eps_low=float(o.clip_eps),
                           clip_eps_high=float(o.clip_eps_high if o.clip_eps_high is not None else o.clip_eps),
                           kl_beta=float(o.kl_beta), scale_by_std=bool(o.scale_by_std), epochs=int(o.epochs),
-                          micro_batch_size=int(o.micro_batch_size), max_grad_norm=float(o.max_grad_norm))
+                          micro_batch_size=int(o.micro_batch_size), max_grad_norm=float(o.max_grad_norm),
+                          loss_aggregation=str(o.loss_aggregation))
     return TrainSettings(steps=int(o.steps), tasks_per_step=int(o.tasks_per_step), group_size=int(o.group_size),
                          train_tasks=spec_paths(cfg, families),
                          heldout_tasks=spec_paths(cfg, cfg.task.held_out_families),
@@ -94,9 +111,30 @@ def agent_dir(cfg: DictConfig) -> Path:
 
 def make_executor(cfg: DictConfig):
     """The inner-job executor of the hardware group."""
+    from omegaconf import OmegaConf
+
     from inner_loop.executor import make_executor as make
 
-    return make(str(cfg.hardware.executor), max_parallel=int(cfg.hardware.max_parallel_jobs))
+    h = cfg.hardware
+    return make(str(h.executor), max_parallel=int(h.max_parallel_jobs), threads=h.threads_per_job,
+                folder=str(h.launcher_dir), partition=h.slurm_partition, gpus_per_job=int(h.gpus_per_job),
+                cpus_per_job=h.cpus_per_job, mem_gb=h.mem_gb, time_limit_min=h.time_limit_min,
+                additional=OmegaConf.to_container(h.slurm_additional, resolve=True), address=h.ray_address)
+
+
+def execution_plan(cfg: DictConfig) -> dict[str, Any]:
+    """How ``at-train`` would run inner jobs (the executor's plan for one outer step's batch), without running any."""
+    from agent_trainer.paths import resolve_path
+    from evaluation.tasks import load_task
+
+    settings = train_settings(cfg)
+    executor = make_executor(cfg)
+    task = load_task(resolve_path(settings.train_tasks[0]))
+    n_jobs = settings.tasks_per_step * settings.group_size * int(cfg.budget.max_jobs_per_episode)
+    batch = [dict(job_dir=f"<episode {i}>/job", task=task, **settings.job_kwargs) for i in range(n_jobs)]
+    return {"device": str(cfg.hardware.device), "gpus_per_job": int(cfg.hardware.gpus_per_job),
+            "jobs_per_step_max": n_jobs, "job_cache": bool(cfg.inner.cache), "warm_workers": bool(cfg.inner.warm_workers),
+            **executor.plan(batch)}
 
 
 def build_trainer(cfg: DictConfig, run_dir: Path, *, tracker=None, resume: bool = False) -> Trainer:
@@ -108,5 +146,7 @@ def build_trainer(cfg: DictConfig, run_dir: Path, *, tracker=None, resume: bool 
 
     settings = train_settings(cfg)
     state = prepare_resume(run_dir) if resume else None  # before the ledger is opened: it may truncate it
-    return Trainer(settings, run_dir, agent_dir(cfg), ledger=make_ledger(cfg, run_dir), tracker=tracker,
-                   executor=make_executor(cfg), state=state)
+    ledger = make_ledger(cfg, run_dir)
+    return Trainer(settings, run_dir, agent_dir(cfg), ledger=ledger, tracker=tracker,
+                   executor=make_executor(cfg), state=state, model_name=str(cfg.agent.model),
+                   steering=steering_factory(cfg, run_dir, ledger))

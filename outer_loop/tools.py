@@ -136,6 +136,8 @@ def check_arguments(schema: dict[str, Any], arguments: Any) -> tuple[dict[str, A
             arguments = json.loads(arguments) if arguments.strip() else {}
         except json.JSONDecodeError as e:
             return None, f"{name}: arguments are not valid JSON ({e.msg} at char {e.pos}); send a JSON object"
+        except (ValueError, RecursionError):  # a number of thousands of digits, nesting too deep
+            return None, f"{name}: arguments cannot be read (too deeply nested or a huge number); send a JSON object"
     if arguments is None:
         arguments = {}
     if not isinstance(arguments, dict):
@@ -152,7 +154,18 @@ def check_arguments(schema: dict[str, Any], arguments: Any) -> tuple[dict[str, A
         ok = isinstance(value, _TYPES[want]) and not (want in ("integer", "number") and isinstance(value, bool))
         if not ok:
             return None, f"{name}: argument {key} must be of type {want}, got {type(value).__name__} ({value!r:.40})"
+        if isinstance(value, str) and not _utf8(value):
+            return None, f"{name}: argument {key} holds characters that are not valid Unicode (lone surrogates)"
     return arguments, ""
+
+
+def _utf8(text: str) -> bool:
+    """False for text with lone surrogates (from JSON ``\\udXXX`` escapes): no file or template can hold it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 class ToolBox:
@@ -171,6 +184,8 @@ class ToolBox:
         self.ledger, self.episode, self.device = ledger, episode, device
         self.job_kwargs = dict(job_kwargs or {})
         self.validate_kwargs = dict(validate_kwargs or {})
+        if "sandbox" in self.job_kwargs:  # validate_job's dry run calls agent rewards under the same policy
+            self.validate_kwargs.setdefault("sandbox", self.job_kwargs["sandbox"])
         self.compute_missing_baselines = compute_missing_baselines
         self.defer_jobs = defer_jobs
         self.state = EpisodeState()
@@ -182,6 +197,11 @@ class ToolBox:
         self._schemas = {s["function"]["name"]: s for s in SCHEMAS}
 
     # --- the episode runner's side --------------------------------------------------------
+    def register(self, schema: dict[str, Any], impl: Callable[..., ToolResult]) -> None:
+        """Add a tool (the strategy group's journal, skill and decide tools); arguments are checked by its schema."""
+        name = schema["function"]["name"]
+        self._schemas[name], self._impl[name] = schema, impl
+
     def schemas(self) -> list[dict[str, Any]]:
         """Tool schemas in OpenAI function format."""
         return [self._schemas[n] for n in self._impl]
@@ -201,8 +221,8 @@ class ToolBox:
 
     def call(self, name: str, arguments: Any = None) -> ToolResult:
         """Run one tool call; every failure is a ``ToolResult(ok=False)`` with a message, never an exception."""
-        if name not in self._impl:
-            return ToolResult(f"unknown tool {name!r}; the tools are: {', '.join(self._impl)}", ok=False)
+        if not isinstance(name, str) or name not in self._impl:
+            return ToolResult(f"unknown tool {name!r:.80}; the tools are: {', '.join(self._impl)}", ok=False)
         if self.state.finished:
             return ToolResult("the episode is finished; no more tool calls are run", ok=False)
         args, problem = check_arguments(self._schemas[name], arguments)
@@ -212,6 +232,8 @@ class ToolBox:
             result = self._impl[name](**args)
         except WorkspaceError as e:
             result = ToolResult(str(e), ok=False)
+        except OSError as e:  # the file system refused (a name it cannot hold, no space): say so, not where
+            result = ToolResult(f"{name}: the file system refused it ({e.strerror or type(e).__name__})", ok=False)
         except Exception as e:  # a tool's own bug must not end the episode; the agent sees a short line
             result = ToolResult(f"{name} failed: {type(e).__name__}: {e}", ok=False)
         if len(result.text) > self.limits.max_result_chars:
@@ -228,6 +250,10 @@ class ToolBox:
         if offset < 0:
             return ToolResult("offset must be >= 0", ok=False)
         text, total = self.ws.read(path, offset=offset, max_chars=self.limits.max_read_chars)
+        if offset and offset >= total:
+            return ToolResult(f"offset {offset} is past the end of {path} ({total} characters)", ok=False)
+        if not total:
+            return ToolResult(f"{path} is empty", data={"path": path, "offset": 0, "chars": 0, "total": 0})
         end = offset + len(text)
         more = f"\n... ({total - end} more characters; read_file with offset {end})" if end < total else ""
         return ToolResult(text + more, data={"path": path, "offset": offset, "chars": len(text), "total": total})
@@ -239,6 +265,10 @@ class ToolBox:
 
     def _lookup_baseline(self, model: str, family: str | None = None) -> ToolResult:
         family = family or self.task.family
+        from evaluation.families import FAMILIES
+
+        if family not in FAMILIES:
+            return ToolResult(f"unknown family {family!r:.60}; this task's family is {self.task.family}", ok=False)
         try:
             from inner_loop.models import resolve_model
 
@@ -297,8 +327,10 @@ class ToolBox:
         if self.defer_jobs:
             # The episode runner runs every pending job of a batch in parallel, then calls complete().
             self.state.pending.append(pending)
-            return ToolResult(f"job {pending.agent_path} submitted; it runs when this episode's turns are over",
-                              data={"pending": k})
+            # With jobs left the episode waits for the result (Episode.waiting) before the agent's next turn.
+            when = ("its result follows when it has run" if self.state.submitted < self.limits.max_jobs
+                    else "it runs when this episode's turns are over")
+            return ToolResult(f"job {pending.agent_path} submitted; {when}", data={"pending": k})
         from inner_loop.job import run_job
 
         result = run_job(snapshot, self.task, output_dir=output, **self.job_kwargs)

@@ -9,7 +9,7 @@ the adapter (``outer_loop.policy``); checkpoint; log. Held-out families are play
     >>> from outer_loop.train import TrainSettings, train
     >>> summary = train(settings, run_dir, agent_dir=resolve_model("tiny-agent"), tracker=tracker)
 
-Run folder: ``checkpoints/step_NNNN/`` (adapter, optimizer, ``state.json``; a step is complete
+Run folder: ``checkpoints/step_NNNN/`` (adapter, optimizer, ``replay.json``, ``state.json``; a step is complete
 when its folder exists, it is renamed into place last), ``episodes/sNNNN-<task>-<g>/``,
 ``metrics.jsonl`` (one line per complete step), ``ledger.jsonl``, ``plots/*.png``.
 
@@ -35,6 +35,7 @@ from outer_loop.policy import AgentPolicy, PolicyConfig, TurnSample, group_advan
 
 CKPT_DIR = "checkpoints"
 METRICS_FILE = "metrics.jsonl"
+REPLAY_FILE = "replay.json"      # rollouts kept for the next update (max_steps_off_policy > 0)
 
 
 @dataclass
@@ -161,8 +162,12 @@ class Trainer:
     """The rollout loop around an ``AgentPolicy``."""
 
     def __init__(self, settings: TrainSettings, run_dir: str | Path, agent_dir: str | Path, *, ledger=None,
-                 tracker=None, executor=None, state: StepState | None = None, progress: bool = True):
-        """``state``: from ``prepare_resume`` to continue a run (open the ledger after that call)."""
+                 tracker=None, executor=None, state: StepState | None = None, progress: bool = True,
+                 model_name: str | None = None, steering=None):
+        """``state``: from ``prepare_resume`` to continue a run (open the ledger after that call);
+        ``model_name``: the agent's name in the ledger's price table (default: the folder's name);
+        ``steering``: a callable giving each episode its strategy layer (``outer_loop.steering.make_steering``)."""
+        self.steering = steering
         from outer_loop.backends.local import LocalBackend
 
         self.s, self.run_dir = settings, Path(run_dir)
@@ -173,14 +178,19 @@ class Trainer:
         if not self.train_tasks:
             raise ValueError("outer.train_tasks is empty: list task spec files of the training families")
         self.executor = executor
+        self.job_stats: dict[str, float] = {}  # this step's cache hits/misses and job time split (_count_jobs)
         self.state = state or StepState()
+        self.replay: list[TurnSample] = []   # rollouts kept for reuse while <= max_steps_off_policy old
         ckpt = last_complete_step(self.run_dir) if state is not None else None
         if ckpt is not None:
             self.policy = AgentPolicy.from_pretrained(agent_dir, settings.policy, adapter_dir=ckpt / "adapter")
             self.policy.load_state(ckpt)
+            if (ckpt / REPLAY_FILE).exists():
+                self.replay = [TurnSample(**d) for d in json.loads((ckpt / REPLAY_FILE).read_text())]
         else:
             self.policy = AgentPolicy.from_pretrained(agent_dir, settings.policy)
-        self.backend = LocalBackend(self.policy.model, self.policy.tokenizer, device="cpu", model_name="tiny-agent")
+        self.model_name = model_name or Path(agent_dir).name.split("-seed")[0]
+        self.backend = LocalBackend(self.policy.model, self.policy.tokenizer, device="cpu", model_name=self.model_name)
 
     # --- one step --------------------------------------------------------------------------
     def _tasks_for(self, step: int) -> list:
@@ -189,18 +199,21 @@ class Trainer:
         return rng.sample(self.train_tasks, k)
 
     def play(self, tasks: list, group: int, step: int, tag: str) -> list[Episode]:
-        """Agent turns of ``group`` episodes per task (their jobs are submitted, not yet run)."""
+        """``group`` episodes per task played to their end; their jobs run batch-wise through ``run_jobs``
+        (with several jobs per episode, each waits for its job's result before writing the next)."""
+        from outer_loop.episode import play_all
+
         episodes = []
         for t_i, task in enumerate(tasks):
             for g in range(group):
                 ep_dir = self.run_dir / "episodes" / f"s{step:04d}-{tag}-{task.name}-{g}"
                 if ep_dir.exists():
                     shutil.rmtree(ep_dir)
-                ep = Episode(self.backend, task, ep_dir, ledger=self.ledger, settings=self.s.episode,
-                             episode_id=ep_dir.name, seed=hash((self.s.seed, step, t_i, g)) % (2**31),
-                             defer_jobs=True, job_kwargs=self.s.job_kwargs, model_name="tiny-agent")
-                ep.play()
-                episodes.append(ep)
+                episodes.append(Episode(self.backend, task, ep_dir, ledger=self.ledger, settings=self.s.episode,
+                                        episode_id=ep_dir.name, seed=hash((self.s.seed, step, t_i, g)) % (2**31),
+                                        defer_jobs=True, job_kwargs=self.s.job_kwargs, model_name=self.model_name,
+                                        steering=self.steering() if self.steering else None))
+        play_all(episodes, self.run_jobs)
         return episodes
 
     def run_jobs(self, episodes: list[Episode]) -> None:
@@ -210,32 +223,55 @@ class Trainer:
             return
         requests = [dict(job_dir=p.job_dir, task=ep.task, output_dir=p.output_dir, **self.s.job_kwargs)
                     for ep, p in pending]
+        t0 = time.time()
         if self.executor is None:
             from inner_loop.job import run_job
 
             results = [run_job(**r) for r in requests]
         else:
             results = self.executor.run(requests)
+        self.job_stats["seconds_jobs"] = self.job_stats.get("seconds_jobs", 0.0) + time.time() - t0
+        self._count_jobs(results)
         for (ep, p), res in zip(pending, results):
             ep.complete_job(p, res)
 
+    def _count_jobs(self, results: list) -> None:
+        """Add a batch's cache hits/misses and where its jobs' time went (summed over jobs) to ``job_stats``.
+
+        A cache hit's validate/process/eval seconds are the original run's: only its lookup counts."""
+        from inner_loop.cache import cache_counts
+
+        st = self.job_stats
+        for k, v in cache_counts(results).items():
+            st[f"cache_{k}"] = st.get(f"cache_{k}", 0.0) + v
+        for k in ("validate", "process", "eval"):
+            st[f"seconds_jobs_{k}"] = st.get(f"seconds_jobs_{k}", 0.0) + sum(
+                float(r.seconds.get(k, 0.0)) for r in results if not getattr(r, "cached", False))
+
     def step(self, step: int) -> dict[str, float]:
         t0 = time.time()
+        self.job_stats = dict.fromkeys(("cache_hits", "cache_misses", "seconds_jobs_validate", "seconds_jobs_process",
+                                        "seconds_jobs_eval"), 0.0)
         tasks = self._tasks_for(step)
         episodes = self.play(tasks, self.s.group_size, step, "train")
-        t1 = time.time()
-        self.run_jobs(episodes)
         t2 = time.time()
+        jobs_s = self.job_stats.pop("seconds_jobs", 0.0)
         results = [ep.finish() for ep in episodes]
-        samples = self.samples(results, tasks)
-        update = self.policy.update(samples) if samples else {"skipped": 1.0}
+        fresh = self.samples(results, tasks)
+        samples = self.with_replay(fresh)
+        update = self.policy.update(samples) if fresh else {"skipped": 1.0}
+        update["replayed"] = float(len(samples) - len(fresh))
         t3 = time.time()
-        seconds = {"sampling": t1 - t0, "jobs": t2 - t1, "update": t3 - t2}
+        seconds = {"sampling": t2 - t0 - jobs_s, "jobs": jobs_s, "update": t3 - t2}
         metrics = step_metrics(results, update, seconds, self.ledger)
+        from outer_loop.strategy import run_metrics
+
+        metrics.update(run_metrics([r.strategy for r in results if getattr(r, "strategy", None)]))
         if self.heldout_tasks and self.s.heldout_every > 0 and (step + 1) % self.s.heldout_every == 0:
             held = self.play(self.heldout_tasks, self.s.heldout_group_size, step, "heldout")
-            self.run_jobs(held)
+            self.job_stats.pop("seconds_jobs", None)
             metrics.update(step_metrics([ep.finish() for ep in held], {}, {}, None, prefix="heldout_"))
+        metrics.update(self.job_stats)
         metrics["seconds_step"] = time.time() - t0
         return metrics
 
@@ -246,10 +282,22 @@ class Trainer:
             group = [r for r in results if r.task == task.name]
             adv = group_advantages([r.reward["total"] for r in group], self.s.policy.scale_by_std)
             for r, a in zip(group, adv):
+                n_tokens = sum(len(t.completion_ids) for t in r.turns)
+                weight = 1.0 / n_tokens if self.s.policy.loss_aggregation == "episode" and n_tokens else 1.0
                 for t in r.turns:
                     out.append(TurnSample(t.prompt_ids, t.completion_ids, t.logprobs, a, t.temperature,
-                                          self.policy.version, r.episode_id))
+                                          self.policy.version, r.episode_id, weight))
         return out
+
+    def with_replay(self, fresh: list[TurnSample]) -> list[TurnSample]:
+        """This step's samples plus the kept ones at most ``max_steps_off_policy`` updates old.
+
+        Older rollouts are dropped here; the kept ones enter the clipped objective with their own
+        sampler log-probs, so the importance ratio corrects for the policy having moved since."""
+        limit = self.s.max_steps_off_policy
+        kept = [s for s in self.replay if self.policy.version - s.policy_version <= limit] if limit > 0 else []
+        self.replay = [s for s in kept + fresh if self.policy.version + 1 - s.policy_version <= limit]
+        return fresh + kept
 
     # --- the loop --------------------------------------------------------------------------
     def checkpoint(self, step: int, metrics: dict[str, float]) -> None:
@@ -259,6 +307,7 @@ class Trainer:
         if tmp.exists():
             shutil.rmtree(tmp)
         self.policy.save(tmp)
+        (tmp / REPLAY_FILE).write_text(json.dumps([asdict(s) for s in self.replay]))
         with open(self.run_dir / METRICS_FILE, "a") as fh:
             fh.write(json.dumps({"step": step, **metrics}) + "\n")
             fh.flush()
@@ -276,9 +325,15 @@ class Trainer:
 
         have = read_metrics(self.tracker.tracking_uri, self.tracker.run_id, ["reward_mean"]).get("reward_mean", [])
         logged = {s for s, _ in have}
-        for row in read_metrics_file(self.run_dir):
-            if row["step"] not in logged:
-                self.tracker.log_metrics({k: v for k, v in row.items() if k != "step"}, step=row["step"])
+        rows = [row for row in read_metrics_file(self.run_dir) if row["step"] not in logged]
+        children = self.tracker.child_names() if rows else set()
+        for row in rows:
+            # Nested episode runs first, then the step's metrics: a kill in between re-logs only the
+            # children that are missing (by name), so each appears once.
+            for summary in sorted((self.run_dir / "episodes").glob(f"s{row['step']:04d}-*/summary.json")):
+                if summary.parent.name not in children:
+                    log_episode_run(self.tracker, json.loads(summary.read_text()), row["step"])
+            self.tracker.log_metrics({k: v for k, v in row.items() if k != "step"}, step=row["step"])
 
     def fit(self) -> list[dict]:
         """Run the remaining steps; returns every complete step's metrics."""
@@ -305,6 +360,18 @@ class Trainer:
         summary["run_dir"] = str(self.run_dir)
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         return summary
+
+
+def log_episode_run(tracker, summary: dict[str, Any], step: int) -> None:
+    """One nested MLflow run per episode: its choices as params, its stages and cost as metrics."""
+    reward = summary.get("reward") or {}
+    with tracker.child(summary["episode_id"], tags={"step": step, "task": summary.get("task"),
+                                                     "split": "heldout" if "-heldout-" in summary["episode_id"] else "train"}) as ep:
+        ep.log_params({f"choice.{k}": v for k, v in (summary.get("choices") or {}).items()})
+        metrics = {f"reward_{k}": v for k, v in reward.items() if not k.startswith("w_") and isinstance(v, (int, float))}
+        metrics.update({k: summary.get(k) for k in ("tokens_in", "tokens_out", "usd", "n_turns")
+                        if isinstance(summary.get(k), (int, float))})
+        ep.log_metrics(metrics, step=step)
 
 
 def summarize(rows: list[dict], k: int = 3) -> dict[str, Any]:

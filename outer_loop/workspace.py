@@ -62,6 +62,9 @@ class Workspace:
             raise WorkspaceError(f"path {path!r} is absolute; use a path relative to the workspace, e.g. job.yaml")
         if ".." in p.parts:
             raise WorkspaceError(f"path {path!r} leaves the workspace ('..'); only files inside it can be used")
+        if len(path.encode("utf-8", "surrogatepass")) > 1024 or any(len(x.encode("utf-8", "surrogatepass")) > 255
+                                                                    for x in p.parts):
+            raise WorkspaceError(f"path {path[:40]!r}... is too long; use short names (at most 255 bytes a part)")
         target = self.root.joinpath(*p.parts) if p.parts != (".",) else self.root
         real = target.resolve()
         if real != self.root and self.root not in real.parents:
@@ -171,6 +174,8 @@ def guide_text(task=None) -> str:
         lines += _schema_lines(JobSpec, indent=0)
     except Exception as e:  # the guide must still be written if the schema module is broken
         lines.append(f"(schema unavailable: {type(e).__name__}; validate_job lists the fields it expects)")
+    lines += ["", "Strategies: algorithm sft | grpo | dpo; data curated (sources), self_generated (sft) or your "
+              "data.jsonl; stages to chain them (e.g. sft then grpo)."]
     lines += ["", "## Reward library (reward.functions[].name with source: library)"]
     try:
         from inner_loop.rewards import describe_library
@@ -185,11 +190,12 @@ def guide_text(task=None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _schema_lines(model, indent: int) -> list[str]:
-    """One line per field: name, type, default, description; nested models expanded below."""
+def _schema_lines(model, indent: int, shown: set | None = None) -> list[str]:
+    """One line per field: name, type, default, description; nested models expanded below, once each."""
     from pydantic import BaseModel
     from pydantic_core import PydanticUndefined
 
+    shown = set() if shown is None else shown
     out = []
     for name, f in model.model_fields.items():
         ann = f.annotation
@@ -203,9 +209,12 @@ def _schema_lines(model, indent: int) -> list[str]:
         else:
             default = f"default: {_yaml_value(f.default)}" if f.default is not PydanticUndefined else ""
         desc = f" - {f.description}" if f.description else ""
+        if nested is not None and nested in shown:  # a stage repeats the job's blocks: point at them
+            desc += " (fields as above)"
         out.append(f"{'  ' * indent}- {name} ({typ}; {default}){desc}")
-        if nested is not None:
-            out += _schema_lines(nested, indent + 1)
+        if nested is not None and nested not in shown:
+            shown.add(nested)
+            out += _schema_lines(nested, indent + 1, shown)
     return out
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import importlib
+import sys
 
 # (module, class): raised for things a user can fix (bad spec, unknown family, missing weights).
 USER_ERROR_CLASSES = (
@@ -16,12 +16,16 @@ USER_ERROR_CLASSES = (
 
 
 def user_errors() -> tuple[type[BaseException], ...]:
-    """The classes above that exist in this checkout (packages still being written are skipped)."""
+    """The classes above whose modules are loaded (packages still being written are skipped).
+
+    Only loaded modules: an exception of a class can only have been raised once its module was
+    imported, and importing the others here (torch, transformers) would delay a one-line error by
+    seconds.
+    """
     found = []
     for module, name in USER_ERROR_CLASSES:
-        try:
-            cls = getattr(importlib.import_module(module), name)
-        except (ImportError, AttributeError):
+        cls = getattr(sys.modules.get(module), name, None)
+        if cls is None:
             continue
         if isinstance(cls, type) and issubclass(cls, BaseException):
             found.append(cls)

@@ -16,7 +16,7 @@ from omegaconf import DictConfig
 from agent_trainer import cli
 from agent_trainer.config import CONFIG_DIR
 from agent_trainer.paths import resolve_path
-from agent_trainer.tracking import Tracker
+from agent_trainer.tracking import Tracker, check_reachable
 from scripts._errors import user_errors
 
 
@@ -44,17 +44,21 @@ def run(cfg: DictConfig) -> float | None:
     folder = cli.start_run(cfg)
     if cfg.dry_run:
         return None
+    check_reachable(cfg)  # a closed MLflow server fails here, in seconds
     from evaluation.tasks import load_task
     from outer_loop.episode import Episode
     from outer_loop.run_config import episode_settings, job_kwargs, make_ledger
+    from outer_loop.steering import make_steering
 
     task = load_task(resolve_path(cfg.task.spec_path))
     backend = make_agent_backend(cfg)
     ledger = make_ledger(cfg, folder)
     with Tracker.from_config(cfg, run_name=f"episode-{folder.name}", tags={"command": "at-episode"}) as tr:
         tr.log_config(cfg)
+        steering = make_steering(cfg.strategy, run_dir=folder, ledger=ledger, cache_dir=cfg.cache_dir)
         ep = Episode(backend, task, folder / "episodes" / "0", ledger=ledger, settings=episode_settings(cfg),
-                     episode_id="0", seed=int(cfg.seed), job_kwargs=job_kwargs(cfg), model_name=str(cfg.agent.model))
+                     episode_id="0", seed=int(cfg.seed), job_kwargs=job_kwargs(cfg), model_name=str(cfg.agent.model),
+                     steering=steering)
         print(f"at-episode: {cfg.agent.backend} agent {cfg.agent.model} on {task.name} ...")
         ep.play()
         result = ep.finish()
@@ -62,6 +66,7 @@ def run(cfg: DictConfig) -> float | None:
         tr.log_metrics({f"reward_{k}": float(v) for k, v in stages.items() if isinstance(v, (int, float))
                         and not isinstance(v, bool)} | {"tokens": float(result.tokens_in + result.tokens_out),
                                                         "usd": float(result.usd), "turns": float(result.n_turns)})
+        log_strategy(tr, result.strategy)
         tr.log_artifact(ep.dir / "trajectory.jsonl")
         tr.log_artifact(ep.dir / "summary.json")
     ledger.close()
@@ -72,10 +77,24 @@ def run(cfg: DictConfig) -> float | None:
         "validation": f"{stages['validation']:.3f}", "job_success": f"{stages['job_success']:.3f}",
         "quality": f"{stages['quality']:.3f}", "speed": f"{stages['speed']:.3f}",
         "hidden_score": _fmt(stages.get("post_score")), "baseline": _fmt(stages.get("baseline")),
+        "strategies": " -> ".join(result.strategy.get("sequence", [])) or "-",
+        "switches": f"{result.strategy.get('switches', 0)} of {result.strategy.get('pairs', 0)} adjacent pairs",
         "reward": f"{stages['total']:.4f}", "tokens": result.tokens_in + result.tokens_out,
         "usd": f"{result.usd:.5f}", "seconds": f"{result.seconds:.1f}", "folder": str(ep.dir),
     })
     return float(stages["total"])
+
+
+def log_strategy(tracker, strategy: dict) -> None:
+    """Switch metrics, the steering layer's metrics and per-job scores (step = job number) to MLflow."""
+    from outer_loop.strategy import numeric_metrics
+
+    tracker.log_metrics(numeric_metrics({k: v for k, v in strategy.items() if k != "jobs"}))
+    tracker.log_metrics((strategy.get("steering") or {}).get("metrics", {}))
+    dev = {j["job"]: j.get("dev_score") for j in (strategy.get("steering") or {}).get("jobs", [])}
+    for j in strategy.get("jobs", []):
+        tracker.log_metrics({"job_hidden_score": j.get("hidden_score"), "job_uplift": j.get("uplift"),
+                             "job_dev_score": dev.get(j["job"])}, step=j["job"])
 
 
 def _fmt(v) -> str:

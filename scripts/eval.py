@@ -19,7 +19,7 @@ from omegaconf import DictConfig
 from agent_trainer import cli
 from agent_trainer.config import CONFIG_DIR
 from agent_trainer.paths import resolve_path
-from agent_trainer.tracking import Tracker
+from agent_trainer.tracking import Tracker, check_reachable
 from scripts._errors import user_errors
 
 
@@ -28,6 +28,9 @@ def run(cfg: DictConfig) -> float | None:
     folder = cli.start_run(cfg)
     if cfg.dry_run:
         return None
+    check_reachable(cfg)  # a closed MLflow server fails here, in seconds
+    if cfg.checkpoint and not cfg.table and not resolve_path(cfg.checkpoint).is_dir():  # before the heavy imports
+        raise cli.UserError(f"checkpoint {cfg.checkpoint!r} is not a folder; give a trained model folder (config.json + safetensors)")
     from evaluation import baselines
     from evaluation.tasks import load_task
     from inner_loop.models import resolve_model
@@ -39,8 +42,6 @@ def run(cfg: DictConfig) -> float | None:
 
     from evaluation.hidden_eval import score_checkpoint
 
-    if cfg.checkpoint and not resolve_path(cfg.checkpoint).is_dir():
-        raise cli.UserError(f"checkpoint {cfg.checkpoint!r} is not a folder; give a trained model folder (config.json + safetensors)")
     base = resolve_path(cfg.model.path) if cfg.model.path else resolve_model(cfg.model.name, cache_dir=cfg.cache_dir)
     target = resolve_path(cfg.checkpoint) if cfg.checkpoint else base
     # Started before scoring so a wrong tracking URI fails in seconds, not after the evaluation.

@@ -10,15 +10,13 @@ job's outputs and ``result.json``. Returns the hidden score of the trained model
 
 from __future__ import annotations
 
-import sys
-
 import hydra
 from omegaconf import DictConfig
 
 from agent_trainer import cli
 from agent_trainer.config import CONFIG_DIR
 from agent_trainer.paths import resolve_path
-from agent_trainer.tracking import Tracker
+from agent_trainer.tracking import Tracker, check_reachable
 from scripts._errors import user_errors
 
 
@@ -27,28 +25,31 @@ def run(cfg: DictConfig) -> float | None:
     folder = cli.start_run(cfg)
     if cfg.dry_run:
         return None
+    check_reachable(cfg)  # a closed MLflow server fails here, in seconds
     job_dir = resolve_path(cfg.job_dir)
     if not (job_dir / "job.yaml").is_file():
         raise cli.UserError(f"{cfg.job_dir!r} is not a job folder (no job.yaml); e.g. at-job examples/jobs/sft_full")
     from evaluation.tasks import load_task
     from inner_loop.job import run_job
+    from inner_loop.sandbox import SandboxPolicy
 
     spec = load_task(resolve_path(cfg.task.spec_path))
-    if cfg.inner.sandbox:
-        # TODO(sandbox issue): pass the bubblewrap wrapper as run_job(wrap=...) once inner_loop has one.
-        print("at-job: note: no sandbox wrapper is available yet; the job runs unsandboxed", file=sys.stderr)
+    sandbox = SandboxPolicy.from_config(cfg.inner)
     with Tracker.from_config(cfg, run_name=f"job-{cfg.run_id}", tags={"command": "at-job", "job_dir": str(job_dir)}) as tr:
         tr.log_config(cfg)
         result = run_job(
             job_dir, spec, cache_dir=cfg.cache_dir, tracker=tr, hidden_n=cfg.inner.eval_size,
             price_per_hour=float(cfg.hardware.usd_per_hour), timeout_s=cfg.inner.timeout_s,
             output_dir=folder / "job", threads=cfg.hardware.threads_per_job, warm=bool(cfg.inner.warm_workers),
+            sandbox=sandbox, cache=bool(cfg.inner.cache),
         )
     cli.print_kv({
         "status": result.status, "detail": result.detail, "task": result.task, "base_model": result.base_model,
         "algorithm": result.algorithm, "steps": f"{result.steps}/{result.planned_steps}",
         "hidden_score": _fmt(result.hidden_score), "baseline": _fmt(result.baseline), "uplift": _fmt(result.uplift),
         "seconds": f"{result.seconds['total']:.1f}", "usd": f"{result.usd:.5f}", "output": result.output_dir,
+        **({"cached": "yes, the stored result of an identical job (inner.cache=false reruns it)"}
+           if getattr(result, "cached", False) else {}),
     })
     for finding in result.findings:
         hint = f" ({finding['hint']})" if finding.get("hint") else ""

@@ -19,7 +19,7 @@ from omegaconf import DictConfig
 
 from agent_trainer import cli
 from agent_trainer.config import CONFIG_DIR
-from agent_trainer.tracking import Tracker
+from agent_trainer.tracking import Tracker, check_reachable
 from scripts._errors import user_errors
 
 RUN_MARKER = "outer_run.json"
@@ -46,14 +46,20 @@ def run(cfg: DictConfig) -> float | None:
     """Train (or resume) on ``cfg``; returns the mean reward over the last 3 steps."""
     folder = cli.start_run(cfg)
     if cfg.dry_run:
-        from outer_loop.run_config import train_settings
+        from outer_loop.run_config import execution_plan
 
-        train_settings(cfg)  # builds every setting object: a dry run fails where a real run would
+        # Builds every setting object and the executor: a dry run fails where a real run would.
+        plan = execution_plan(cfg)
+        (folder / "plan.json").write_text(json.dumps(plan, indent=2, default=str) + "\n")
+        cli.print_kv({k: v for k, v in plan.items() if k != "sbatch"})
+        if plan.get("sbatch"):
+            print("sbatch script of one outer step's batch:\n" + plan["sbatch"])
         return None
+    check_reachable(cfg)  # a closed MLflow server fails here, in seconds
+    previous = resume_folder(cfg, folder)  # before the heavy imports: a missing run is reported at once
     from outer_loop.run_config import build_trainer, quiet_libraries
 
     quiet_libraries()  # one progress bar (outer steps), not one per model load and inner job
-    previous = resume_folder(cfg, folder)
     run_dir = previous or folder
     marker = run_dir / RUN_MARKER
     state = json.loads(marker.read_text()) if marker.is_file() else {}

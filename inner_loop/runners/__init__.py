@@ -1,7 +1,10 @@
-"""TRL runners for inner jobs: GRPO and SFT, full or LoRA, with budget/divergence guards.
+"""TRL runners for inner jobs: GRPO, SFT and DPO, full or LoRA, with budget/divergence guards.
 
     >>> from inner_loop.runners import train
     >>> report = train(spec, rows, rewards, model_path, "job/output", max_steps=200, max_seconds=90)
+
+A whole job (its stages, self-generated data, DPO pairs, the ``ran`` record) goes through
+``inner_loop.runners.stages.run_stages``, which calls ``train`` once per stage.
 
 Run them in the worker process (``python -m inner_loop.worker``), never in the harness: they
 execute the job's reward code. ``inner_loop.job.run_job`` does that for you.

@@ -120,20 +120,29 @@ class BudgetGuard(TrainerCallback):
 
 
 class StepLog(TrainerCallback):
-    """Appends one JSON line per logged step to ``train_log.jsonl`` (also the harness's progress feed)."""
+    """Appends one JSON line per logged step to ``train_log.jsonl`` (also the harness's progress feed).
 
-    def __init__(self, path: str | Path, clock: BudgetGuard):
+    A new log starts empty; ``append=True`` continues an existing one (a later stage of a job),
+    its steps counted on from ``step_offset`` and every record carrying ``fields`` (e.g. the stage).
+    """
+
+    def __init__(self, path: str | Path, clock: BudgetGuard, append: bool = False, step_offset: int = 0,
+                 fields: dict | None = None):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.path.write_text("")
+        if not append:
+            self.path.write_text("")
         self.clock = clock
+        self.step_offset = step_offset
+        self.fields = dict(fields or {})
         self.records: list[dict] = []
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         logs = dict(logs or {})
         if "train_runtime" in logs:  # the end-of-run summary, not a step
             return control
-        record = {"step": state.global_step, "seconds": round(self.clock.elapsed(), 3)}
+        record = {"step": state.global_step + self.step_offset, "seconds": round(self.clock.elapsed(), 3),
+                  **self.fields}
         if self.clock.probe_loss is not None:
             record["probe_loss"] = self.clock.probe_loss
         if "learning_rate" in logs:

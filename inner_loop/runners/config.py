@@ -2,10 +2,10 @@
 
     >>> from inner_loop.runners.config import trl_config, lora_config, planned_steps
     >>> steps = planned_steps(spec, n_rows=2000, budget_steps=200)
-    >>> cfg = trl_config(spec, "job/output/trl", max_steps=steps)   # a GRPOConfig or an SFTConfig
+    >>> cfg = trl_config(spec, "job/output/trl", max_steps=steps)   # a GRPOConfig, SFTConfig or DPOConfig
     >>> cfg.to_dict()                                                 # the effective config, logged
 
-Field names are those of TRL 1.16 (``trl/trainer/grpo_config.py``, ``sft_config.py``) and
+Field names are those of TRL 1.16 (``trl/trainer/grpo_config.py``, ``sft_config.py``, ``dpo_config.py``) and
 transformers 5 (``warmup_steps`` takes a ratio when below 1). The CPU settings come from
 FACTS.md: TRL defaults to bf16 and gradient checkpointing, both wrong on a CPU.
 """
@@ -76,7 +76,7 @@ def _common(spec: JobSpec, output_dir: Path, max_steps: int) -> dict:
 
 
 def trl_config(spec: JobSpec, output_dir: str | Path, max_steps: int, reward_weights: list[float] | None = None):
-    """The TRL ``GRPOConfig`` (for ``algorithm: grpo``) or ``SFTConfig`` (``sft``) of a job."""
+    """The TRL ``GRPOConfig`` (``algorithm: grpo``), ``SFTConfig`` (``sft``) or ``DPOConfig`` (``dpo``) of a job."""
     hp = spec.hyperparameters
     common = _common(spec, Path(output_dir), max_steps)
     if spec.algorithm == "grpo":
@@ -109,4 +109,17 @@ def trl_config(spec: JobSpec, output_dir: str | Path, max_steps: int, reward_wei
             max_length=512,
             dataset_num_proc=None,
         )
-    raise ValueError(f"unknown algorithm {spec.algorithm!r}; use grpo or sft")
+    if spec.algorithm == "dpo":
+        from trl import DPOConfig
+
+        return DPOConfig(
+            **common,
+            # batch_size counts preference pairs; the sigmoid loss of the DPO paper, the reference being
+            # the starting model (a frozen copy, or the base under the LoRA adapter).
+            beta=spec.dpo_beta(),
+            loss_type=["sigmoid"],
+            max_length=512,
+            precompute_ref_log_probs=False,
+            dataset_num_proc=None,
+        )
+    raise ValueError(f"unknown algorithm {spec.algorithm!r}; use grpo, sft or dpo")

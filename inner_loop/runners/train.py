@@ -1,16 +1,20 @@
-"""Run one inner job with TRL: GRPO or SFT, full or LoRA, budget-guarded; save a merged checkpoint.
+"""Run one inner job with TRL: GRPO, SFT or DPO, full or LoRA, budget-guarded; save a merged checkpoint.
 
     >>> from inner_loop.runners import train
     >>> report = train(spec, rows, rewards, model_path, "job/output", max_steps=200, max_seconds=90)
     >>> report.status, report.steps, report.final_reward       # "ok" | "timeout" | "diverged"
 
-``rows`` are ``{"prompt", "answer", "family"}`` dicts (``inner_loop.data.build_rows``); ``rewards``
-are ``(name, callable, weight)`` triples (``inner_loop.rewards.resolve_rewards``), used by GRPO only.
+``rows`` are ``{"prompt", "answer", "family"}`` dicts (``inner_loop.data.build_rows``; DPO rows also
+have ``chosen`` and ``rejected``); ``rewards`` are ``(name, callable, weight)`` triples
+(``inner_loop.rewards.resolve_rewards``), used by GRPO only.
 
 - GRPO: ``trl.GRPOTrainer`` on the prompts; the ``answer`` and ``family`` columns reach the
   reward callables as keyword arguments; ``reward_weights`` are the job's weights.
 - SFT: ``trl.SFTTrainer`` on prompt/completion rows (completion = answer; TRL appends eos and
   masks the prompt out of the loss).
+- DPO: ``trl.DPOTrainer`` on ``{prompt, chosen, rejected}`` rows (``inner_loop.selfgen.preference_pairs``
+  or the agent's own pairs); the reference model is the starting model (a frozen copy for full
+  fine-tuning, the adapter switched off for LoRA). Rows keep ``answer`` for the divergence probe.
 - LoRA: TRL wraps the model with ``peft_config``; after training the adapter is merged into the
   base (``merge_and_unload``) so the checkpoint is a plain model of the base architecture.
 
@@ -22,6 +26,7 @@ This function runs agent code (rewards) on agent data: call it in the worker pro
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 from dataclasses import asdict, dataclass, field
@@ -90,6 +95,16 @@ def build_trainer(spec: JobSpec, rows: list[dict], rewards: Sequence[tuple[str, 
         trainer = GRPOTrainer(model=model, reward_funcs=[_named(n, f) for n, f, _ in rewards], args=args,
                               train_dataset=data, processing_class=tokenizer, peft_config=peft_config,
                               callbacks=list(callbacks))
+    elif spec.algorithm == "dpo":
+        from trl import DPOTrainer
+
+        # Full fine-tuning: the reference is a frozen copy of the starting model; LoRA: the base with
+        # the adapter switched off (TRL does that when ref_model is None and the model gets a peft_config).
+        ref_model = None if peft_config else copy.deepcopy(model).eval()
+        data = Dataset.from_list([{"prompt": r["prompt"], "chosen": r["chosen"], "rejected": r["rejected"]}
+                                  for r in rows])
+        trainer = DPOTrainer(model=model, ref_model=ref_model, args=args, train_dataset=data,
+                             processing_class=tokenizer, peft_config=peft_config, callbacks=list(callbacks))
     else:
         from trl import SFTTrainer
 
@@ -113,8 +128,13 @@ def save_checkpoint(model, tokenizer, path: str | Path) -> Path:
 
 
 def train(spec: JobSpec, rows: list[dict], rewards: Sequence[tuple[str, Callable, float]], model_path: str | Path,
-          output_dir: str | Path, *, max_steps: int, max_seconds: float, callbacks: Sequence = ()) -> TrainReport:
-    """Train ``model_path`` on ``rows`` as ``spec`` says, within the budget; see the module docstring."""
+          output_dir: str | Path, *, max_steps: int, max_seconds: float, callbacks: Sequence = (),
+          log: StepLog | None = None) -> TrainReport:
+    """Train ``model_path`` on ``rows`` as ``spec`` says, within the budget; see the module docstring.
+
+    ``log`` replaces the default ``<output_dir>/train_log.jsonl`` (a later stage appends to the job's
+    log); its clock is set to this run's budget guard.
+    """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -131,7 +151,8 @@ def train(spec: JobSpec, rows: list[dict], rewards: Sequence[tuple[str, Callable
     tokenizer = AutoTokenizer.from_pretrained(model_path, local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32, local_files_only=True)
     guard = BudgetGuard(steps, max_seconds, probe=encode_probe(tokenizer, rows), vocab_size=len(tokenizer))
-    step_log = StepLog(output_dir / TRAIN_LOG, clock=guard)
+    step_log = log or StepLog(output_dir / TRAIN_LOG, clock=guard)
+    step_log.clock = guard
     trainer = build_trainer(spec, rows, rewards, model, tokenizer, args, [guard, step_log, *callbacks])
     trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
 

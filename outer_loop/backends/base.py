@@ -122,7 +122,7 @@ def parse_tool_calls(text: str) -> tuple[str, list[dict[str, Any]]]:
 def _parse_one(body: str) -> dict[str, Any] | None:
     try:
         obj = json.loads(body.strip())
-    except (json.JSONDecodeError, ValueError):
+    except (ValueError, RecursionError):  # not JSON, a huge number, nesting too deep: no call
         return None
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
         return None
@@ -130,11 +130,21 @@ def _parse_one(body: str) -> dict[str, Any] | None:
     if isinstance(args, str):
         try:
             args = json.loads(args) if args.strip() else {}
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):
             return None
-    if not isinstance(args, dict):
+    if not isinstance(args, dict) or not utf8_clean(obj["name"], args):
         return None
     return {"name": obj["name"], "arguments": args}
+
+
+def utf8_clean(*values: Any) -> bool:
+    """False when a value holds a lone surrogate (JSON ``"\\ud800"``): it cannot be re-encoded as UTF-8,
+    so it would break the chat template of the next turn; such a call is treated as no call."""
+    try:
+        json.dumps(values, ensure_ascii=False).encode("utf-8")
+    except (UnicodeEncodeError, ValueError, RecursionError):
+        return False
+    return True
 
 
 def tool_name(tool: dict[str, Any]) -> str:

@@ -22,7 +22,7 @@ import os
 import re
 from typing import Any
 
-from outer_loop.backends.base import AgentBackend, BackendError, Generation, _call_id
+from outer_loop.backends.base import AgentBackend, BackendError, Generation, _call_id, utf8_clean
 
 # Keys some providers echo back in 401 messages, partly masked ("sk-abc***xyz").
 _KEYLIKE = re.compile(r"\b(sk|key|api)[-_][A-Za-z0-9*_\-]{4,}", re.IGNORECASE)
@@ -100,9 +100,9 @@ class OpenAIBackend(AgentBackend):
                 continue
             try:
                 args = json.loads(fn.arguments) if fn.arguments else {}
-            except json.JSONDecodeError:
+            except (ValueError, RecursionError):  # not JSON, a huge number, nesting too deep
                 args = None
-            if not isinstance(args, dict):
+            if not isinstance(args, dict) or not utf8_clean(fn.name, args):
                 # Same rule as the local parser: a call whose arguments are not a JSON object is no call.
                 bad.append(f'<tool_call>{{"name": {json.dumps(fn.name)}, "arguments": {fn.arguments}}}</tool_call>')
                 continue

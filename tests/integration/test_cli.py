@@ -28,6 +28,21 @@ def at(command: str, *args: str, cwd: Path = ROOT) -> subprocess.CompletedProces
 @pytest.mark.parametrize("command,args,text", [
     ("at-eval", ["outer.lrr=1"], "lrr"),
     ("at-job", ["examples/jobs/no_such_job", "task=examples/tasks/nope.json"], "nope.json"),
+    # unknown key, wrong type, missing file or folder, for every command
+    ("at-job", ["examples/jobs/sft_full", "inner.nope=1"], "nope"),
+    ("at-job", ["examples/jobs/sft_full", "inner.eval_size=many"], "inner.eval_size=many"),
+    ("at-eval", ["inner.eval_size=1.5"], "inner.eval_size=1.5"),
+    ("at-eval", ["task=examples/tasks/missing.json"], "missing.json"),
+    ("at-eval", ["model=tiny-s", "checkpoint=/nonexistent/ckpt", "tracking=off"], "/nonexistent/ckpt"),
+    ("at-episode", ["agent.tempo=1"], "tempo"),
+    ("at-episode", ["agent.temperature=hot"], "agent.temperature=hot"),
+    ("at-episode", ["task=examples/tasks/missing.json"], "missing.json"),
+    ("at-train", ["outer.stepz=3"], "stepz"),
+    ("at-train", ["outer.steps=two"], "outer.steps=two"),
+    ("at-train", ["resume=/nonexistent/run", "tracking=off"], "/nonexistent/run"),
+    ("at-train", ["resume=true", "tracking=off"], "no earlier at-train run"),
+    ("at-models", ["nope=1"], "nope"),
+    ("at-models", ["seed=abc"], "seed=abc"),
 ])
 def test_user_mistakes_end_with_one_line_and_nonzero_exit(tmp_path, command, args, text):
     proc = at(command, f"runs_dir={tmp_path}", *args)

@@ -29,7 +29,8 @@ def _ledger(run: Path) -> list[dict]:
 def test_smoke_training_updates_the_adapter_and_logs_every_step(tmp_path, built_agent):
     from scripts import train as at_train
 
-    cfg = compose_config([f"runs_dir={tmp_path}", "run_id=smoke", "experiment=smoke"], "train")
+    # inner.cache=false: every job trains for real here, whatever earlier runs left in the job cache
+    cfg = compose_config([f"runs_dir={tmp_path}", "run_id=smoke", "experiment=smoke", "inner.cache=false"], "train")
     at_train.run(cfg)
     run = tmp_path / "smoke"
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
@@ -52,6 +53,15 @@ def test_smoke_training_updates_the_adapter_and_logs_every_step(tmp_path, built_
     assert all((run / "plots" / f).is_file() for f in ("reward.png", "choices.png", "heldout.png"))
     episodes = sorted(p.name for p in (run / "episodes").iterdir())
     assert len(episodes) == 4 and all((run / "episodes" / e / "trajectory.jsonl").is_file() for e in episodes)
+    assert _child_runs(uri, marker["mlflow_run_id"]) == episodes, "one nested MLflow run per episode"
+
+
+def _child_runs(uri: str, parent: str) -> list[str]:
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    runs = client.search_runs([client.get_run(parent).info.experiment_id], f"tags.mlflow.parentRunId = '{parent}'")
+    return sorted(r.info.run_name for r in runs)
 
 
 def test_killed_mid_step_resumes_with_every_step_and_record_once(tmp_path, built_agent):
@@ -85,6 +95,18 @@ def test_killed_mid_step_resumes_with_every_step_and_record_once(tmp_path, built
     marker = json.loads((run / "outer_run.json").read_text())
     hist = read_metrics(f"sqlite:///{tmp_path.resolve()}/mlflow.db", marker["mlflow_run_id"], ["reward_mean"])
     assert [s for s, _ in hist["reward_mean"]] == [0, 1, 2]
+    # every step metric in MLflow: at most once per step, and the value of that step's metrics.jsonl row
+    every = read_metrics(f"sqlite:///{tmp_path.resolve()}/mlflow.db", marker["mlflow_run_id"])
+    for key, points in every.items():
+        assert len({s for s, _ in points}) == len(points), f"{key} logged twice for a step: {points}"
+        assert all(v == pytest.approx(rows[s][key], nan_ok=True) for s, v in points), key
+    # run folder: one complete checkpoint per step (none half-written), episodes of complete steps only
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_0000", "step_0001", "step_0002"]
+    kept = sorted(p.name for p in (run / "episodes").iterdir())
+    assert sorted({int(name[1:5]) for name in kept}) == [0, 1, 2] and len(kept) == 3 * int(rows[0]["episodes"])
+    assert all(p.name.startswith("s0001-") for p in (run / "rolled_back").iterdir()), "only the killed step is set aside"
+    assert _child_runs(f"sqlite:///{tmp_path.resolve()}/mlflow.db", marker["mlflow_run_id"]) == sorted(
+        p.name for p in (run / "episodes").iterdir()), "each kept episode's nested run exactly once"
     # ledger: every record parses; each episode's LLM calls appear exactly once (= its turns)
     records = _ledger(run)
     assert [r["seq"] for r in records] == list(range(len(records)))

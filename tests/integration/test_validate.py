@@ -60,7 +60,7 @@ INVALID = [
     ("unknown_top_key", job(("learning_rate", 1e-3)), {}, CALC, "learning_rate", "Extra inputs"),
     ("unknown_nested_key", job(("hyperparameters.lr", 1e-3)), {}, CALC, "hyperparameters.lr", "Extra inputs"),
     ("missing_base_model", job(("base_model", DROP)), {}, CALC, "base_model", "Field required"),
-    ("bad_algorithm", job(("algorithm", "ppo")), {}, CALC, "algorithm", "'grpo' or 'sft'"),
+    ("bad_algorithm", job(("algorithm", "ppo")), {}, CALC, "algorithm", "'grpo', 'sft' or 'dpo'"),
     ("batch_not_int", job(("hyperparameters.batch_size", "lots")), {}, CALC, "hyperparameters.batch_size",
      "valid integer"),
     ("negative_lr", job(("hyperparameters.learning_rate", -1)), {}, CALC, "hyperparameters.learning_rate",
@@ -113,6 +113,69 @@ INVALID = [
      "reward.functions.0.name", "defines no function 'mine'"),
     ("reward_file_not_python", job(("reward", {"file": "reward.txt", "functions": [{"name": "exact_match"}]})), {},
      CALC, "reward.file", "Python file"),
+]
+
+
+# The strategy space (docs/inner_loop.md): dpo, self-generated sources, stages.
+STAGED = {"base_model": "tiny-s", "seed": 0, "data": BASE["data"], "reward": BASE["reward"],
+          "stages": [{"algorithm": "sft", "hyperparameters": {"batch_size": 32, "max_steps": 100}},
+                     {"algorithm": "grpo", "hyperparameters": {"batch_size": 64, "num_generations": 8, "max_steps": 50}}]}
+
+
+def staged(*changes: tuple[str, object]) -> dict:
+    """STAGED with dotted-path changes (an integer part indexes the stages list; DROP removes the key)."""
+    out = copy.deepcopy(STAGED)
+    for path, value in changes:
+        *parents, last = path.split(".")
+        node = out
+        for p in parents:
+            node = node[int(p)] if p.isdigit() else node.setdefault(p, {})
+        if value is DROP:
+            node.pop(last, None)
+        else:
+            node[last] = value
+    return out
+
+
+SELFGEN = [{"family": "calc_chain", "size": 100, "self_generated": {}}]
+INVALID += [
+    ("no_algorithm", job(("algorithm", DROP)), {}, CALC, "algorithm", "Field required"),
+    ("dpo_one_sample", job(("algorithm", "dpo"), ("hyperparameters.num_generations", 1)), {}, CALC,
+     "hyperparameters.num_generations", "DPO ranks num_generations samples"),
+    ("dpo_zero_beta", job(("algorithm", "dpo"), ("hyperparameters.beta", 0)), {}, CALC, "hyperparameters.beta",
+     "DPO needs beta > 0"),
+    ("dpo_file_without_pairs", job(("algorithm", "dpo"), WITH_FILE), {"data.jsonl": ROW}, CALC, "data.file",
+     "no chosen/rejected strings"),
+    ("selfgen_with_grpo", job(("data.sources", SELFGEN)), {}, CALC, "data.sources.0.self_generated",
+     "self_generated makes SFT data"),
+    ("selfgen_with_dpo", job(("algorithm", "dpo"), ("data.sources", SELFGEN)), {}, CALC,
+     "data.sources.0.self_generated", "dpo builds its own pairs"),
+    ("selfgen_zero_samples", job(("algorithm", "sft"), ("data.sources", [dict(SELFGEN[0], self_generated={
+        "samples_per_prompt": 0})])), {}, CALC, "data.sources.0.self_generated.samples_per_prompt",
+     "greater than or equal to 1"),
+    ("selfgen_unknown_key", job(("algorithm", "sft"), ("data.sources", [dict(SELFGEN[0], self_generated={
+        "samples": 4})])), {}, CALC, "data.sources.0.self_generated.samples", "Extra inputs"),
+    ("selfgen_over_budget", job(("algorithm", "sft"), ("data.sources", [dict(SELFGEN[0], size=100_000, self_generated={
+        "samples_per_prompt": 64})])), {}, CALC, "hyperparameters.max_steps", "s of it sampling)"),
+    ("stages_and_top_algorithm", staged(("algorithm", "sft")), {}, CALC, "algorithm",
+     "a job with stages sets algorithm inside each stage"),
+    ("stages_empty", staged(("stages", [])), {}, CALC, "stages", "at least 1 item"),
+    ("stages_too_many", staged(("stages", [{"algorithm": "sft"}] * 5)), {}, CALC, "stages", "at most 4 items"),
+    ("stage_bad_algorithm", staged(("stages.0.algorithm", "ppo")), {}, CALC, "stages.0.algorithm",
+     "'grpo', 'sft' or 'dpo'"),
+    ("stage_unknown_key", staged(("stages.0.lr", 1e-3)), {}, CALC, "stages.0.lr", "Extra inputs"),
+    ("stage_without_data", staged(("data", DROP)), {}, CALC, "stages.0.data", "stage 1 has no data"),
+    ("stage_grpo_without_reward", staged(("reward", DROP)), {}, CALC, "stages.1.reward",
+     "algorithm grpo needs a reward"),
+    ("stage_indivisible_batch", staged(("stages.1.hyperparameters.batch_size", 60)), {}, CALC,
+     "stages.1.hyperparameters.batch_size", "divisible by num_generations"),
+    ("stages_over_step_budget", staged(("stages.0.hyperparameters.max_steps", 380)), {}, CALC, "stages",
+     "add up to 430"),
+    ("stages_over_seconds", staged(("stages.1.hyperparameters.batch_size", 1024),
+                                   ("stages.1.hyperparameters.max_completion_length", 64)), {}, CALC, "stages",
+     "s budget"),
+    ("stage_reward_file_missing", staged(("stages.1.reward", FILE_REWARD[1])), {}, CALC, "stages.1.reward.file",
+     "not found"),
 ]
 
 

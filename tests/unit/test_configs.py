@@ -47,7 +47,7 @@ def test_required_groups_exist_and_have_files():
 
 @pytest.mark.parametrize("group,option", group_files())
 def test_every_config_file_composes_and_validates(composer, group, option):
-    cfg = composer([f"{group}={option}"] + (["strategy.message=switch"] if group == "strategy" else []))
+    cfg = composer([f"{group}={option}"])
     obj = validate(cfg)
     assert type(obj) is Config
     if group in GROUP_SCHEMAS:
@@ -112,7 +112,9 @@ def test_bad_values_fail_with_the_choices(composer, override, text):
     (["agent=openai", "agent.api_key_env=sk-proj-abcdefghijklmnop"], "NAME of an environment variable"),
     (["agent=openai", "agent.api_key_env=null"], "api_key_env"),
     (["outer.group_size=1"], "group_size"),
-    (["strategy=check", "strategy.message=' '"], "strategy.message"),
+    (["strategy=switch", "strategy.interventions.0.message=' '"], "strategy.interventions.0.message"),
+    (["strategy.interventions=[{after_job: 0, message: x}]"], "after_job must be >= 1"),
+    (["strategy.evaluator.kind=llm", "strategy.evaluator.backend=openai"], "strategy.evaluator.api_key_env"),
     (["task.held_out_families=[calc_chain]"], "calc_chain"),
     (["budget.max_usd_per_run=0"], "budget.max_usd_per_run"),
 ])

@@ -9,7 +9,7 @@ from pydantic import ValidationError
 
 from agent_trainer.paths import PROJECT_ROOT
 from evaluation.tasks import load_task
-from inner_loop.jobspec import JobSpec, JobSpecError, describe_errors, load_job, read_job_yaml
+from inner_loop.jobspec import JobSpec, JobSpecError, describe_errors, describe_strategy, load_job, read_job_yaml
 
 JOBS = sorted((PROJECT_ROOT / "examples" / "jobs").glob("*/job.yaml"))
 TASKS = sorted((PROJECT_ROOT / "examples" / "tasks").glob("*_fast.json"))
@@ -113,3 +113,61 @@ def test_read_job_yaml_reads_exponents_without_a_dot_as_text_and_schema_accepts_
                                        "hyperparameters: {learning_rate: 5e-4}\n")
     assert read_job_yaml(tmp_path / "job.yaml")["hyperparameters"]["learning_rate"] == "5e-4"
     assert load_job(tmp_path).hyperparameters.learning_rate == 5e-4
+
+
+# --- the strategy space: dpo, self-generated sources, stages ---------------------------------------
+
+
+STAGED = {"base_model": "tiny-s", "seed": 3, "data": {"sources": [{"family": "calc_chain", "size": 100}]},
+          "reward": {"functions": [{"name": "numeric_closeness"}]},
+          "stages": [{"algorithm": "sft", "hyperparameters": {"max_steps": 200}},
+                     {"algorithm": "dpo", "peft": {"r": 8}, "data": {"sources": [{"family": "calc_chain", "seed": 2}]},
+                      "budget_share": 2}]}
+
+
+def test_stages_are_single_stage_views_with_the_job_defaults():
+    spec = JobSpec.model_validate(STAGED)
+    sft, dpo = spec.stage_specs()
+    assert (sft.algorithm, sft.peft, sft.hyperparameters.max_steps, sft.seed) == ("sft", None, 200, 3)
+    assert sft.data is spec.data and sft.reward is spec.reward and dpo.reward is spec.reward
+    assert dpo.data.sources[0].seed == 2 and dpo.peft.r == 8 and dpo.base_model == "tiny-s"
+    assert spec.budget_shares() == [1.0, 2.0] and spec.strategy_algorithm() == "sft+full>dpo+lora"
+    assert describe_strategy(spec) == {"stages": [
+        {"algorithm": "sft", "peft": "full", "data_source": "curated", "steps": 200},
+        {"algorithm": "dpo", "peft": "lora", "data_source": "self_generated", "steps": 100}]}
+    single = JobSpec.model_validate(GRPO)
+    assert single.stage_specs() == [single] and single.budget_shares() == [1.0]
+
+
+def test_strategy_examples_parse_with_their_labels():
+    labels = {p.parent.name: load_job(p.parent).strategy_algorithm() for p in JOBS}
+    assert labels["dpo_full"] == "dpo+full" and labels["dpo_lora"] == "dpo+lora"
+    assert labels["sft_selfgen"] == "sft+full" and labels["sft_then_grpo"] == "sft+full>grpo+full"
+    selfgen = load_job(PROJECT_ROOT / "examples/jobs/sft_selfgen").data.sources[0].self_generated
+    assert selfgen.samples_per_prompt == 4 and selfgen.min_reward == 1.0
+
+
+def test_self_generated_flag_and_dpo_beta_defaults():
+    sft = {"base_model": "tiny-s", "algorithm": "sft"}
+    flag = JobSpec.model_validate(dict(sft, data={"sources": [{"family": "calc_chain", "self_generated": True}]}))
+    assert flag.data.sources[0].self_generated.samples_per_prompt == 4
+    off = JobSpec.model_validate(dict(sft, data={"sources": [{"family": "calc_chain", "self_generated": False}]}))
+    assert off.data.sources[0].self_generated is None
+    dpo = JobSpec.model_validate(dict(GRPO, algorithm="dpo", reward=None))
+    assert dpo.dpo_beta() == 0.1 and dpo.rows_per_step() == dpo.hyperparameters.batch_size
+    assert JobSpec.model_validate(dict(GRPO, algorithm="dpo", hyperparameters={"beta": 0.5})).dpo_beta() == 0.5
+    mixed = JobSpec.model_validate(dict(sft, data={"file": "d.jsonl", "sources": [{"family": "calc_chain"}]}))
+    assert describe_strategy(mixed)["stages"][0]["data_source"] == "mixed"
+
+
+def test_stage_errors_point_into_the_stage():
+    no_reward = dict(STAGED, reward=None, stages=[{"algorithm": "grpo"}])
+    assert errors_of(no_reward) == [("stages.0.reward", "algorithm grpo needs a reward; e.g. reward: "
+                                                        "{functions: [{name: exact_match}]}")]
+    (field, msg), = errors_of(dict(STAGED, hyperparameters={"max_steps": 5}))
+    assert field == "hyperparameters" and "inside each stage" in msg
+    (field, msg), = errors_of({"base_model": "tiny-s", "data": {"sources": [{"family": "calc_chain"}]}})
+    assert field == "algorithm" and "Field required" in msg
+    selfgen_grpo = dict(GRPO, data={"sources": [{"family": "calc_chain", "self_generated": {}}]})
+    (field, msg), = errors_of(selfgen_grpo)
+    assert field == "data.sources.0.self_generated" and "grpo samples and scores its own completions" in msg

@@ -93,3 +93,39 @@ def test_checkpoint_restores_adapter_optimizer_and_version(tmp_path):
     b = other.module._optimizer.state_dict()["state"]
     assert a.keys() == b.keys() and all(torch.equal(a[k]["exp_avg"], b[k]["exp_avg"]) for k in a)
     assert (tmp_path / "adapter" / "adapter_model.safetensors").is_file()
+
+
+def test_episode_aggregation_weighs_each_episode_once_whatever_its_length():
+    """With loss_aggregation=episode a long episode's tokens share one episode's weight; with token
+    aggregation they outweigh a short one by their count."""
+    for agg in ("token", "episode"):
+        policy = tiny_policy(loss_aggregation=agg)
+        long, short = on_policy_samples(policy, [-1.0, 1.0])
+        long.completion_ids, long.old_logprobs = long.completion_ids * 10, [0.0] * 30   # 30 tokens against 3
+        batch = collate([long], 0)
+        with torch.no_grad():
+            long.old_logprobs = token_logprobs(policy.model, batch)[0, len(long.context_ids):].tolist()
+        if agg == "episode":
+            long.weight, short.weight = 1 / 30, 1 / 3
+        # At ratio 1 the loss is -(sum of w * A) / sum(w): token -> -(-30 + 3) / 33; episode -> 0.
+        loss = policy.module.training_step(collate([long, short], 0), 0).item()
+        assert loss == pytest.approx(27 / 33 if agg == "token" else 0.0, abs=1e-4), (agg, loss)
+    with pytest.raises(ValueError, match="loss_aggregation"):
+        PolicyConfig(loss_aggregation="sequence-ish")
+
+
+def test_replay_keeps_rollouts_at_most_max_steps_off_policy_old():
+    from outer_loop.train import Trainer
+
+    def sample(version: int) -> TurnSample:
+        return TurnSample([1], [2], [-0.5], 1.0, policy_version=version)
+
+    for limit, expected in ((0, [3]), (1, [3, 2]), (2, [3, 2, 1])):
+        t = types.SimpleNamespace(s=types.SimpleNamespace(max_steps_off_policy=limit), replay=[],
+                                  policy=types.SimpleNamespace(version=0))
+        for version in range(4):          # one update per step: fresh samples carry the current version
+            t.policy.version = version
+            used = Trainer.with_replay(t, [sample(version)])
+        assert sorted((s.policy_version for s in used), reverse=True) == expected, limit
+        # what is kept for the next update is never older than the limit after that update
+        assert all(4 - s.policy_version <= limit for s in t.replay)

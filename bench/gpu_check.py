@@ -1,0 +1,325 @@
+"""GPU check (the Python part of scripts/gpu_check.sh): what one GPU does with a Qwen3-0.6B-sized model.
+
+Measures, on a randomly initialised model of the real Qwen3-0.6B architecture (28 layers, hidden
+1024, 16/8 heads, head_dim 128, MLP 3072, vocab 151,936, tied embeddings; ~0.6 B parameters):
+
+1. build: parameter count, time to initialise it on the GPU;
+2. generation: greedy tokens/s at batch 1 and 64, sampled tokens/s at a GRPO-sized batch;
+3. inner GRPO job: the project's runner (``inner_loop.runners``: the job's rows and library rewards,
+   ``trl_config`` switched to the GPU and bf16, ``build_trainer``) for a few steps: seconds per
+   step and generated tokens/s per step; vLLM generation (TRL's colocate mode) when vLLM imports;
+4. hidden evaluation of the trained model (``evaluation.hidden_eval.score_model``): items/s;
+5. outer update: ``outer_loop.policy.AgentPolicy`` with a LoRA of rank 64 on the same model,
+   Lightning on the GPU in bf16: seconds and tokens/s per update over 16 turns of 1,280 tokens.
+
+Random weights mean scores near 0 and completions that never stop early: every number is a
+throughput, not a quality. Each part runs in its own try block; a missing library (TRL, vLLM)
+skips its part with a line saying so. ``--tiny`` shrinks everything for a CPU smoke test.
+
+    python bench/gpu_check.py --out /tmp/gpu_check            # on the GPU machine (~3-6 min)
+    python bench/gpu_check.py --tiny --device cpu             # smoke test here (~1 min)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # runs from a checkout without `pip install -e .`
+
+QWEN3_06B = dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+                 num_key_value_heads=8, head_dim=128, vocab_size=151936, max_position_embeddings=40960,
+                 rope_theta=1_000_000.0, tie_word_embeddings=True, rms_norm_eps=1e-6)
+TINY = dict(hidden_size=64, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, vocab_size=None, max_position_embeddings=2048,
+            tie_word_embeddings=True)
+REPORT: dict = {"parts": {}, "errors": {}}
+
+
+def say(msg: str) -> None:
+    print(f"[gpu_check {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def part(name: str):
+    """Run a part; record its numbers or its error, never stop the script."""
+    def wrap(fn):
+        def run(*args, **kwargs):
+            t0 = time.perf_counter()
+            say(f"--- {name}")
+            try:
+                out = fn(*args, **kwargs)
+                REPORT["parts"][name] = {**(out or {}), "part_seconds": round(time.perf_counter() - t0, 2)}
+                say(f"{name}: {json.dumps(REPORT['parts'][name], default=str)}")
+                return out
+            except Exception as e:  # noqa: BLE001 - report and go on to the next part
+                REPORT["errors"][name] = f"{type(e).__name__}: {e}"
+                say(f"{name} FAILED: {type(e).__name__}: {e}")
+                traceback.print_exc(limit=4)
+                return None
+        return run
+    return wrap
+
+
+def sync(device: str) -> None:
+    import torch
+
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+@part("environment")
+def environment(device: str) -> dict:
+    import importlib.metadata as md
+
+    import torch
+
+    out = {"device": device, "torch": torch.__version__}
+    for name in ("transformers", "trl", "peft", "lightning", "accelerate", "datasets", "vllm", "pydantic"):
+        try:
+            out[name] = md.version(name)
+        except md.PackageNotFoundError:
+            out[name] = None
+    if device.startswith("cuda"):
+        p = torch.cuda.get_device_properties(0)
+        out.update(gpu=p.name, gpu_memory_gb=round(p.total_memory / 2**30, 1), cuda=torch.version.cuda)
+    return out
+
+
+@part("build")
+def build(device: str, tiny: bool, folder: Path) -> dict:
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from inner_loop.models.tokenizer import build_tokenizer
+
+    tok = build_tokenizer()
+    arch = dict(TINY if tiny else QWEN3_06B)
+    arch["vocab_size"] = arch["vocab_size"] or len(tok)
+    cfg = Qwen3Config(**arch, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=None)
+    torch.manual_seed(0)
+    t0 = time.perf_counter()
+    with torch.device(device):
+        model = Qwen3ForCausalLM(cfg)
+    model.generation_config.eos_token_id = tok.eos_token_id
+    model.generation_config.pad_token_id = tok.pad_token_id
+    sync(device)
+    init_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    model.save_pretrained(folder)  # for vLLM and as a record of the architecture
+    tok.save_pretrained(folder)
+    BUILT.update(model=model, tok=tok, folder=folder)
+    return {"params_m": round(sum(p.numel() for p in model.parameters()) / 1e6, 1), "init_s": round(init_s, 2),
+            "save_s": round(time.perf_counter() - t0, 2), "vocab": arch["vocab_size"], "tokenizer_len": len(tok),
+            "layers": arch["num_hidden_layers"], "hidden": arch["hidden_size"]}
+
+
+BUILT: dict = {}
+
+
+@part("generation")
+def generation(device: str, tiny: bool) -> dict:
+    import torch
+
+    model, tok = BUILT["model"], BUILT["tok"]
+    model.eval()
+    prompt = tok(["calc: 12+7-3="], return_tensors="pt", add_special_tokens=False)["input_ids"].to(device)
+    new = 16 if tiny else 128
+    out = {}
+    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    for label, batch, sample in (("greedy_b1", 1, False), ("greedy_b64", 8 if tiny else 64, False),
+                                 ("sampled_b256", 16 if tiny else 256, True)):
+        ids = prompt.repeat(batch, 1)
+        with torch.inference_mode(), torch.autocast(device.split(":")[0], dtype=dtype, enabled=dtype != torch.float32):
+            model.generate(ids, max_new_tokens=4, do_sample=sample, min_new_tokens=4)  # warm-up
+            sync(device)
+            t0 = time.perf_counter()
+            gen = model.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=sample)
+            sync(device)
+        s = time.perf_counter() - t0
+        toks = (gen.shape[1] - ids.shape[1]) * batch
+        out[label] = {"tokens": toks, "seconds": round(s, 3), "tokens_per_s": round(toks / s, 1)}
+    return out
+
+
+class StepClock:
+    """A TrainerCallback keeping each optimizer step's wall time."""
+
+    def __new__(cls, device: str):
+        from transformers import TrainerCallback
+
+        class _Clock(TrainerCallback):
+            def __init__(self):
+                self.times, self._t = [], None
+
+            def on_step_begin(self, args, state, control, **kw):
+                sync(device)
+                self._t = time.perf_counter()
+
+            def on_step_end(self, args, state, control, **kw):
+                sync(device)
+                self.times.append(time.perf_counter() - self._t)
+
+        return _Clock()
+
+
+def _grpo_args(spec, out: Path, steps: int, device: str, use_vllm: bool):
+    """The job's GRPOConfig from the runner's ``trl_config``, with its CPU settings switched to the GPU.
+
+    The runner has no device switch yet (it sets use_cpu=True); TrainingArguments cannot be changed
+    after construction, so the runner's shared settings are amended while the config is built."""
+    import inner_loop.runners.config as rc
+
+    changes = {"use_cpu": not device.startswith("cuda"), "bf16": device.startswith("cuda")}
+    if use_vllm:
+        changes.update(use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=0.3)
+    common = rc._common
+    rc._common = lambda *a, **k: {**common(*a, **k), **changes}
+    try:
+        return rc.trl_config(spec, out, max_steps=steps, reward_weights=[1.0, 1.0])
+    finally:
+        rc._common = common
+
+
+def _inner_grpo(device: str, tiny: bool, folder: Path, use_vllm: bool = False) -> dict:
+    import yaml
+
+    from inner_loop.data import build_rows
+    from inner_loop.jobspec import load_job
+    from inner_loop.rewards import resolve_rewards
+    from inner_loop.runners.train import build_trainer
+
+    model, tok = BUILT["model"], BUILT["tok"]
+    steps = 2 if tiny else 6
+    batch, gens, length = (8, 4, 8) if tiny else (64, 8, 64)
+    job = folder / ("job_vllm" if use_vllm else "job")
+    job.mkdir(parents=True, exist_ok=True)
+    (job / "job.yaml").write_text(yaml.safe_dump({
+        "base_model": "tiny-s", "algorithm": "grpo", "seed": 0,
+        "hyperparameters": {"learning_rate": 1e-6, "batch_size": batch, "num_generations": gens,
+                            "max_completion_length": length, "max_steps": steps},
+        "data": {"sources": [{"family": "calc_chain", "seed": 1, "size": 512}]},
+        "reward": {"functions": [{"name": "numeric_closeness", "weight": 1.0}, {"name": "exact_match", "weight": 1.0}]}}))
+    spec = load_job(job)
+    rows = build_rows(spec, job, default_family="calc_chain")
+    rewards = resolve_rewards(spec, job)
+    args = _grpo_args(spec, job / "trl", steps, device, use_vllm)
+    clock = StepClock(device)
+    model.train()
+    trainer = build_trainer(spec, rows, rewards, model if not use_vllm else str(BUILT["folder"]), tok, args, [clock])
+    t0 = time.perf_counter()
+    trainer.train()
+    total = time.perf_counter() - t0
+    per_step_tokens = batch * length
+    times = clock.times
+    steady = times[1:] or times  # the first step pays compilation and allocation
+    mean = sum(steady) / len(steady)
+    return {"steps": len(times), "completions_per_step": batch, "completion_tokens": length,
+            "step_seconds": [round(x, 3) for x in times], "steady_step_s": round(mean, 3),
+            "step_completion_tokens_per_s": round(per_step_tokens / mean, 1), "train_seconds": round(total, 2),
+            "vllm": use_vllm}
+
+
+inner_grpo = part("inner_grpo")(_inner_grpo)
+inner_grpo_vllm = part("inner_grpo_vllm")(lambda device, tiny, folder: _inner_grpo(device, tiny, folder, use_vllm=True))
+
+
+@part("hidden_eval")
+def hidden_eval(device: str, tiny: bool) -> dict:
+    from evaluation.hidden_eval import score_model
+
+    model, tok = BUILT["model"], BUILT["tok"]
+    n = 32 if tiny else 200
+    out = {}
+    for bs in ((8,) if tiny else (64, 200)):
+        t0 = time.perf_counter()
+        r = score_model(model, tok, "calc_chain", n=n, batch_size=bs)
+        sync(device)
+        s = time.perf_counter() - t0
+        out[f"batch{bs}"] = {"n": n, "score": r.score, "seconds": round(s, 3), "items_per_s": round(n / s, 1)}
+    return out
+
+
+@part("outer_update")
+def outer_update(device: str, tiny: bool) -> dict:
+    import random
+
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from outer_loop.policy import AgentPolicy, PolicyConfig, TurnSample
+
+    model, tok = BUILT["model"], BUILT["tok"]
+    r = 8 if tiny else 64
+    cfg = PolicyConfig(lr=1e-5, lora_r=r, lora_alpha=2 * r, micro_batch_size=2 if tiny else 4)
+    peft_model = get_peft_model(model, LoraConfig(r=r, lora_alpha=2 * r, target_modules="all-linear",
+                                                  task_type="CAUSAL_LM"))
+    gpu = device.startswith("cuda")
+    kwargs = {"accelerator": "gpu" if gpu else "cpu", "devices": 1, "precision": "bf16-mixed" if gpu else "32-true"}
+    policy = AgentPolicy(peft_model, tok, cfg, trainer_kwargs=kwargs)
+    rng = random.Random(0)
+    n, ctx, comp = (4, 48, 16) if tiny else (16, 1024, 256)
+    vocab = min(len(tok), model.config.vocab_size)
+
+    def sample(i: int) -> TurnSample:
+        return TurnSample(context_ids=[rng.randrange(vocab) for _ in range(ctx)],
+                          completion_ids=[rng.randrange(vocab) for _ in range(comp)],
+                          old_logprobs=[-5.0] * comp, advantage=1.0 if i % 2 else -1.0)
+
+    samples = [sample(i) for i in range(n)]
+    trainable = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
+    times = []
+    for _ in range(3 if not tiny else 2):
+        t0 = time.perf_counter()
+        stats = policy.update(samples)
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    steady = times[1:]
+    tokens = n * (ctx + comp)
+    if gpu:
+        torch.cuda.synchronize()
+    return {"lora_r": r, "trainable_m": round(trainable / 1e6, 2), "turns": n, "tokens_per_update": tokens,
+            "update_seconds": [round(x, 3) for x in times], "tokens_per_s": round(tokens / (sum(steady) / len(steady)), 1),
+            "loss": stats.get("loss")}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--tiny", action="store_true", help="a tiny model and tiny batches (CPU smoke test)")
+    p.add_argument("--device", default=None, help="cuda | cpu (default: cuda when available)")
+    p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or "/tmp/gpu_check"))
+    p.add_argument("--vllm", choices=("auto", "off"), default="auto", help="also a GRPO run with TRL's vLLM mode")
+    a = p.parse_args()
+    import torch
+
+    device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cpu":
+        torch.set_num_threads(1)
+    a.out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    environment(device)
+    if build(device, a.tiny, a.out / "model") is None:
+        return 1
+    generation(device, a.tiny)
+    inner_grpo(device, a.tiny, a.out)
+    hidden_eval(device, a.tiny)
+    import importlib.util
+
+    if a.vllm == "auto" and device.startswith("cuda") and importlib.util.find_spec("vllm") is not None:
+        inner_grpo_vllm(device, a.tiny, a.out)
+    else:
+        REPORT["parts"]["inner_grpo_vllm"] = {"skipped": "vLLM not importable or not on a GPU"}
+    outer_update(device, a.tiny)
+    REPORT["total_seconds"] = round(time.perf_counter() - t0, 1)
+    (a.out / "gpu_check.json").write_text(json.dumps(REPORT, indent=2, default=str) + "\n")
+    say(f"done in {REPORT['total_seconds']} s; {len(REPORT['errors'])} part(s) failed; report: {a.out / 'gpu_check.json'}")
+    return 0 if not REPORT["errors"] else 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,145 @@
+"""Contamination check: does agent-provided text contain items of a family's hidden set?
+
+    >>> from evaluation.contamination import find_overlap
+    >>> r = find_overlap("calc_chain", 200, [("data.jsonl line 1", "calc: 11-3-3="), ("reward.py", source)])
+    >>> r.flagged, r.hits, r.to_dict()          # counts and where; never the hidden items themselves
+
+Texts are compared as *normalised tokens*: Unicode NFKC, lower case, then words/numbers (``\\w+``)
+and single punctuation marks, whitespace dropped. So ``"CALC: 11 - 3 - 3 ="`` and
+``"calc: 11-3-3="`` are the same eight tokens. A hidden item (its prompt) is hit by a text when:
+
+- ``exact``: the text's tokens equal the item's tokens (a data row whose prompt is a hidden prompt);
+- ``contained``: the item has at most ``NGRAM`` tokens and its whole token sequence occurs inside
+  the text (a hidden prompt embedded in a longer row, or a dict literal in ``reward.py``);
+- ``ngram``: the item is longer than ``NGRAM`` tokens and the text shares at least one of its
+  ``NGRAM``-grams that does not occur in the family's public training text (the first
+  ``TEMPLATE_SAMPLE`` items of training seed 0), so template wording every prompt shares never
+  counts, only the part that makes a hidden item what it is.
+
+``NGRAM = 13``: the window used by the GPT-3 and PaLM decontamination studies; every prompt of
+the built-in families is shorter (4-14 tokens), so for them the check is exact or contained
+match of whole prompts. A job is flagged when at least ``MIN_HITS = 1`` hidden item is hit: one
+trained hidden item already inflates the score, and library sources never produce one (a test
+checks 0 hits on every family's generator output). The cost of the strict rule: an agent that
+writes rows by hand for a family with a small prompt space (calc_chain has ~9k prompts, ~1 in 45
+of them in a 200-item hidden set) will hit hidden items by chance; library sources avoid that.
+
+Only hidden items the harness scores are checked (``hidden_set(family, n)``). This module reads
+hidden sets, so it lives in ``evaluation``; the report it returns names the agent's texts and
+the *indexes* of hit items, never their text, so it can be logged and stored with the run.
+Not covered: paraphrases, answers given without their prompt, and knowledge of the hidden
+items that reaches the model some other way (the sandbox keeps agent code from computing them).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import unicodedata
+from dataclasses import asdict, dataclass, field
+from typing import Iterable
+
+NGRAM = 13
+MIN_HITS = 1
+TEMPLATE_SAMPLE = 2000
+MAX_LISTED = 20
+_TOKEN = re.compile(r"\w+|[^\w\s]")
+
+
+def tokens(text: str) -> tuple[str, ...]:
+    """Normalised tokens of ``text``: NFKC, lower case, words/numbers and single punctuation marks."""
+    return tuple(_TOKEN.findall(unicodedata.normalize("NFKC", text).lower()))
+
+
+def _ngrams(toks: tuple[str, ...], n: int) -> set[tuple[str, ...]]:
+    return {toks[i:i + n] for i in range(len(toks) - n + 1)}
+
+
+@dataclass
+class ContaminationReport:
+    """Which agent texts hit which hidden items (by index), and whether the job is flagged."""
+
+    family: str
+    n: int
+    flagged: bool = False
+    hits: int = 0  # distinct hidden items hit
+    kinds: dict[str, int] = field(default_factory=lambda: {"exact": 0, "contained": 0, "ngram": 0})
+    sources: list[dict] = field(default_factory=list)  # {"source", "kind", "item"} (first MAX_LISTED)
+    texts_checked: int = 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def summary(self) -> str:
+        """One line for logs and result details."""
+        if not self.flagged:
+            return f"no overlap with the {self.n} hidden {self.family} items ({self.texts_checked} texts checked)"
+        where = ", ".join(sorted({s["source"] for s in self.sources}))[:300]
+        return (f"{self.hits} of the {self.n} hidden {self.family} items occur in the agent's data "
+                f"({', '.join(f'{k} {v}' for k, v in self.kinds.items() if v)}): {where}")
+
+
+class _HiddenIndex:
+    """Token sequences of the hidden items, indexed by first token for a fast scan of long texts."""
+
+    def __init__(self, family: str, n: int):
+        from evaluation.families import get_family
+        from evaluation.hidden_eval import hidden_set
+
+        items = [tokens(e.prompt) for e in hidden_set(family, n)]
+        self.whole: dict[tuple[str, ...], int] = {}
+        self.by_first: dict[str, set[int]] = {}  # first token -> lengths of short items starting with it
+        self.grams: dict[tuple[str, ...], int] = {}
+        public: set[tuple[str, ...]] = set()
+        if any(len(t) > NGRAM for t in items):
+            for ex in get_family(family).training_examples(seed=0, n=TEMPLATE_SAMPLE):
+                public |= _ngrams(tokens(ex.prompt), NGRAM)
+        for i, toks in enumerate(items):
+            if not toks:
+                continue
+            self.whole.setdefault(toks, i)
+            if len(toks) <= NGRAM:
+                self.by_first.setdefault(toks[0], set()).add(len(toks))
+            else:
+                for g in _ngrams(toks, NGRAM) - public:
+                    self.grams.setdefault(g, i)
+        self.gram_first = {g[0] for g in self.grams}
+
+    def scan(self, toks: tuple[str, ...]) -> list[tuple[str, int]]:
+        """``(kind, item index)`` of every hidden item ``toks`` hits."""
+        if toks in self.whole:
+            return [("exact", self.whole[toks])]
+        found: dict[int, str] = {}
+        for i, tok in enumerate(toks):
+            for length in self.by_first.get(tok, ()):
+                item = self.whole.get(toks[i:i + length])
+                if item is not None:
+                    found.setdefault(item, "contained")
+            if tok in self.gram_first:
+                item = self.grams.get(toks[i:i + NGRAM])
+                if item is not None:
+                    found.setdefault(item, "ngram")
+        return [(kind, item) for item, kind in found.items()]
+
+
+@functools.lru_cache(maxsize=16)
+def _index(family: str, n: int) -> _HiddenIndex:
+    return _HiddenIndex(family, n)
+
+
+def find_overlap(family: str, n: int, texts: Iterable[tuple[str, str]], min_hits: int = MIN_HITS) -> ContaminationReport:
+    """Check ``(source label, text)`` pairs against the first ``n`` hidden items of ``family``."""
+    index = _index(family, int(n))
+    report = ContaminationReport(family=family, n=int(n))
+    hit_items: set[int] = set()
+    for source, text in texts:
+        report.texts_checked += 1
+        for kind, item in index.scan(tokens(text)):
+            if item not in hit_items:
+                report.kinds[kind] += 1
+            hit_items.add(item)
+            if len(report.sources) < MAX_LISTED:
+                report.sources.append({"source": source, "kind": kind, "item": item})
+    report.hits = len(hit_items)
+    report.flagged = report.hits >= min_hits
+    return report

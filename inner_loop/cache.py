@@ -1,0 +1,281 @@
+"""Job cache: a job whose content was already run returns its stored result instead of training again.
+
+    >>> from inner_loop.job import run_job
+    >>> r1 = run_job(job_dir, task, cache=True)      # a miss: trains, scores, stores the result
+    >>> r2 = run_job(copy_of_job_dir, task, cache=True)
+    >>> r2.cached, r2.hidden_score == r1.hidden_score, r2.cached_from    # True, True, r1's output folder
+
+The key (sha256, ``cache_key``) covers everything that decides a job's numbers:
+- the job's files: ``inner_loop.job.job_hash`` (job.yaml, its data and reward files) and every other
+  file of the job folder (helper modules a reward imports), by relative name and content, except
+  its ``output/`` folder and the run's output folder;
+- the task spec (family, version, budget, hidden-eval size) and the hidden-eval size used;
+- the base model: sha256 of its weights (``evaluation.hidden_eval.checkpoint_hash``), its
+  ``config.json`` and tokenizer files; the job's seed;
+- the libraries (``inner_loop.job.library_versions``) and the harness itself: a digest of the
+  ``inner_loop`` and ``evaluation`` source, so any change of data, rewards, runners, scoring or
+  families makes new entries (never a stale hit);
+- the settings that can change an outcome: validation dry run, cost model and price (the budget
+  check), the hard-kill deadline, the sandbox policy (``sandbox``, ``wrap``).
+Not in the key: threads, warm or cold worker, output folder, progress bars, tracker (same seed, same
+numbers with any of them; FACTS.md).
+
+What is stored: only results that a rerun would reproduce, ``ok`` and ``diverged``. ``timeout``
+depends on the machine's load, ``crashed`` may be an out-of-memory kill, and ``invalid`` /
+``over_budget`` cost only a validation: those always run again. An entry is
+``<cache root>/jobs/<key[:2]>/<key>/`` with ``entry.json`` (the result, when and where it ran) and
+copies of the small files (``train_log.jsonl``, ``trl_config.json``). Weights are NOT copied:
+``cached_from`` points at the output folder of the run that trained them, which may have been
+deleted since (the scores stay valid; the model is then gone). Delete ``<cache root>/jobs`` to
+empty the cache.
+
+A hit writes ``result.json`` (with ``cached: true``), the log copies and ``cached_from.json`` into the
+new output folder, and costs only the lookup: ``seconds["total"]`` and ``usd`` are those of the
+lookup (the ledger charges them: about nothing), while ``seconds["train"]`` etc. stay those of the
+original run (the staged reward's speed stage reads them, so a hit earns what the run earned).
+Identical jobs running at the same time wait on a per-key file lock: the second one gets the hit.
+Jobs on other machines (SLURM, Ray) share hits when the cache root is on a shared file system.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import time
+from contextlib import contextmanager
+from dataclasses import fields, is_dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from agent_trainer.paths import PROJECT_ROOT
+from agent_trainer.paths import cache_dir as default_cache_dir
+
+CACHE_SUBDIR = "jobs"
+ENTRY_FILE = "entry.json"
+CACHED_FROM_FILE = "cached_from.json"
+FORMAT = 1                                   # bump when the entry layout changes
+CACHEABLE = ("ok", "diverged")               # outcomes a rerun reproduces (see module doc)
+COPIED_FILES = ("train_log.jsonl", "trl_config.json")
+_TOKENIZER_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json")
+_HARNESS_PACKAGES = ("inner_loop", "evaluation")
+_model_digests: dict[tuple, str] = {}
+_harness_digest: str | None = None
+
+
+def harness_digest() -> str:
+    """sha256 of the harness source (``inner_loop``, ``evaluation``): the harness version of the key."""
+    global _harness_digest
+    if _harness_digest is None:
+        h = hashlib.sha256(f"format{FORMAT}".encode())
+        for pkg in _HARNESS_PACKAGES:
+            for p in sorted((PROJECT_ROOT / pkg).rglob("*.py")):
+                h.update(str(p.relative_to(PROJECT_ROOT)).encode() + b"\0" + p.read_bytes() + b"\0")
+        _harness_digest = h.hexdigest()
+    return _harness_digest
+
+
+def model_digest(model_dir: str | Path) -> str:
+    """sha256 of a base model's weights, config and tokenizer (memoised per path, size and mtime)."""
+    from evaluation.hidden_eval import checkpoint_hash
+
+    model_dir = Path(model_dir).resolve()
+    stamp = tuple((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(model_dir.iterdir()) if p.is_file())
+    key = (str(model_dir), stamp)
+    if key not in _model_digests:
+        h = hashlib.sha256(checkpoint_hash(model_dir).encode())
+        for name in _TOKENIZER_FILES:
+            p = model_dir / name
+            h.update(name.encode() + b"\0" + (p.read_bytes() if p.is_file() else b"<missing>") + b"\0")
+        _model_digests[key] = h.hexdigest()
+    return _model_digests[key]
+
+
+def folder_digest(folder: str | Path, exclude: list[Path] = ()) -> str:
+    """sha256 of every regular file under ``folder`` (names and contents), skipping ``exclude`` and links."""
+    folder = Path(folder).resolve()
+    skip = [Path(e).resolve() for e in exclude]
+    h = hashlib.sha256()
+    for p in sorted(folder.rglob("*")):
+        if p.is_symlink() or not p.is_file() or any(p == s or s in p.parents for s in skip):
+            continue
+        if "__pycache__" in p.parts:
+            continue
+        h.update(str(p.relative_to(folder)).encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def _plain(value: Any) -> Any:
+    if is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in fields(value)}
+    if hasattr(value, "model_dump"):
+        return value.model_dump(mode="json")
+    return value
+
+
+def key_parts(job_dir: str | Path, task, *, hidden_n: int, model_dir: str | Path | None = None,
+              cache_dir: str | Path | None = None, output_dir: str | Path | None = None,
+              settings: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Everything the key hashes, readable (stored in the entry); raises when the job cannot be parsed."""
+    from inner_loop.job import job_hash, library_versions
+    from inner_loop.jobspec import load_job
+    from inner_loop.models import resolve_model
+
+    job_dir = Path(job_dir)
+    spec = load_job(job_dir)
+    base = Path(model_dir) if model_dir else Path(resolve_model(spec.base_model, cache_dir=cache_dir))
+    out = Path(output_dir) if output_dir else job_dir / "output"
+    return {
+        "format": FORMAT,
+        "job_hash": job_hash(job_dir, spec),
+        "job_folder": folder_digest(job_dir, exclude=[out, job_dir / "output"]),  # outputs are never content
+        "task": _plain(task),
+        "hidden_n": int(hidden_n),
+        "base_model": spec.base_model,
+        "base_model_digest": model_digest(base),
+        "seed": spec.seed,
+        "libraries": library_versions(),
+        "harness": harness_digest(),
+        "settings": {k: _plain(v) for k, v in sorted((settings or {}).items())},
+    }
+
+
+def cache_key(parts: dict[str, Any]) -> str:
+    """The sha256 of ``key_parts`` (canonical JSON)."""
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+class JobCache:
+    """Entries under ``<cache root>/jobs`` (see the module docstring)."""
+
+    def __init__(self, root: str | Path | None = None):
+        self.root = Path(root) if root is not None else default_cache_dir() / CACHE_SUBDIR
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    @classmethod
+    def under(cls, cache_dir: str | Path | None = None) -> "JobCache":
+        """The job cache of a cache root (``agent_trainer.paths.cache_dir``)."""
+        return cls(default_cache_dir(cache_dir) / CACHE_SUBDIR)
+
+    def entry_dir(self, key: str) -> Path:
+        return self.root / key[:2] / key
+
+    @contextmanager
+    def locked(self, key: str):
+        """Hold ``key``'s file lock: an identical job running meanwhile waits, then finds the entry."""
+        lock = self.root / key[:2] / f".{key}.lock"
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        with open(lock, "a") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        """The stored entry, or None (a damaged entry counts as absent: it is only a cache)."""
+        try:
+            entry = json.loads((self.entry_dir(key) / ENTRY_FILE).read_text())
+        except (OSError, ValueError):
+            return None
+        return entry if entry.get("format") == FORMAT and isinstance(entry.get("result"), dict) else None
+
+    def put(self, key: str, result, parts: dict[str, Any]) -> bool:
+        """Store a finished job's result (only ``CACHEABLE`` outcomes); True when stored."""
+        if result.status not in CACHEABLE:
+            return False
+        final = self.entry_dir(key)
+        tmp = final.with_name(f".{key}.{os.getpid()}.tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        out = Path(result.output_dir)
+        for name in COPIED_FILES:
+            if (out / name).is_file():
+                shutil.copy2(out / name, tmp / name)
+        model = out / "model"
+        entry = {"format": FORMAT, "key": key, "created": time.time(), "output_dir": str(out.resolve()),
+                 "model_dir": str(model.resolve()) if model.is_dir() else None,
+                 "result": {**result.as_dict(), "cached": False}, "key_parts": parts}
+        (tmp / ENTRY_FILE).write_text(json.dumps(entry, indent=1, default=str) + "\n")
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+        return True
+
+    def restore(self, key: str, entry: dict[str, Any], job_dir: str | Path, output_dir: Path, t_start: float,
+                price_per_hour: float):
+        """The cached ``JobResult`` for this request, with ``result.json`` and the log copies in ``output_dir``."""
+        from inner_loop.job import RESULT_FILE, JobResult, _write_atomic
+
+        output_dir.mkdir(parents=True, exist_ok=True)
+        for name in COPIED_FILES:
+            src = self.entry_dir(key) / name
+            if src.is_file():
+                shutil.copy2(src, output_dir / name)
+        known = {f.name for f in fields(JobResult)}
+        res = JobResult(**{k: v for k, v in entry["result"].items() if k in known})
+        res.job_dir, res.output_dir = str(job_dir), str(output_dir)
+        res.cached, res.cache_key, res.cached_from = True, key, entry.get("output_dir")
+        original = dict(res.seconds)
+        res.seconds["total"] = round(time.monotonic() - t_start, 4)
+        res.usd = round(res.seconds["total"] / 3600 * price_per_hour, 8)
+        model = entry.get("model_dir")
+        (output_dir / CACHED_FROM_FILE).write_text(json.dumps({
+            "key": key, "output_dir": entry.get("output_dir"), "model_dir": model,
+            "model_exists": bool(model) and Path(model).is_dir(), "original_seconds": original,
+            "original_usd": entry["result"].get("usd"), "created": entry.get("created")}, indent=2) + "\n")
+        _write_atomic(output_dir / RESULT_FILE, res.as_dict())
+        return res
+
+
+def run_cached(run: Callable[..., Any], job_dir: str | Path, task, **kwargs: Any):
+    """``run(job_dir, task, cache=False, **kwargs)`` behind the job cache (``run_job(cache=True)`` calls this).
+
+    A job the key cannot be computed for (job.yaml does not parse, unknown base model) runs uncached:
+    validation then reports what is wrong."""
+    from evaluation.tasks import TaskSpec, load_task
+    from inner_loop.cost import CostModel
+    from inner_loop.job import RESULT_FILE, _track, _write_atomic
+
+    t_start = time.monotonic()
+    task = task if isinstance(task, TaskSpec) else load_task(task)
+    job_dir = Path(job_dir)
+    out = Path(kwargs["output_dir"]) if kwargs.get("output_dir") else job_dir / "output"
+    cost_model = kwargs.get("cost_model") or CostModel()
+    price = kwargs["price_per_hour"] if kwargs.get("price_per_hour") is not None else cost_model.usd_per_hour
+    settings = {"dry_run": kwargs.get("dry_run", True), "cost_model": cost_model, "price_per_hour": price,
+                "timeout_s": kwargs.get("timeout_s"), "sandboxed": kwargs.get("wrap") is not None,
+                "sandbox": kwargs.get("sandbox")}
+    try:
+        parts = key_parts(job_dir, task, hidden_n=kwargs.get("hidden_n") or task.hidden_eval_size,
+                          model_dir=kwargs.get("model_dir"), cache_dir=kwargs.get("cache_dir"), output_dir=out,
+                          settings=settings)
+    except Exception:  # the job's fault: the uncached run's validation names it
+        return run(job_dir, task, cache=False, **kwargs)
+    key = cache_key(parts)
+    cache = JobCache.under(kwargs.get("cache_dir"))
+    with cache.locked(key):
+        entry = cache.get(key)
+        if entry is not None:
+            res = cache.restore(key, entry, job_dir, out, t_start, price)
+            if kwargs.get("tracker") is not None:
+                kwargs["tracker"].log_params({"job.cached": True, "job.cache_key": key})
+                _track(kwargs["tracker"], res, out, [])
+            return res
+        res = run(job_dir, task, cache=False, **kwargs)
+        res.cache_key = key
+        _write_atomic(out / RESULT_FILE, res.as_dict())
+        cache.put(key, res, parts)
+    return res
+
+
+def cache_counts(results) -> dict[str, int]:
+    """Hits and misses among job results (a miss: looked up, not found; jobs run uncached count as neither)."""
+    hits = sum(1 for r in results if getattr(r, "cached", False))
+    looked_up = sum(1 for r in results if getattr(r, "cache_key", None))
+    return {"hits": hits, "misses": looked_up - hits}
+
+
+__all__ = ["JobCache", "run_cached", "key_parts", "cache_key", "cache_counts", "harness_digest", "model_digest",
+           "folder_digest", "CACHEABLE"]

@@ -1,0 +1,245 @@
+"""Scale-out executors for inner jobs: submitit (SLURM, or local processes) and Ray.
+
+Same interface as ``inner_loop.executor``: ``run(requests)`` returns one ``JobResult`` per request, in
+request order; ``plan(requests)`` describes what would be submitted without submitting (``dry_run``).
+
+    >>> ex = SubmititExecutor("slurm", max_parallel=8, partition="gpu", gpus_per_job=1)
+    >>> ex.plan(requests)["sbatch"]          # the sbatch script submitit would write
+    >>> results = ex.run(requests)           # one array job, 8 tasks at a time
+
+Why the engines and not Hydra's launcher plugins themselves: a Hydra launcher runs whole invocations
+of a Hydra app (a sweep) and hands back their return values when the sweep ends; an outer step needs
+function calls whose ``JobResult``s it awaits. So inner jobs use the engines under those plugins,
+``submitit`` (under ``hydra-submitit-launcher``) and Ray (under ``hydra-ray-launcher``), with the
+plugin's parameter names (partition, gpus per node, cpus per task, timeout_min, array_parallelism).
+The plugins stay the way to sweep whole commands: ``at-train -m hydra/launcher=submitit_slurm ...``.
+
+- ``submitit`` with ``cluster="slurm"``: one SLURM job array per batch (``array_parallelism`` =
+  ``max_parallel``); ``cluster="local"``: local processes, ``max_parallel`` at a time (the SLURM code
+  path, testable on a laptop). Install: ``pip install -e '.[slurm]'`` (in the CPU set).
+- ``ray``: one Ray task per job (``num_cpus``, ``num_gpus`` per job); a local Ray with
+  ``max_parallel * cpus_per_job`` CPUs, or an existing cluster (``address``). Install:
+  ``pip install -e '.[ray]'`` (kept out of the CPU set; ``hydra-ray-launcher`` would downgrade
+  cloudpickle, Ray itself does not).
+
+What the engines do NOT change: the remote side runs ``inner_loop.job.run_job`` on each request, so
+training still happens in the job's own child process (sandbox, warm-worker and cache rules as on
+one machine) and the harness scores it there. Paths in requests are made absolute; on a cluster they
+must be on a file system every node sees. A job the engine loses (node failure, time limit,
+cancelled) comes back as ``crashed`` with the engine's error, never as an exception.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+_PATH_KEYS = ("job_dir", "output_dir", "model_dir", "cache_dir")
+# Time a job needs beyond its training deadline: interpreter start, imports, hidden evaluation.
+EVAL_MARGIN_S = 600.0
+
+
+def run_request(request: dict[str, Any]):
+    """Run one request on the remote side (a module-level function: submitit and Ray pickle it by name)."""
+    from inner_loop.job import run_job
+
+    return run_job(**request)
+
+
+def absolute(request: dict[str, Any]) -> dict[str, Any]:
+    """The request with its paths made absolute (the remote side may start in another folder)."""
+    return {k: (str(Path(v).resolve()) if k in _PATH_KEYS and v is not None else v) for k, v in request.items()}
+
+
+def lost(request: dict[str, Any], message: str):
+    """A ``crashed`` result (with ``result.json``) for a job the engine lost; the harness keeps going."""
+    from evaluation.tasks import TaskSpec, load_task
+    from inner_loop.job import RESULT_FILE, JobResult, _write_atomic, job_hash, library_versions
+
+    task = request["task"] if isinstance(request["task"], TaskSpec) else load_task(request["task"])
+    job_dir = Path(request["job_dir"])
+    out = Path(request.get("output_dir") or job_dir / "output")
+    res = JobResult(status="crashed", task=task.name, family=task.family, job_dir=str(job_dir), output_dir=str(out),
+                    job_hash=job_hash(job_dir), hidden_n=request.get("hidden_n") or task.hidden_eval_size,
+                    detail="the launcher lost the job before it reported a result (node failure, time limit, "
+                           "cancelled?)", error=message[-3000:], libraries=library_versions())
+    out.mkdir(parents=True, exist_ok=True)
+    _write_atomic(out / RESULT_FILE, res.as_dict())
+    return res
+
+
+def deadline_s(requests: list[dict[str, Any]]) -> float:
+    """The longest hard deadline among the requests (``timeout_s`` or the task's budget x 1.5 + 60 s)."""
+    from evaluation.tasks import TaskSpec, load_task
+    from inner_loop.job import KILL_FACTOR, KILL_MARGIN_S
+
+    out = 0.0
+    for r in requests:
+        task = r["task"] if isinstance(r["task"], TaskSpec) else load_task(r["task"])
+        out = max(out, r.get("timeout_s") or task.budget.max_seconds * KILL_FACTOR + KILL_MARGIN_S)
+    return out
+
+
+def _installed(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+class SubmititExecutor:
+    """Inner jobs as submitit jobs: a SLURM array (``cluster="slurm"``) or local processes (``"local"``)."""
+
+    def __init__(self, cluster: str = "slurm", max_parallel: int = 1, folder: str | Path = "runs/submitit",
+                 partition: str | None = None, gpus_per_job: int = 0, cpus_per_job: int | None = None,
+                 mem_gb: int | None = None, time_limit_min: int | None = None,
+                 additional: dict[str, Any] | None = None, threads: int | None = None):
+        if cluster not in ("slurm", "local"):
+            raise ValueError(f"submitit cluster must be slurm or local, got {cluster!r}")
+        if max_parallel < 1:
+            raise ValueError(f"max_parallel must be >= 1, got {max_parallel}")
+        self.cluster, self.max_parallel, self.folder = cluster, max_parallel, Path(folder)
+        self.partition, self.gpus_per_job, self.cpus_per_job = partition, gpus_per_job, cpus_per_job
+        self.mem_gb, self.time_limit_min, self.additional = mem_gb, time_limit_min, dict(additional or {})
+        self.threads = threads
+
+    @property
+    def kind(self) -> str:
+        return "slurm" if self.cluster == "slurm" else "submitit_local"
+
+    def timeout_min(self, requests: list[dict[str, Any]]) -> int:
+        """The per-job time limit: ``time_limit_min``, else the longest job deadline plus the eval margin."""
+        if self.time_limit_min:
+            return int(self.time_limit_min)
+        return max(1, math.ceil((deadline_s(requests) + EVAL_MARGIN_S) / 60)) if requests else 60
+
+    def parameters(self, requests: list[dict[str, Any]]) -> dict[str, Any]:
+        """``AutoExecutor.update_parameters`` keywords (hydra-submitit-launcher's names, submitit's prefixes)."""
+        p: dict[str, Any] = {"name": "inner-job", "timeout_min": self.timeout_min(requests),
+                             "cpus_per_task": self.cpus_per_job or self.threads or 1, "nodes": 1, "tasks_per_node": 1}
+        if self.gpus_per_job:
+            p["gpus_per_node"] = self.gpus_per_job
+        if self.mem_gb:
+            p["mem_gb"] = self.mem_gb
+        if self.cluster == "slurm":
+            p["slurm_array_parallelism"] = self.max_parallel
+            if self.partition:
+                p["slurm_partition"] = self.partition
+            if self.additional:
+                p["slurm_additional_parameters"] = dict(self.additional)
+        return p
+
+    def sbatch(self, requests: list[dict[str, Any]]) -> str:
+        """The sbatch script submitit would write for this batch (built without a cluster: for dry runs)."""
+        from submitit.slurm.slurm import _make_sbatch_string
+
+        p = self.parameters(requests)
+        return _make_sbatch_string(
+            command=f"{sys.executable} -u -m submitit.core._submit {self.folder.resolve() / '%j'}",
+            folder=self.folder.resolve() / "%j", job_name=p["name"], partition=p.get("slurm_partition"),
+            time=p["timeout_min"], nodes=1, cpus_per_task=p["cpus_per_task"], gpus_per_node=p.get("gpus_per_node"),
+            mem=f"{p['mem_gb']}GB" if p.get("mem_gb") else None, array_parallelism=self.max_parallel,
+            map_count=max(1, len(requests)), additional_parameters=p.get("slurm_additional_parameters"))
+
+    def plan(self, requests: list[dict[str, Any]] = ()) -> dict[str, Any]:
+        """What ``run`` would submit, without submitting."""
+        requests = list(requests)
+        out: dict[str, Any] = {"executor": self.kind, "engine": "submitit", "max_parallel": self.max_parallel,
+                               "folder": str(self.folder), "parameters": self.parameters(requests),
+                               "engine_installed": _installed("submitit")}
+        if not out["engine_installed"]:
+            out["install"] = "pip install -e '.[slurm]'"
+        elif self.cluster == "slurm":
+            out["sbatch"] = self.sbatch(requests)
+        return out
+
+    def run(self, requests: list[dict[str, Any]]) -> list:
+        if not requests:
+            return []
+        try:
+            import submitit
+        except ImportError:
+            raise RuntimeError("hardware.executor=slurm/submitit_local needs submitit: pip install -e '.[slurm]'") from None
+        reqs = [absolute({"threads": self.threads, **r} if r.get("threads") is None else r) for r in requests]
+        self.folder.mkdir(parents=True, exist_ok=True)
+        ex = submitit.AutoExecutor(folder=self.folder / "%j", cluster=self.cluster)
+        ex.update_parameters(**self.parameters(reqs))
+        # SLURM throttles the array itself; local processes all start at once, so go max_parallel at a time.
+        size = len(reqs) if self.cluster == "slurm" else self.max_parallel
+        results = []
+        for start in range(0, len(reqs), size):
+            chunk = reqs[start:start + size]
+            jobs = ex.map_array(run_request, chunk)
+            for job, req in zip(jobs, chunk):
+                try:
+                    results.append(job.result())
+                except Exception as e:  # noqa: BLE001 - whatever the engine raises, the batch goes on
+                    results.append(lost(req, f"{type(e).__name__}: {e}"))
+        return results
+
+
+class RayExecutor:
+    """Inner jobs as Ray tasks, on a local Ray (started on first use) or an existing cluster (``address``)."""
+
+    kind = "ray"
+
+    def __init__(self, max_parallel: int = 1, address: str | None = None, gpus_per_job: int = 0,
+                 cpus_per_job: int | None = None, threads: int | None = None, init_kwargs: dict | None = None):
+        if max_parallel < 1:
+            raise ValueError(f"max_parallel must be >= 1, got {max_parallel}")
+        self.max_parallel, self.address, self.gpus_per_job = max_parallel, address, gpus_per_job
+        self.cpus_per_job = cpus_per_job or threads or 1
+        self.threads = threads
+        self.init_kwargs = dict(init_kwargs or {})
+        self._started = False
+
+    def plan(self, requests: list[dict[str, Any]] = ()) -> dict[str, Any]:
+        out: dict[str, Any] = {"executor": "ray", "engine": "ray", "max_parallel": self.max_parallel,
+                               "address": self.address or "local (started on first use)",
+                               "task_resources": {"num_cpus": self.cpus_per_job, "num_gpus": self.gpus_per_job},
+                               "engine_installed": _installed("ray")}
+        if not self.address:
+            out["local_cpus"] = self.max_parallel * self.cpus_per_job
+        if not out["engine_installed"]:
+            out["install"] = "pip install -e '.[ray]'"
+        return out
+
+    def _init(self):
+        try:
+            import ray
+        except ImportError:
+            raise RuntimeError("hardware.executor=ray needs Ray: pip install -e '.[ray]'") from None
+        if not ray.is_initialized():
+            kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, **self.init_kwargs}
+            if self.address:
+                ray.init(address=self.address, **kwargs)
+            else:
+                ray.init(num_cpus=self.max_parallel * self.cpus_per_job, num_gpus=None if self.gpus_per_job else 0,
+                         **kwargs)
+            self._started = True
+        return ray
+
+    def run(self, requests: list[dict[str, Any]]) -> list:
+        if not requests:
+            return []
+        ray = self._init()
+        reqs = [absolute({"threads": self.threads, **r} if r.get("threads") is None else r) for r in requests]
+        task = ray.remote(num_cpus=self.cpus_per_job, num_gpus=self.gpus_per_job, max_retries=0)(run_request)
+        refs = [task.remote(r) for r in reqs]
+        results = []
+        for ref, req in zip(refs, reqs):
+            try:
+                results.append(ray.get(ref))
+            except Exception as e:  # noqa: BLE001 - a lost worker or node: the batch goes on
+                results.append(lost(req, f"{type(e).__name__}: {e}"))
+        return results
+
+    def close(self) -> None:
+        """Stop the local Ray this executor started (an existing cluster is left alone)."""
+        if self._started:
+            import ray
+
+            ray.shutdown()
+            self._started = False
+

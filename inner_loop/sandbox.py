@@ -1,0 +1,376 @@
+"""Sandbox for inner jobs that carry agent-written code or data: bubblewrap command lines and limits.
+
+    >>> from inner_loop.sandbox import SandboxPolicy
+    >>> policy = SandboxPolicy()                    # inner.sandbox=true, inner.allow_unsafe=false
+    >>> policy.refusal(spec)                        # None, or why this job may not run on this machine
+    >>> wrap = trainer_wrapper(policy, job_dir=d, output_dir=o, model_dir=m, deadline_s=150)
+    >>> wrap(["python", "-m", "inner_loop.worker", ...])      # ["bwrap", ..., "python", "-m", ...]
+
+A job with agent-written code (``reward.py``) or data (``data.jsonl``) runs in up to two sandboxes,
+each a fresh bubblewrap (``bwrap``) container started by the harness:
+
+1. the *trainer* (``python -m inner_loop.worker``): harness code only, on the agent's data; it
+   reads the job folder, the declared base model and the harness's own packages, and writes only
+   the job's output folder, where it saves the checkpoint;
+2. the *reward host* (``inner_loop/reward_host.py``, mounted alone): the agent's ``reward.py``,
+   called over a socket with prompts and completions, answering with numbers. It cannot write
+   any file, and runs as an unprivileged uid of its own, so the agent's code never shares a
+   process, a file or a writable folder with the model it is rewarding, and cannot train it on
+   anything but the job's declared rows.
+
+Both sandboxes cover:
+- no network: a new network namespace with nothing in it (even 127.0.0.1 reaches nothing);
+- a read-only root of only what Python needs (``/usr``, the interpreter, the virtual env); the
+  trainer also gets ``inner_loop`` and ``evaluation`` (minus the hidden-eval, baseline,
+  contamination and lineage modules), the base model folder (read-only) and the job folder
+  (read-only), and writes only the output folder; the reward host sees the job folder (read-only)
+  and nothing of the project; ``runs/``, MLflow, other jobs, the baseline cache and every other
+  model are not mounted at all; ``/tmp`` is a private, size-capped tmpfs;
+- a scrubbed environment (``--clearenv``, then a whitelist; nothing named like a key, token,
+  secret or password ever passes);
+- new PID, IPC and UTS namespaces, a new session (no terminal injection), no capabilities,
+  ``no_new_privs``, killed with the harness (``--die-with-parent``);
+- limits (``setrlimit`` before the program starts): CPU seconds, address space, file size, open
+  files, core dumps off; the reward host also a process/thread count (as its own uid when the
+  harness is root, since Linux does not count root's processes), plus a per-call timeout on the
+  trainer's side; the harness's wall-clock deadline kills both.
+
+Not covered: CPU and memory *bandwidth* (a job can slow its neighbours down); kernel exploits
+(bubblewrap is namespaces, not a VM; no seccomp filter is installed); timing side channels; the
+contents of the job's own files (the harness checks agent data for hidden items separately,
+``inner_loop.contamination``, and checks the checkpoint's lineage before scoring it); GPU
+isolation (device nodes are passed through to the trainer when present). Without bubblewrap,
+or with ``inner.sandbox=false``, jobs with agent code or data are refused unless
+``inner.allow_unsafe=true``; then they run with the limits and the scrubbed environment only.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Callable
+
+GiB = 2**30
+# Agent code runs as SANDBOX_UID_BASE + a per-job offset when the harness is root: a uid no file
+# belongs to, with a process count of its own (RLIMIT_NPROC is per uid and ignored for root).
+SANDBOX_UID_BASE = 3_000_000
+_uid_counter = itertools.count()
+SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|COOKIE|SESSION", re.I)
+SAFE_ENV = ("PATH", "HOME", "TMPDIR", "LANG", "LC_ALL", "PYTHONDONTWRITEBYTECODE", "PYTHONUNBUFFERED",
+            "PYTHONHASHSEED", "PYTHONPATH", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE",
+            "HF_HOME", "TOKENIZERS_PARALLELISM", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+            "CUDA_VISIBLE_DEVICES")
+# Harness modules the trainer never needs: they read hidden sets, baselines or score checkpoints.
+MASKED_MODULES = ("hidden_eval.py", "baselines.py", "contamination.py", "lineage.py", "staged_reward.py")
+REWARD_HOST_FILE = Path(__file__).with_name("reward_host.py")
+REWARD_HOST_IN_SANDBOX = "/sandbox/reward_host.py"
+REWARD_LOG_BYTES = 64 * 2**20
+
+# The first program inside a sandbox: set the limits, drop to the sandbox uid, forbid privilege
+# gain, then exec the real command. Standard library only, no site packages (-I -S).
+_LAUNCHER = (
+    "import ctypes, json, os, resource, sys\n"
+    "cfg = json.loads(sys.argv[1])\n"
+    "for name, value in cfg['limits'].items():\n"
+    "    resource.setrlimit(getattr(resource, name), (value, value))\n"
+    "libc = ctypes.CDLL(None, use_errno=True)\n"
+    "uid = cfg.get('uid')\n"
+    "if uid is not None:\n"
+    "    os.setgroups([]); os.setresgid(uid, uid, uid); os.setresuid(uid, uid, uid)\n"
+    "    libc.prctl(1, 9, 0, 0, 0)\n"  # PR_SET_PDEATHSIG = SIGKILL again (a uid change clears it)
+    "libc.prctl(38, 1, 0, 0, 0)\n"  # PR_SET_NO_NEW_PRIVS
+    "os.execv(sys.argv[2], sys.argv[2:])\n"
+)
+
+
+@dataclass(frozen=True)
+class SandboxPolicy:
+    """How jobs with agent-written code or data run (``inner.sandbox`` / ``inner.allow_unsafe`` and limits)."""
+
+    enabled: bool = True  # run them under bubblewrap
+    allow_unsafe: bool = False  # run them without bubblewrap when it is off or missing (trusted agents only)
+    memory_gb: float | None = 16.0  # address space of the trainer; None: no cap (CUDA reserves a lot)
+    reward_memory_gb: float = 4.0  # address space of the reward host
+    max_processes: int = 64  # processes + threads of the agent's reward code
+    reward_timeout_s: float = 60.0  # one reward call (or the reward file's import) at most
+    tmp_mb: int = 256  # size of each sandbox's private /tmp
+    bwrap: str = "bwrap"  # the bubblewrap executable
+
+    @classmethod
+    def coerce(cls, value: Any) -> "SandboxPolicy":
+        """A policy from None/True (the default), False (sandbox off), a dict of fields, or a policy."""
+        if value is None or value is True:
+            return cls()
+        if value is False:
+            return cls(enabled=False)
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, dict):
+            names = {f.name for f in fields(cls)}
+            unknown = sorted(set(value) - names)
+            if unknown:
+                raise ValueError(f"unknown sandbox setting(s) {unknown}; known: {sorted(names)}")
+            return cls(**value)
+        raise TypeError(f"sandbox must be a SandboxPolicy, a dict, a bool or None, got {type(value).__name__}")
+
+    @classmethod
+    def from_config(cls, inner) -> "SandboxPolicy":
+        """The policy of an ``inner`` config group (``agent_trainer.config.InnerConfig``)."""
+        get = (lambda k, d: getattr(inner, k, d)) if not isinstance(inner, dict) else inner.get
+        memory = get("sandbox_memory_gb", cls.memory_gb)
+        return cls(enabled=bool(get("sandbox", True)), allow_unsafe=bool(get("allow_unsafe", False)),
+                   memory_gb=None if memory is None else float(memory),
+                   max_processes=int(get("sandbox_max_processes", cls.max_processes)),
+                   reward_timeout_s=float(get("reward_timeout_s", cls.reward_timeout_s)))
+
+    def as_dict(self) -> dict:
+        """Plain fields (for run_job keyword dicts that get copied, pickled or logged)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def use_bwrap(self) -> bool:
+        """True when jobs with agent code or data run under bubblewrap here."""
+        return self.enabled and bwrap_problem(self.bwrap) is None
+
+    def refusal(self, spec) -> str | None:
+        """Why a job (a ``JobSpec``) may not run on this machine under this policy, or None."""
+        if not (spec.uses_agent_code or getattr(spec, "uses_agent_data", False)):
+            return None
+        if self.use_bwrap() or self.allow_unsafe:
+            return None
+        what = "agent-written code (reward.py)" if spec.uses_agent_code else "agent-written data (data.jsonl)"
+        why = (bwrap_problem(self.bwrap) if self.enabled else "the sandbox is off (inner.sandbox=false)")
+        return (f"jobs with {what} run only in the sandbox, and {why}; use library rewards and sources, "
+                "or (operator) install bubblewrap, or set inner.allow_unsafe=true for trusted agents")
+
+
+@functools.lru_cache(maxsize=8)
+def bwrap_problem(bwrap: str = "bwrap") -> str | None:
+    """None when ``bwrap`` can start a sandbox here, else why not (cached per executable)."""
+    exe = shutil.which(bwrap)
+    if exe is None:
+        return f"bubblewrap ({bwrap}) is not installed (apt-get install bubblewrap)"
+    try:
+        p = subprocess.run([exe, "--ro-bind", "/", "/", "--unshare-net", "--unshare-pid", "--die-with-parent",
+                            "--proc", "/proc", "--dev", "/dev", "true"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"bubblewrap ({exe}) could not be started: {e}"
+    if p.returncode != 0:
+        return f"bubblewrap ({exe}) cannot create a sandbox here: {p.stderr.strip()[-300:]}"
+    return None
+
+
+# --- pieces of a command line ------------------------------------------------------------------
+
+
+def scrub_env(env: dict[str, str]) -> dict[str, str]:
+    """Only whitelisted names, and never one that looks like a credential."""
+    return {k: v for k, v in env.items() if k in SAFE_ENV and not SECRET_NAME.search(k)}
+
+
+def _user_tasks(uid: int) -> int:
+    """Processes + threads of ``uid`` now (what RLIMIT_NPROC counts)."""
+    n = 0
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                status = (d / "status").read_text()
+            except OSError:
+                continue
+            real = re.search(r"^Uid:\s+(\d+)", status, re.M)
+            threads = re.search(r"^Threads:\s+(\d+)", status, re.M)
+            if real and int(real.group(1)) == uid:
+                n += int(threads.group(1)) if threads else 1
+    return n
+
+
+class _Mounts:
+    """bwrap mount arguments; parents that bwrap creates are made traversable for the sandbox uid."""
+
+    def __init__(self):
+        self.args: list[str] = []
+        self.dests: list[str] = []
+
+    def bind(self, src: str | Path, dest: str | Path | None = None, *, rw: bool = False, dev: bool = False) -> None:
+        src = str(src)
+        dest = str(dest or src)
+        self.args += ["--dev-bind" if dev else ("--bind" if rw else "--ro-bind"), src, dest]
+        self.dests.append(dest)
+
+    def mask(self, dest: str | Path) -> None:
+        """Hide a file: /dev/null over it."""
+        self.args += ["--ro-bind", "/dev/null", str(dest)]
+
+    def system(self) -> None:
+        """``/usr``, the top-level links or folders into it, the loader's cache, the interpreter, the venv."""
+        self.bind("/usr")
+        for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+            p = Path(top)
+            if p.is_symlink():
+                self.args += ["--symlink", os.readlink(p), top]
+            elif p.is_dir():
+                self.bind(top)
+        for etc in ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime"):
+            if os.path.exists(etc):
+                self.bind(etc)
+        for prefix in {sys.base_prefix, sys.prefix}:
+            if not prefix.startswith("/usr/") and prefix != "/usr":
+                self.bind(prefix)
+        exe = Path(sys.executable)
+        if not str(exe).startswith(("/usr/", sys.prefix, sys.base_prefix)):
+            self.bind(exe.resolve(), exe)
+
+    def chmod_parents(self) -> list[str]:
+        """``--chmod 0755`` for every folder bwrap created on the way to a mount point (not ``/tmp``)."""
+        mounted = set(self.dests)
+        made: set[str] = set()
+        for dest in self.dests:
+            for parent in Path(dest).parents:
+                p = str(parent)
+                if p in ("/", "/tmp", "/dev", "/proc") or p in mounted or any(p.startswith(m + "/") for m in mounted):
+                    continue
+                made.add(p)
+        return [a for p in sorted(made) for a in ("--chmod", "0755", p)]
+
+
+def _namespaces(policy: SandboxPolicy, hostname: str = "sandbox") -> list[str]:
+    exe = shutil.which(policy.bwrap) or policy.bwrap
+    return [exe, "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
+            "--hostname", hostname, "--die-with-parent", "--new-session", "--clearenv",
+            "--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--size", str(policy.tmp_mb * 2**20),
+            "--tmpfs", "/tmp"]
+
+
+def _env_args(env: dict[str, str]) -> list[str]:
+    return [a for k, v in sorted(scrub_env(env).items()) for a in ("--setenv", k, v)]
+
+
+def _launch(limits: dict[str, int], uid: int | None, argv: list[str]) -> list[str]:
+    cfg = json.dumps({"limits": limits, "uid": uid})
+    return [sys.executable, "-I", "-S", "-c", _LAUNCHER, cfg, *argv]
+
+
+def _gpu_devices() -> list[str]:
+    return sorted(str(p) for p in Path("/dev").glob("nvidia*"))
+
+
+def trainer_limits(policy: SandboxPolicy, deadline_s: float, threads: int | None) -> dict[str, int]:
+    """rlimits of the trainer: CPU seconds for every thread until the deadline, memory, file size."""
+    from inner_loop.worker import MAX_FILE_BYTES
+
+    cores = threads or os.cpu_count() or 1
+    limits = {"RLIMIT_CPU": int(math.ceil(deadline_s * cores)) + 60, "RLIMIT_FSIZE": MAX_FILE_BYTES,
+              "RLIMIT_CORE": 0, "RLIMIT_NOFILE": 4096}
+    if policy.memory_gb is not None and not _gpu_devices():
+        limits["RLIMIT_AS"] = int(policy.memory_gb * GiB)
+    return limits
+
+
+def reward_limits(policy: SandboxPolicy, deadline_s: float, uid: int | None) -> dict[str, int]:
+    """rlimits of the reward host: one core's CPU seconds, memory, a small log, few processes."""
+    own = 0 if uid is not None else _user_tasks(os.getuid())  # NPROC counts every task of the uid
+    return {"RLIMIT_CPU": int(math.ceil(deadline_s)) + 10, "RLIMIT_AS": int(policy.reward_memory_gb * GiB),
+            "RLIMIT_FSIZE": REWARD_LOG_BYTES, "RLIMIT_CORE": 0, "RLIMIT_NOFILE": 256,
+            "RLIMIT_NPROC": own + policy.max_processes}
+
+
+def _package_dirs() -> list[Path]:
+    import evaluation
+    import inner_loop
+
+    return [Path(inner_loop.__file__).parent, Path(evaluation.__file__).parent]
+
+
+def trainer_wrapper(policy: SandboxPolicy, *, job_dir: Path, output_dir: Path, model_dir: Path, deadline_s: float,
+                    threads: int | None = None) -> Callable[[list[str]], list[str]]:
+    """``wrap`` for ``run_worker``: the trainer's argv inside bubblewrap (see the module docstring)."""
+    from inner_loop.worker import child_env
+
+    job_dir, output_dir, model_dir = (Path(p).resolve() for p in (job_dir, output_dir, model_dir))
+    home = output_dir / ".home"
+    m = _Mounts()
+    m.system()
+    for pkg in _package_dirs():
+        m.bind(pkg)
+    evaluation_dir = _package_dirs()[1]
+    for name in MASKED_MODULES:
+        if (evaluation_dir / name).exists():
+            m.mask(evaluation_dir / name)
+    m.bind(model_dir)
+    m.bind(job_dir)
+    m.bind(output_dir, rw=True)  # after the job folder: an output folder inside it stays writable
+    for dev in _gpu_devices():
+        m.bind(dev, dev=True)
+    env = child_env(home, threads)
+    base = [*_namespaces(policy), *(["--cap-drop", "ALL"] if os.geteuid() == 0 else []), *m.args,
+            *m.chmod_parents(), *_env_args(env), "--chdir", str(job_dir)]
+    limits = trainer_limits(policy, deadline_s, threads)
+
+    def wrap(argv: list[str]) -> list[str]:
+        return [*base, "--", *_launch(limits, None, argv)]
+
+    return wrap
+
+
+def sandbox_uids(pid: int | None = None) -> range:
+    """The uids the reward hosts of harness process ``pid`` (default: this one) run as, when it is root."""
+    start = SANDBOX_UID_BASE + ((pid or os.getpid()) % 10_000) * 100
+    return range(start, start + 100)
+
+
+def sandbox_uid() -> int | None:
+    """A fresh unprivileged uid for one reward host when the harness is root, else None (keep ours)."""
+    if os.geteuid() != 0:
+        return None
+    return sandbox_uids()[next(_uid_counter) % 100]
+
+
+def reward_host_argv(policy: SandboxPolicy, *, job_dir: Path, fd: int, deadline_s: float,
+                     sandboxed: bool = True, info_fd: int | None = None) -> list[str]:
+    """The reward host's command line: in its own sandbox, or (unsafe mode) with limits and a clean env only.
+
+    ``info_fd``: bwrap writes ``{"child-pid": ...}`` there (the sandbox's first process)."""
+    job_dir = Path(job_dir).resolve()
+    uid = sandbox_uid() if sandboxed else None
+    limits = reward_limits(policy, deadline_s, uid)
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8",
+           "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1", "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1"}
+    if not sandboxed:
+        return _launch(limits, None, [sys.executable, "-I", str(REWARD_HOST_FILE), "--fd", str(fd)])
+    m = _Mounts()
+    m.system()
+    m.bind(REWARD_HOST_FILE, REWARD_HOST_IN_SANDBOX)
+    # The sandbox uid reads the job folder only when its mode lets anyone read it (it is the agent's
+    # workspace copy, written 0644/0755); the reward source itself arrives over the socket.
+    readable = job_dir.is_dir() and (job_dir.stat().st_mode & 0o005) == 0o005
+    if readable:
+        m.bind(job_dir)
+    caps = ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"] if uid is not None else []
+    info = ["--info-fd", str(info_fd)] if info_fd is not None else []
+    return [*_namespaces(policy), *caps, *info, *m.args, *m.chmod_parents(), *_env_args(env),
+            "--chdir", str(job_dir) if readable else "/tmp", "--",
+            *_launch(limits, uid, [sys.executable, "-I", REWARD_HOST_IN_SANDBOX, "--fd", str(fd)])]
+
+
+def job_file_problems(job_dir: str | Path, names: list[str]) -> list[tuple[str, str]]:
+    """``(file, problem)`` for job files that are links or lead outside the job folder.
+
+    The harness reads these files itself (validation, contamination check, hashing), outside any
+    sandbox: a ``data.jsonl`` linked to a harness file would be read, and quoted in findings."""
+    root = Path(job_dir).resolve()
+    out = []
+    for name in dict.fromkeys(names):
+        p = Path(job_dir) / name
+        if p.is_symlink():
+            out.append((name, f"{name} is a symbolic link; the job folder must hold the file itself"))
+        elif p.exists() and root not in p.resolve().parents:
+            out.append((name, f"{name} leads outside the job folder; the job folder must hold the file itself"))
+    return out

@@ -1,0 +1,121 @@
+"""Faults the harness must survive: an inner job's process killed mid-training (the job ends
+``crashed`` with its ``result.json`` and the episode's next tool call works), and an MLflow server
+that cannot be reached (reported at start-up in seconds, with one line, before any work starts).
+
+The SIGKILL-during-an-outer-step resume is in ``test_train.py`` (it needs a whole at-train run).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from evaluation.tasks import load_task
+from outer_loop.ledger import Ledger
+from outer_loop.tools import ToolBox, ToolLimits
+from outer_loop.workspace import Workspace
+
+ROOT = Path(__file__).resolve().parents[2]
+TASK = ROOT / "examples/tasks/calc_chain_v1_tiny.json"
+# Library data only (no agent code or data): the plain cold worker process, no sandbox around it.
+JOB = {"base_model": "tiny-s", "algorithm": "sft",
+       "hyperparameters": {"learning_rate": 1e-3, "batch_size": 64, "max_steps": 100},
+       "data": {"sources": [{"family": "calc_chain", "seed": 1, "size": 2000}]}, "seed": 0}
+
+
+def _worker_pids(output_dir: Path) -> list[int]:
+    """Pids of ``python -m inner_loop.worker`` processes writing into ``output_dir``."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"inner_loop.worker" in argv and str(output_dir).encode() in argv:
+            pids.append(int(entry.name))
+    return pids
+
+
+@pytest.mark.slow
+def test_inner_job_killed_mid_training_ends_crashed_and_the_episode_goes_on(tmp_path, built_models):
+    task = load_task(TASK)
+    ws = Workspace.create(tmp_path / "ep" / "workspace", task)
+    ledger = Ledger.open(tmp_path)
+    box = ToolBox(ws, task, limits=ToolLimits(max_turns=8, max_jobs=2), jobs_dir=tmp_path / "ep" / "jobs",
+                  ledger=ledger, validate_kwargs={"dry_run": False},
+                  job_kwargs={"dry_run": False, "threads": 1, "progress": False, "hidden_n": 16})
+    assert box.call("write_file", {"path": "job.yaml", "content": yaml.safe_dump(JOB)}).ok
+    output = (tmp_path / "ep" / "jobs" / "00" / "output").resolve()
+    killed: list[int] = []
+
+    def kill_after_first_step():
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and not killed:
+            log = output / "train_log.jsonl"
+            if log.is_file() and log.read_text().strip():  # training has made a step
+                for pid in _worker_pids(output):
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
+            time.sleep(0.05)
+
+    killer = threading.Thread(target=kill_after_first_step, daemon=True)
+    killer.start()
+    res = box.call("submit_job", {"path": "."})
+    killer.join(timeout=5)
+    assert killed, "the worker was never seen training"
+
+    assert not res.ok and "job status: crashed" in res.text, res.text
+    result = json.loads((output / "result.json").read_text())
+    assert result["status"] == "crashed" and result["hidden_score"] is None
+    assert "exited with code" in result["detail"] and 0 < result["steps"] < 100
+    assert not _worker_pids(output), "no process of the killed job is left"
+    (job,) = [r for r in map(json.loads, (tmp_path / "ledger.jsonl").read_text().splitlines()) if r["kind"] == "job"]
+    assert job["status"] == "crashed"
+
+    # the episode goes on: the agent reads, edits, validates; the tools answer as before
+    assert "job.yaml" in box.call("list_files", {}).text
+    assert box.call("write_file", {"path": "job.yaml", "content": yaml.safe_dump({**JOB, "seed": 1})}).ok
+    valid = box.call("validate_job", {"path": "job.yaml"})
+    assert valid.ok and "VALID" in valid.text
+    assert box.state.submitted == 1 and not box.done
+    assert box.call("finish", {"summary": "the first job crashed"}).ok
+    ledger.close()
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # closed when the block ends: nothing listens there
+
+
+@pytest.mark.parametrize("command,args", [
+    ("at-train", ["experiment=smoke"]),
+    ("at-job", ["examples/jobs/sft_full", "task=calc_chain_v1_tiny"]),
+])
+def test_unreachable_mlflow_server_is_reported_at_start_up(tmp_path, command, args):
+    uri = f"http://127.0.0.1:{_closed_port()}"
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    t0 = time.monotonic()
+    proc = subprocess.run([str(Path(sys.executable).parent / command), *args, f"runs_dir={tmp_path}", "run_id=r",
+                           "tracking=server", f"tracking.tracking_uri={uri}"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    seconds = time.monotonic() - t0
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"{command}: error: MLflow server {uri}"), proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+    # Before any work: no episode, no job output; and in seconds (~2.5 s here), not after imports and models.
+    assert not (tmp_path / "r" / "episodes").exists() and not (tmp_path / "r" / "job").exists()
+    assert seconds < 15, f"{command} took {seconds:.1f} s to report an unreachable MLflow server"

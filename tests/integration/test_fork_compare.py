@@ -1,0 +1,135 @@
+"""at-fork and at-compare end to end on the CPU default: the tiny agent makes a two-job source episode,
+the fork replays it to job 1 and runs continue / switch / reconsider branches, at-compare reads MLflow."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+from mlflow import MlflowClient
+
+from agent_trainer.config import compose_config
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
+TASK = str(ROOT / "examples/tasks/calc_chain_v1_tiny.json")
+COMMON = [f"task.spec_path={TASK}", "agent=tiny_local", "inner=fast", "hardware.threads_per_job=1"]
+
+
+def _events(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def forked(tmp_path_factory, built_agent):
+    from outer_loop.strategy import job_labels
+    from scripts import episode as at_episode
+    from scripts import fork as at_fork
+
+    runs = tmp_path_factory.mktemp("forks")
+    at_episode.run(compose_config([f"runs_dir={runs}", "run_id=src", "budget.max_jobs_per_episode=2",
+                                   "agent.max_turns=10", *COMMON], "episode"))
+    first = job_labels(runs / "src" / "episodes" / "0" / "jobs")
+    assert first and first[0]["label"], "the tiny agent's first job trained (the fork point exists)"
+    other = "sft" if first[0]["ran"]["stages"][-1]["algorithm"] == "grpo" else "grpo"
+    cfg = compose_config([f"runs_dir={runs}", "run_id=fork", "run=src", "at=1",
+                          f"branches=[continue,switch:{other},reconsider]"], "fork")
+    rows = at_fork.run(cfg)
+    return {"runs": runs, "rows": rows, "other": other, "cfg": cfg, "first": first[0]}
+
+
+def test_fork_writes_table_and_plot(forked):
+    fork = forked["runs"] / "fork"
+    with open(fork / "comparison.csv") as fh:
+        table = list(csv.DictReader(fh))
+    assert [r["branch"] for r in table] == ["continue", f"switch:{forked['other']}", "reconsider"]
+    md = (fork / "comparison.md").read_text()
+    assert md.count("\n") == 2 + 3 and "switches_after_fork" in md
+    png = (fork / "fork.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+    for row, r in zip(table, forked["rows"]):
+        assert float(row["reward"]) == pytest.approx(r["reward"])
+        summary = json.loads((fork / "episodes" / r["branch"].replace(":", "-") / "summary.json").read_text())
+        assert summary["reward"]["total"] == pytest.approx(r["reward"])
+        assert summary["strategy"]["jobs"][0]["label"] == forked["first"]["label"]   # job 1 is the source's
+
+
+def test_branches_start_from_the_same_point_with_the_same_budget(forked):
+    runs, other = forked["runs"], forked["other"]
+    src = _events(runs / "src" / "episodes" / "0" / "trajectory.jsonl")
+    cut = next(i for i, e in enumerate(src) if e.get("event") == "job")
+    src_msgs = [e for e in src[:cut] if e.get("event") == "message"]
+    src_turns = sum(m["role"] == "assistant" for m in src_msgs)
+    records = [json.loads(x) for x in (runs / "fork" / "ledger.jsonl").read_text().splitlines()]
+    messages = {}
+    for name in ("continue", f"switch-{other}", "reconsider"):
+        ev = _events(runs / "fork" / "episodes" / name / "trajectory.jsonl")
+        msgs = [e for e in ev if e.get("event") == "message"]
+        assert [(m["role"], m.get("content")) for m in msgs[:len(src_msgs)]] == \
+            [(m["role"], m.get("content")) for m in src_msgs]
+        assert (runs / "fork" / "episodes" / name / "jobs" / "00" / "output" / "result.json").is_file()
+        # the prefix's spending is the branch's: replayed LLM calls and job 1, then its own turns within the cap
+        mine = [r for r in records if r["episode"] == name]
+        assert sum(r["kind"] == "llm" and r.get("replayed", False) for r in mine) == src_turns
+        assert mine[src_turns]["kind"] == "job"
+        assert sum(r["kind"] == "llm" for r in mine) <= 10 and sum(r["kind"] == "job" for r in mine) <= 2
+        messages[name] = msgs[len(src_msgs):]
+    assert not any(m["role"] == "user" for m in messages["continue"][:1])
+    assert messages[f"switch-{other}"][0]["content"].startswith(f"Switch to {other.upper()} instead of ")
+    assert messages["reconsider"][0]["content"] == "Reconsider your strategy."
+    # same seed, same prompt: the continue branch's next turn is the source's own continuation
+    src_next = next(e for e in src[cut:] if e.get("event") == "message" and e["role"] == "assistant")
+    cont_next = next(m for m in messages["continue"] if m["role"] == "assistant")
+    assert (cont_next.get("content"), cont_next.get("tool_calls")) == (src_next.get("content"), src_next.get("tool_calls"))
+
+
+def test_nested_mlflow_runs(forked):
+    cfg = forked["cfg"]
+    client = MlflowClient(tracking_uri=str(cfg.tracking.tracking_uri))
+    exp = client.get_experiment_by_name(str(cfg.tracking.experiment))
+    (parent,) = client.search_runs([exp.experiment_id], "tags.command = 'at-fork'")
+    children = client.search_runs([exp.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    assert sorted(c.data.tags["branch"] for c in children) == sorted(r["branch"] for r in forked["rows"])
+    for c in children:
+        row = next(r for r in forked["rows"] if r["branch"] == c.data.tags["branch"])
+        assert c.data.metrics["reward_total"] == pytest.approx(row["reward"])
+        assert c.data.metrics["switches_after_fork"] == row["switches_after_fork"]
+    assert {"comparison.md", "comparison.csv", "fork.png"} <= {a.path for a in client.list_artifacts(parent.info.run_id)}
+
+
+def test_compare_two_runs_matches_mlflow(forked, tmp_path):
+    from scripts import compare as at_compare
+
+    cfg = forked["cfg"]
+    client = MlflowClient(tracking_uri=str(cfg.tracking.tracking_uri))
+    exp = client.get_experiment_by_name(str(cfg.tracking.experiment))
+    (src,) = client.search_runs([exp.experiment_id], "tags.command = 'at-episode'")
+    (branch,) = client.search_runs([exp.experiment_id], "tags.branch = 'reconsider'")
+    ids = [src.info.run_id, branch.info.run_id]
+    paths = at_compare.run(compose_config([f"runs_dir={forked['runs']}", "run_id=cmp", f"runs=[{ids[0]},{ids[1]}]",
+                                           f"out={tmp_path}"], "compare"))
+    with open(tmp_path / "compare.csv") as fh:
+        table = {r["run_id"]: r for r in csv.DictReader(fh)}
+    assert set(table) == set(ids)
+    data = json.loads((tmp_path / "plot_data.json").read_text())
+    for i, rid in enumerate(ids):
+        m = client.get_run(rid).data.metrics
+        row = table[rid]
+        assert float(row["reward"]) == pytest.approx(m["reward_total"])
+        assert float(row["validation"]) == pytest.approx(m["reward_validation"])
+        assert float(row["usd"]) == pytest.approx(m["usd"])
+        if m["reward_total"] > 0:
+            assert float(row["usd_per_reward"]) == pytest.approx(m["usd"] / m["reward_total"])
+        assert data["stages"]["quality"][i] == pytest.approx(m["reward_quality"])
+        assert data["cost"]["usd"][i] == pytest.approx(m["usd"])
+        name = data["stages"]["runs"][i]
+        hist = [[h.step, h.value] for h in client.get_metric_history(rid, "job_hidden_score")]
+        assert sorted(data["job_scores"][name]) == sorted(hist) and hist
+        assert data["reward_curves"][name]["points"] == [[h.step, h.value] for h in
+                                                         client.get_metric_history(rid, "reward_total")]
+    for name in ("reward_curves", "stages", "switches", "adoption", "cost"):
+        png = paths[name].read_bytes()
+        assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5_000
+    assert (tmp_path / "compare.md").read_text().count(ids[0]) == 1

@@ -1,0 +1,144 @@
+"""Job cache: what changes the key, what is stored, and what a hit looks like (no training here).
+
+    .venv/bin/pytest tests/unit/test_cache.py -q          (~5 s)
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import yaml
+
+from evaluation.tasks import TaskSpec
+from inner_loop.cache import CACHED_FROM_FILE, JobCache, cache_counts, cache_key, key_parts
+from inner_loop.job import RESULT_FILE, JobResult, run_job
+
+
+def _task(**budget) -> TaskSpec:
+    return TaskSpec(name="calc_test", family="calc_chain", allowed_base_models=["tiny-s"], hidden_eval_size=16,
+                    budget={"max_steps": 50, "max_seconds": 60, "max_usd": 0.05, **budget})
+
+
+def _job(root: Path, name: str = "job", seed: int = 0, lr: float = 1e-3) -> Path:
+    job = root / name
+    job.mkdir(parents=True)
+    spec = {"base_model": "tiny-s", "algorithm": "sft", "hyperparameters": {"batch_size": 8, "learning_rate": lr,
+            "max_steps": 3}, "data": {"sources": [{"family": "calc_chain", "seed": 1, "size": 64}]}, "seed": seed}
+    (job / "job.yaml").write_text(yaml.safe_dump(spec))
+    return job
+
+
+def _key(job: Path, base: Path, task: TaskSpec | None = None, **kw) -> str:
+    return cache_key(key_parts(job, task or _task(), hidden_n=16, model_dir=base, **kw))
+
+
+def test_same_content_same_key_wherever_the_folder_is(base_dir, tmp_path):
+    a, b = _job(tmp_path, "a"), _job(tmp_path, "b")
+    (a / "output").mkdir()
+    (a / "output" / "result.json").write_text("{}")  # the default output folder is not the job's content
+    assert _key(a, base_dir) == _key(b, base_dir)
+
+
+def test_every_part_of_a_jobs_content_changes_the_key(base_dir, tmp_path):
+    ref = _key(_job(tmp_path, "ref"), base_dir)
+    assert _key(_job(tmp_path, "seed", seed=1), base_dir) != ref
+    assert _key(_job(tmp_path, "lr", lr=2e-3), base_dir) != ref
+    helper = _job(tmp_path, "helper")
+    (helper / "helpers.py").write_text("X = 1\n")  # a file a reward could import
+    assert _key(helper, base_dir) != ref
+    assert _key(_job(tmp_path, "task"), base_dir, task=_task(max_steps=40)) != ref
+    assert _key(_job(tmp_path, "n"), base_dir) == ref
+    assert cache_key(key_parts(_job(tmp_path, "n2"), _task(), hidden_n=32, model_dir=base_dir)) != ref
+    assert _key(_job(tmp_path, "sandbox"), base_dir, settings={"sandboxed": True}) != ref
+
+    other_weights = tmp_path / "base2"
+    shutil.copytree(base_dir, other_weights)
+    assert _key(_job(tmp_path, "copy"), other_weights) == ref, "a copy of the same weights is the same base model"
+    from safetensors.torch import load_file, save_file
+
+    w = load_file(other_weights / "model.safetensors")
+    first = sorted(w)[0]
+    w[first] = w[first] + 1e-3
+    save_file(w, other_weights / "model.safetensors", metadata={"format": "pt"})
+    assert _key(_job(tmp_path, "new_weights"), other_weights) != ref
+
+
+def _result(out: Path, status: str = "ok") -> JobResult:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "model").mkdir(exist_ok=True)
+    (out / "train_log.jsonl").write_text('{"step": 1, "loss": 2.0}\n')
+    return JobResult(status=status, task="calc_test", family="calc_chain", job_dir="j", output_dir=str(out),
+                     job_hash="h", hidden_score=0.25, baseline=0.125, uplift=0.125, steps=3,
+                     seconds={"validate": 1.0, "train": 4.0, "process": 9.0, "eval": 2.0, "total": 13.0}, usd=0.001)
+
+
+def test_only_reproducible_outcomes_are_stored(tmp_path):
+    cache = JobCache(tmp_path / "jobs")
+    for status in ("timeout", "crashed", "invalid", "over_budget"):
+        assert not cache.put(f"{status:0<64}", _result(tmp_path / status, status), {})
+        assert cache.get(f"{status:0<64}") is None
+    assert cache.put("ab" * 32, _result(tmp_path / "ok"), {"seed": 0})
+    assert cache.put("cd" * 32, _result(tmp_path / "div", "diverged"), {})
+    entry = cache.get("ab" * 32)
+    assert entry["result"]["hidden_score"] == 0.25 and entry["model_dir"].endswith("ok/model")
+    assert not (cache.entry_dir("ab" * 32) / "model").exists(), "weights are pointed at, never copied"
+
+
+def test_a_hit_is_marked_cached_and_costs_only_the_lookup(tmp_path):
+    import time
+
+    cache = JobCache(tmp_path / "jobs")
+    key = "ef" * 32
+    cache.put(key, _result(tmp_path / "first"), {})
+    out = tmp_path / "second"
+    hit = cache.restore(key, cache.get(key), tmp_path / "job2", out, time.monotonic(), price_per_hour=3.6)
+    assert hit.cached and hit.cache_key == key and hit.cached_from == str((tmp_path / "first").resolve())
+    assert (hit.hidden_score, hit.uplift, hit.steps) == (0.25, 0.125, 3)
+    assert hit.seconds["train"] == 4.0, "the staged reward's speed stage sees the original training time"
+    assert hit.seconds["total"] < 1.0 and hit.usd < 1e-3, "the ledger charges the lookup, not the original run"
+    on_disk = json.loads((out / RESULT_FILE).read_text())
+    assert on_disk["cached"] is True and on_disk["output_dir"] == str(out)
+    assert (out / "train_log.jsonl").read_text() == '{"step": 1, "loss": 2.0}\n'
+    pointer = json.loads((out / CACHED_FROM_FILE).read_text())
+    assert pointer["model_exists"] and pointer["original_seconds"]["total"] == 13.0
+
+
+def test_a_damaged_entry_is_a_miss(tmp_path):
+    cache = JobCache(tmp_path / "jobs")
+    key = "12" * 32
+    cache.put(key, _result(tmp_path / "first"), {})
+    (cache.entry_dir(key) / "entry.json").write_text("{not json")
+    assert cache.get(key) is None
+
+
+def test_cache_counts():
+    rs = [JobResult("ok", "t", "f", "j", "o", "h", cache_key="k", cached=True),
+          JobResult("ok", "t", "f", "j", "o", "h", cache_key="k2"),
+          JobResult("invalid", "t", "f", "j", "o", "h")]
+    assert cache_counts(rs) == {"hits": 1, "misses": 1}
+
+
+def test_a_job_the_key_cannot_be_computed_for_runs_uncached(base_dir, tmp_path):
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / "job.yaml").write_text("base_model: [unclosed\n")
+    res = run_job(job, _task(), model_dir=base_dir, cache_dir=tmp_path / "cache", progress=False, cache=True)
+    assert res.status == "invalid" and res.cache_key is None and not res.cached
+    assert not list((tmp_path / "cache" / "jobs").glob("??/*"))
+
+
+def test_the_outer_step_counts_hits_misses_and_only_real_job_time():
+    from types import SimpleNamespace
+
+    from outer_loop.train import Trainer
+
+    secs = {"validate": 1.0, "train": 4.0, "process": 9.0, "eval": 2.0, "total": 12.0}
+    rs = [JobResult("ok", "t", "f", "j", "o", "h", cache_key="k", cached=True, seconds=dict(secs)),
+          JobResult("ok", "t", "f", "j", "o", "h", cache_key="k2", seconds=dict(secs))]
+    trainer = SimpleNamespace(job_stats={})
+    Trainer._count_jobs(trainer, rs)
+    Trainer._count_jobs(trainer, rs[1:])
+    assert trainer.job_stats == {"cache_hits": 1, "cache_misses": 2, "seconds_jobs_validate": 2.0,
+                                 "seconds_jobs_process": 18.0, "seconds_jobs_eval": 4.0}
