@@ -75,7 +75,8 @@ def test_planted_keys_appear_in_no_file_of_an_episode_or_a_job(tmp_path, built_a
     (job / "job.yaml").write_text(yaml.safe_dump(JOB))
     (job / "reward.py").write_text(REWARD)
     at_job.run(compose_config([f"runs_dir={runs}", "run_id=job", f"task.spec_path={TASK}", f"job_dir={job}",
-                               "inner.eval_size=16", "hardware.threads_per_job=1"], "job"))
+                               "inner.eval_size=16", "hardware.threads_per_job=1",
+                               "inner.cache=false"], "job"))  # the job must really run (and dump its env)
     result = json.loads((runs / "job" / "job" / "result.json").read_text())
     assert result["status"] == "ok", result.get("detail")
     dumped = [p for p in (runs / "job").rglob("*.log") if MARKER in p.read_text(errors="replace")]
