@@ -162,6 +162,7 @@ class OuterConfig:
     lr: float = doc(1e-4, "learning rate of the agent's LoRA")
     lora_r: int = doc(16, "LoRA rank of the agent adapter")
     lora_alpha: float = doc(32.0, "LoRA alpha (scale = alpha / r)")
+    lora_target_modules: Any = doc("all-linear", "'all-linear' or module names, e.g. [q_proj, v_proj]")
     clip_eps: float = doc(0.2, "PPO-style ratio clip epsilon")
     kl_beta: float = doc(0.0, "KL penalty to the reference policy (0 = none, no reference model)")
     max_grad_norm: float = doc(1.0, "gradient clipping norm")

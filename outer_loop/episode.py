@@ -317,8 +317,9 @@ class Episode:
 def play_all(episodes: list[Episode], run_jobs) -> None:
     """Play deferred-job episodes to their end: whenever some wait for a job's result (``Episode.waiting``),
     ``run_jobs(waiting)`` runs their pending jobs (all at once, e.g. through an executor) and completes them,
-    and those episodes go on with the results in their conversation. With one job per episode this is
-    ``play`` then ``run_jobs`` once."""
+    and those episodes go on with the results in their conversation. A job no turn waits for (an
+    episode's last) stays pending: the caller runs those afterwards (``Trainer.play`` does, in one
+    batch). With one job per episode this is just ``play`` for each."""
     for ep in episodes:
         ep.play()
     while True:

@@ -136,6 +136,9 @@ def _quiet_lightning() -> None:
         logging.getLogger(name).setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", message=".*does not have many workers.*")
     warnings.filterwarnings("ignore", message=".*GPU available but not used.*")
+    # Deprecation notices from inside lightning/transformers (not our calls), once per outer step otherwise.
+    warnings.filterwarnings("ignore", message=".*LeafSpec.*")
+    warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")
 
 
 class PolicyModule(L.LightningModule):

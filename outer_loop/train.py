@@ -214,6 +214,7 @@ class Trainer:
                                         defer_jobs=True, job_kwargs=self.s.job_kwargs, model_name=self.model_name,
                                         steering=self.steering() if self.steering else None))
         play_all(episodes, self.run_jobs)
+        self.run_jobs(episodes)   # the jobs no turn waits for (each episode's last), all in one batch
         return episodes
 
     def run_jobs(self, episodes: list[Episode]) -> None:

@@ -35,6 +35,14 @@ def test_smoke_training_updates_the_adapter_and_logs_every_step(tmp_path, built_
     run = tmp_path / "smoke"
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1]
+    # every job an episode submitted really ran (a result with a status, a ledger record), and the
+    # reward saw it: the run is not just the validation stage
+    summaries = [json.loads(p.read_text()) for p in sorted(run.glob("episodes/*/summary.json"))]
+    submitted = [j for s in summaries for j in s["jobs"]]
+    assert submitted and all(j["status"] for j in submitted)
+    assert len([r for r in _ledger(run) if r["kind"] == "job"]) == len(submitted)
+    assert all(s["reward"]["job_success"] == (1.0 if s["jobs"] and s["jobs"][-1]["status"] == "ok" else 0.0)
+               for s in summaries)
     # the adapter after step 1 differs from the one after step 0 (B matrices start at zero)
     a0 = load_file(run / "checkpoints/step_0000/adapter/adapter_model.safetensors")
     a1 = load_file(run / "checkpoints/step_0001/adapter/adapter_model.safetensors")
