@@ -39,7 +39,6 @@ Jobs on other machines (SLURM, Ray) share hits when the cache root is on a share
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
@@ -165,14 +164,10 @@ class JobCache:
     @contextmanager
     def locked(self, key: str):
         """Hold ``key``'s file lock: an identical job running meanwhile waits, then finds the entry."""
-        lock = self.root / key[:2] / f".{key}.lock"
-        lock.parent.mkdir(parents=True, exist_ok=True)
-        with open(lock, "a") as fh:
-            fcntl.flock(fh, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(fh, fcntl.LOCK_UN)
+        from inner_loop.models.registry import file_lock
+
+        with file_lock(self.root / key[:2] / f".{key}.lock"):
+            yield
 
     def get(self, key: str) -> dict[str, Any] | None:
         """The stored entry, or None (a damaged entry counts as absent: it is only a cache)."""

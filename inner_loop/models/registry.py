@@ -96,7 +96,8 @@ def is_built(path: Path) -> bool:
 
 
 @contextmanager
-def _file_lock(lock_path: Path):
+def file_lock(lock_path: Path):
+    """Hold an exclusive ``flock`` on ``lock_path`` (created with its folder): one builder/writer at a time."""
     lock_path.parent.mkdir(parents=True, exist_ok=True)
     with open(lock_path, "a") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
@@ -108,7 +109,7 @@ def _file_lock(lock_path: Path):
 
 def _build_into_cache(name: str, seed: int, cache_dir, force: bool, progress: bool) -> Path:
     final = model_dir(name, seed, cache_dir)
-    with _file_lock(final.parent / f".{final.name}.lock"):
+    with file_lock(final.parent / f".{final.name}.lock"):
         # Another process may have finished the build while this one waited for the lock.
         if is_built(final) and not force:
             return final
