@@ -314,6 +314,12 @@ class Episode:
         self._traj.flush()
 
 
+def reward_metrics(reward: dict[str, Any]) -> dict[str, float]:
+    """An episode's staged reward as MLflow metrics ``reward_<stage>`` (weights as ``reward_w_*``, the
+    contamination flag as 0/1); the one mapping at-episode, at-fork and at-train's nested runs log."""
+    return {f"reward_{k}": float(v) for k, v in reward.items() if isinstance(v, (int, float))}
+
+
 def play_all(episodes: list[Episode], run_jobs) -> None:
     """Play deferred-job episodes to their end: whenever some wait for a job's result (``Episode.waiting``),
     ``run_jobs(waiting)`` runs their pending jobs (all at once, e.g. through an executor) and completes them,

@@ -30,8 +30,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from outer_loop.episode import Episode, EpisodeResult, EpisodeSettings
+from outer_loop.episode import Episode, EpisodeResult, EpisodeSettings, reward_metrics
 from outer_loop.policy import AgentPolicy, PolicyConfig, TurnSample, group_advantages
+from outer_loop.strategy import run_metrics
 
 CKPT_DIR = "checkpoints"
 METRICS_FILE = "metrics.jsonl"
@@ -179,6 +180,7 @@ class Trainer:
             raise ValueError("outer.train_tasks is empty: list task spec files of the training families")
         self.executor = executor
         self.job_stats: dict[str, float] = {}  # this step's cache hits/misses and job time split (_count_jobs)
+        self.jobs_wall = 0.0                    # wall seconds spent in run_jobs this step
         self.state = state or StepState()
         self.replay: list[TurnSample] = []   # rollouts kept for reuse while <= max_steps_off_policy old
         ckpt = last_complete_step(self.run_dir) if state is not None else None
@@ -231,7 +233,7 @@ class Trainer:
             results = [run_job(**r) for r in requests]
         else:
             results = self.executor.run(requests)
-        self.job_stats["seconds_jobs"] = self.job_stats.get("seconds_jobs", 0.0) + time.time() - t0
+        self.jobs_wall += time.time() - t0
         self._count_jobs(results)
         for (ep, p), res in zip(pending, results):
             ep.complete_job(p, res)
@@ -253,10 +255,11 @@ class Trainer:
         t0 = time.time()
         self.job_stats = dict.fromkeys(("cache_hits", "cache_misses", "seconds_jobs_validate", "seconds_jobs_process",
                                         "seconds_jobs_eval"), 0.0)
+        self.jobs_wall = 0.0   # wall seconds inside run_jobs: play() interleaves agent turns and job batches
         tasks = self._tasks_for(step)
         episodes = self.play(tasks, self.s.group_size, step, "train")
         t2 = time.time()
-        jobs_s = self.job_stats.pop("seconds_jobs", 0.0)
+        jobs_s = self.jobs_wall
         results = [ep.finish() for ep in episodes]
         fresh = self.samples(results, tasks)
         samples = self.with_replay(fresh)
@@ -265,12 +268,9 @@ class Trainer:
         t3 = time.time()
         seconds = {"sampling": t2 - t0 - jobs_s, "jobs": jobs_s, "update": t3 - t2}
         metrics = step_metrics(results, update, seconds, self.ledger)
-        from outer_loop.strategy import run_metrics
-
-        metrics.update(run_metrics([r.strategy for r in results if getattr(r, "strategy", None)]))
+        metrics.update(run_metrics([r.strategy for r in results]))
         if self.heldout_tasks and self.s.heldout_every > 0 and (step + 1) % self.s.heldout_every == 0:
             held = self.play(self.heldout_tasks, self.s.heldout_group_size, step, "heldout")
-            self.job_stats.pop("seconds_jobs", None)
             metrics.update(step_metrics([ep.finish() for ep in held], {}, {}, None, prefix="heldout_"))
         metrics.update(self.job_stats)
         metrics["seconds_step"] = time.time() - t0
@@ -369,7 +369,7 @@ def log_episode_run(tracker, summary: dict[str, Any], step: int) -> None:
     with tracker.child(summary["episode_id"], tags={"step": step, "task": summary.get("task"),
                                                      "split": "heldout" if "-heldout-" in summary["episode_id"] else "train"}) as ep:
         ep.log_params({f"choice.{k}": v for k, v in (summary.get("choices") or {}).items()})
-        metrics = {f"reward_{k}": v for k, v in reward.items() if not k.startswith("w_") and isinstance(v, (int, float))}
+        metrics = reward_metrics(reward)
         metrics.update({k: summary.get(k) for k in ("tokens_in", "tokens_out", "usd", "n_turns")
                         if isinstance(summary.get(k), (int, float))})
         ep.log_metrics(metrics, step=step)

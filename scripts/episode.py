@@ -46,7 +46,7 @@ def run(cfg: DictConfig) -> float | None:
         return None
     check_reachable(cfg)  # a closed MLflow server fails here, in seconds
     from evaluation.tasks import load_task
-    from outer_loop.episode import Episode
+    from outer_loop.episode import Episode, reward_metrics
     from outer_loop.run_config import episode_settings, job_kwargs, make_ledger
     from outer_loop.steering import make_steering
 
@@ -63,9 +63,8 @@ def run(cfg: DictConfig) -> float | None:
         ep.play()
         result = ep.finish()
         stages = result.reward
-        tr.log_metrics({f"reward_{k}": float(v) for k, v in stages.items() if isinstance(v, (int, float))
-                        and not isinstance(v, bool)} | {"tokens": float(result.tokens_in + result.tokens_out),
-                                                        "usd": float(result.usd), "turns": float(result.n_turns)})
+        tr.log_metrics(reward_metrics(stages) | {"tokens": float(result.tokens_in + result.tokens_out),
+                                                 "usd": float(result.usd), "turns": float(result.n_turns)})
         log_strategy(tr, result.strategy)
         tr.log_artifact(ep.dir / "trajectory.jsonl")
         tr.log_artifact(ep.dir / "summary.json")

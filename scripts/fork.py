@@ -65,7 +65,7 @@ def run(cfg: DictConfig) -> list[dict] | None:
     if cfg.dry_run:
         return None
     from evaluation.tasks import load_task
-    from outer_loop.episode import Episode
+    from outer_loop.episode import Episode, reward_metrics
     from outer_loop.run_config import episode_settings, job_kwargs, make_ledger
     from outer_loop.steering import Steering, make_evaluator, settings_from_config
     from scripts.episode import log_strategy, make_agent_backend
@@ -99,8 +99,7 @@ def run(cfg: DictConfig) -> list[dict] | None:
                                                    "source_run": src_dir.name}) as ch:
                 ch.log_config(cfg)
                 ch.log_params({"branch": b.name, "branch.message": b.message or "", "fork.at": src.at})
-                ch.log_metrics({f"reward_{k}": float(v) for k, v in result.reward.items()
-                                if isinstance(v, (int, float)) and not isinstance(v, bool)})
+                ch.log_metrics(reward_metrics(result.reward))
                 ch.log_metrics({"tokens": float(result.tokens_in + result.tokens_out), "usd": float(result.usd),
                                 "turns": float(result.n_turns), "switches_after_fork": row["switches_after_fork"],
                                 "jobs_after_fork": row["jobs_after_fork"], "fork_at": src.at,
