@@ -175,6 +175,8 @@ class OuterConfig:
     micro_batch_size: int = doc(8, "agent turns per forward pass in the update")
     loss_aggregation: str = doc("token", "token: mean over all agent tokens (DAPO); episode: every episode "
                                          "weighs the same whatever its length")
+    overlap_jobs: bool = doc(True, "start an episode's last inner job as soon as the episode ends, while the "
+                                   "next episodes are sampled (local executors; same results, less wall time)")
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """(d) Where an outer step's time goes: agent sampling, validation, inner jobs, evaluation, update.
 
-Runs ``at-train``'s trainer (``experiment=smoke`` by default, sequential jobs so that the job-side
+Runs ``at-train``'s trainer (``experiment=smoke`` by default, sequential jobs, not overlapped with the sampling, so that the job-side
 sums are wall time, job cache off) for a few steps and splits each step with the numbers the trainer
 logs per step (``metrics.jsonl``: ``seconds_sampling``, ``seconds_jobs``, ``seconds_update`` and the
 job-side sums ``seconds_jobs_validate``/``_process``/``_eval``), plus the agent's own
@@ -54,7 +54,7 @@ def main() -> None:
     from outer_loop.train import Trainer
 
     wd = C.workdir(a.workdir, "outer")
-    cfg = compose_config([*a.overrides, "hardware=cpu", "hardware.threads_per_job=1", "inner.cache=false",
+    cfg = compose_config([*a.overrides, "hardware=cpu", "hardware.threads_per_job=1", "inner.cache=false", "outer.overlap_jobs=false",
                           "tracking=off", f"runs_dir={wd}", "run_id=bench", f"outer.steps={a.steps}"], "train")
     quiet_libraries()
 

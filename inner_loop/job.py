@@ -252,7 +252,7 @@ def run_job(job_dir: str | Path, task: TaskSpec | str | Path, *, cache_dir: str 
     policy = SandboxPolicy.coerce(sandbox)
     with HARNESS_LOCK:  # the dry run loads a model in this process
         if warm and wrap is None:
-            _prestart_warm_worker(job_dir)
+            prestart_warm_worker(job_dir)
         report = validate_job(job_dir, task, dry_run=dry_run, cache_dir=cache_dir, model_dir=model_dir,
                               cost_model=cost_model, sandbox=policy)
     res.seconds["validate"] = round(time.monotonic() - t_start, 3)
@@ -320,7 +320,7 @@ def run_job(job_dir: str | Path, task: TaskSpec | str | Path, *, cache_dir: str 
     return _finish(res, out, t_start, price_per_hour, tracker, log)
 
 
-def _prestart_warm_worker(job_dir: Path) -> None:
+def prestart_warm_worker(job_dir: Path) -> None:
     """Start the warm-worker forkserver now, so that its ~10 s of imports overlap the validation.
 
     Only for a job that will take the warm path (no agent-written code or data); once per process."""

@@ -234,7 +234,7 @@ class _WarmProc:
 
 def run_worker(job_dir: Path, model: Path, family: str, output_dir: Path, *, max_steps: int, max_seconds: float,
                deadline_s: float, threads: int | None = None, progress: bool = True,
-               wrap: Callable[[list[str]], list[str]] | None = None, poll_s: float = 0.5,
+               wrap: Callable[[list[str]], list[str]] | None = None, poll_s: float = 0.1,
                warm: bool = False, reward_host=None) -> WorkerRun:
     """Run the job's training process and wait for it, killing its process group at ``deadline_s``.
 

@@ -30,6 +30,10 @@ import torch
 log = logging.getLogger(__name__)
 
 AGENT_MODEL = "tiny-agent"
+# The agent's cache folder version (``tiny-agent-seed0-v<N>``): bump it whenever the transcripts or the
+# warm start change (2: the build of 2026-11-30; a novice drawing fewer choices, tried as 3 on 2026-12-01,
+# imitated worse: docs/outer_loop.md).
+AGENT_BUILD_VERSION = 2
 # The tiny agent sees tools as one line of signatures (outer_loop.episode, tool_schemas: names):
 # full JSON schemas would be ~1,900 of its ~2,500 context tokens per turn.
 TOOL_STYLE = "names"
@@ -193,7 +197,8 @@ def build_agent_model(out_dir: str | Path, seed: int = 0, on_step: Callable[[int
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
     lengths = [len(s[0]) for s in sequences]
-    info = {"name": AGENT_MODEL, "seed": seed, "build": asdict(cfg), "final_loss": loss,
+    info = {"name": AGENT_MODEL, "seed": seed, "build": asdict(cfg), "build_version": AGENT_BUILD_VERSION,
+            "final_loss": loss,
             "transcripts": len(sequences), "mean_tokens": sum(lengths) / len(lengths), "max_tokens": max(lengths),
             "seconds": {"transcripts": round(t_transcripts, 1), "total": round(time.time() - t0, 1)}}
     return write_manifest(out, info)
@@ -262,4 +267,4 @@ def register() -> None:
     from inner_loop.models import register_builder
 
     register_builder(AGENT_MODEL, lambda out_dir, seed, on_step=None: build_agent_model(out_dir, seed, on_step),
-                     DEFAULT_AGENT.steps)
+                     DEFAULT_AGENT.steps, version=AGENT_BUILD_VERSION)

@@ -80,6 +80,45 @@ class TurnSample:
     policy_version: int = 0
     episode_id: str = ""
     weight: float = 1.0              # per-token weight (1 / episode tokens with loss_aggregation="episode")
+    # Which completion tokens are the agent's (1) and which are context in between (0): a merged
+    # episode (``merge_turns``) carries tool results between its turns. None = all of them.
+    completion_mask: list[int] | None = None
+
+    @property
+    def n_targets(self) -> int:
+        """Agent tokens the loss covers."""
+        return len(self.completion_ids) if self.completion_mask is None else sum(self.completion_mask)
+
+
+def merge_turns(turns: Sequence[tuple[list[int], list[int], list[float]]]) -> list[tuple[list[int], list[int], list[float], list[int]]]:
+    """Fold an episode's turns into as few sequences as possible: ``(context, completion, logprobs, mask)``.
+
+    Turn k+1's prompt is turn k's prompt and completion plus the tool result (the chat template
+    re-renders the conversation), so one forward pass over the last turn's sequence scores every
+    turn's tokens in the very context they were sampled in: the same objective as one sample per
+    turn at a fraction of the update's compute (each turn's context is no longer re-encoded). When a
+    re-rendered prompt does not start with the sampled tokens (BPE can re-tokenize a completion
+    differently: ~1 turn in 20 here), a new sequence starts there.
+    """
+    out: list[tuple[list[int], list[int], list[float], list[int]]] = []
+    ctx: list[int] = []
+    comp: list[int] = []
+    lps: list[float] = []
+    mask: list[int] = []
+    for prompt, tokens, logprobs in turns:
+        seq = ctx + comp
+        if comp and len(prompt) >= len(seq) and prompt[: len(seq)] == seq:
+            gap = list(prompt[len(seq):])
+            comp += gap + list(tokens)
+            lps += [0.0] * len(gap) + list(logprobs)
+            mask += [0] * len(gap) + [1] * len(tokens)
+            continue
+        if comp:
+            out.append((ctx, comp, lps, mask))
+        ctx, comp, lps, mask = list(prompt), list(tokens), list(logprobs), [1] * len(tokens)
+    if comp:
+        out.append((ctx, comp, lps, mask))
+    return out
 
 
 def group_advantages(rewards: Sequence[float], scale_by_std: bool = False) -> list[float]:
@@ -106,7 +145,10 @@ def collate(samples: list[TurnSample], pad_id: int) -> dict[str, torch.Tensor]:
         ids[i, : len(seq)] = torch.tensor(seq)
         attn[i, : len(seq)] = 1
         start = len(s.context_ids)
-        mask[i, start : len(seq)] = 1.0
+        if s.completion_mask is None:
+            mask[i, start : len(seq)] = 1.0
+        else:
+            mask[i, start : len(seq)] = torch.tensor(s.completion_mask, dtype=torch.float32)
         old[i, start : len(seq)] = torch.tensor(s.old_logprobs, dtype=torch.float32)
     return {
         "input_ids": ids,
@@ -241,7 +283,7 @@ class AgentPolicy:
         loader = DataLoader(samples, batch_size=self.config.micro_batch_size, shuffle=False,
                             collate_fn=lambda b: collate(b, pad))
         n_batches = math.ceil(len(samples) / self.config.micro_batch_size)
-        self.module.norm = max(1e-12, sum(s.weight * len(s.completion_ids) for s in samples))
+        self.module.norm = max(1e-12, sum(s.weight * s.n_targets for s in samples))
         self.module.accumulate = n_batches
         kwargs = dict(accelerator="cpu", devices=1, max_epochs=self.config.epochs, logger=False,
                       accumulate_grad_batches=n_batches,

@@ -82,7 +82,7 @@ def train_settings(cfg: DictConfig) -> TrainSettings:
                          train_tasks=spec_paths(cfg, families),
                          heldout_tasks=spec_paths(cfg, cfg.task.held_out_families),
                          heldout_every=int(o.heldout_every), heldout_group_size=int(o.heldout_group_size),
-                         max_steps_off_policy=int(o.max_steps_off_policy),
+                         max_steps_off_policy=int(o.max_steps_off_policy), overlap_jobs=bool(o.overlap_jobs),
                          seed=int(cfg.seed), policy=policy,
                          episode=episode_settings(cfg), job_kwargs={**job_kwargs(cfg), "progress": False})
 

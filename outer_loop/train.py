@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import threading
 import shutil
 import time
 from dataclasses import asdict, dataclass, field
@@ -31,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from outer_loop.episode import Episode, EpisodeResult, EpisodeSettings, reward_metrics
-from outer_loop.policy import AgentPolicy, PolicyConfig, TurnSample, group_advantages
+from outer_loop.policy import AgentPolicy, PolicyConfig, TurnSample, group_advantages, merge_turns
 from outer_loop.strategy import run_metrics
 
 CKPT_DIR = "checkpoints"
@@ -52,6 +53,7 @@ class TrainSettings:
     heldout_group_size: int = 2
     max_steps_off_policy: int = 0
     seed: int = 0
+    overlap_jobs: bool = True      # start an episode's last job while the next episodes are sampled
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     episode: EpisodeSettings = field(default_factory=EpisodeSettings)
     job_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -179,8 +181,9 @@ class Trainer:
         if not self.train_tasks:
             raise ValueError("outer.train_tasks is empty: list task spec files of the training families")
         self.executor = executor
+        self._stats_lock = threading.Lock()
+        self.jobs_wall = self.jobs_exposed = 0.0
         self.job_stats: dict[str, float] = {}  # this step's cache hits/misses and job time split (_count_jobs)
-        self.jobs_wall = 0.0                    # wall seconds spent in run_jobs this step
         self.state = state or StepState()
         self.replay: list[TurnSample] = []   # rollouts kept for reuse while <= max_steps_off_policy old
         ckpt = last_complete_step(self.run_dir) if state is not None else None
@@ -196,13 +199,27 @@ class Trainer:
 
     # --- one step --------------------------------------------------------------------------
     def _tasks_for(self, step: int) -> list:
-        rng = random.Random(f"{self.s.seed}/tasks/{step}")
-        k = min(self.s.tasks_per_step, len(self.train_tasks))
-        return rng.sample(self.train_tasks, k)
+        """Step ``step``'s task specs: consecutive slices of a stream of seeded shuffles of the training
+        tasks, so every task comes up equally often (with ``tasks_per_step`` = the number of tasks,
+        every step plays them all). The families' rewards differ by more than learning moves them in a
+        few steps (0.18 calc_chain .. 0.33 unit_convert), so independent draws per step made the
+        reward curve follow the draw (the same dip in every seed-0 run); balanced slices keep the
+        steps comparable."""
+        n = len(self.train_tasks)
+        k = min(self.s.tasks_per_step, n)
+        out: list = []
+        for slot in range(step * k, step * k + k):
+            cycle = list(self.train_tasks)
+            random.Random(f"{self.s.seed}/tasks/cycle{slot // n}").shuffle(cycle)
+            # a slice across two shuffles may repeat a task: take the next one not in this step yet
+            out.append(next(t for t in cycle[slot % n:] + cycle if t not in out))
+        return out
 
     def play(self, tasks: list, group: int, step: int, tag: str) -> list[Episode]:
-        """``group`` episodes per task played to their end; their jobs run batch-wise through ``run_jobs``
-        (with several jobs per episode, each waits for its job's result before writing the next)."""
+        """``group`` episodes per task played to their end, their jobs run through ``run_jobs`` (with several
+        jobs per episode, each waits for its job's result before writing the next). With
+        ``overlap_jobs`` (and a local executor, no strategy layer) each episode's last job starts as
+        soon as the episode ends; otherwise they run batch-wise after all episodes are played."""
         from outer_loop.episode import play_all
 
         episodes = []
@@ -215,9 +232,42 @@ class Trainer:
                                         episode_id=ep_dir.name, seed=hash((self.s.seed, step, t_i, g)) % (2**31),
                                         defer_jobs=True, job_kwargs=self.s.job_kwargs, model_name=self.model_name,
                                         steering=self.steering() if self.steering else None))
-        play_all(episodes, self.run_jobs)
-        self.run_jobs(episodes)   # the jobs no turn waits for (each episode's last), all in one batch
+        workers = getattr(self.executor, "max_parallel", 1) if self.executor is not None else 1
+        # Not with a strategy layer: its after-job hooks may call an evaluator model while the agent samples.
+        if (not self.s.overlap_jobs or self.steering is not None
+                or getattr(self.executor, "kind", "sequential") not in ("local_parallel", "sequential")):
+            play_all(episodes, self._run_jobs_blocking)
+            self._run_jobs_blocking(episodes)   # the jobs no turn waits for (each episode's last), in one batch
+            return episodes
+        # Overlapped: an episode's final job starts as soon as the episode ends, while the next
+        # episodes are sampled (on 2 cores: the agent's turns on one, jobs on the other and in the gaps).
+        # Results are the same as batch-wise (each job's numbers depend on its content only); only
+        # the wall time changes. Jobs an agent waits for mid-episode run batch-wise as before.
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="job-feeder") as feeder:
+            futures = []
+
+            def play_and_feed(batch):
+                for ep in batch:
+                    ep.play()
+                    if not ep.waiting and ep.pending:
+                        futures.append(feeder.submit(self.run_jobs, [ep]))
+
+            play_and_feed(episodes)
+            while waiting := [ep for ep in episodes if ep.waiting]:
+                self._run_jobs_blocking(waiting)
+                play_and_feed(waiting)
+            t0 = time.time()
+            for fut in futures:
+                fut.result()
+            self.jobs_exposed += time.time() - t0
         return episodes
+
+    def _run_jobs_blocking(self, episodes: list[Episode]) -> None:
+        t0 = time.time()
+        self.run_jobs(episodes)
+        self.jobs_exposed += time.time() - t0
 
     def run_jobs(self, episodes: list[Episode]) -> None:
         """Run every pending job of the batch through the executor, then hand results back."""
@@ -233,8 +283,9 @@ class Trainer:
             results = [run_job(**r) for r in requests]
         else:
             results = self.executor.run(requests)
-        self.jobs_wall += time.time() - t0
-        self._count_jobs(results)
+        with self._stats_lock:   # job feeder threads report here concurrently
+            self.jobs_wall += time.time() - t0
+            self._count_jobs(results)
         for (ep, p), res in zip(pending, results):
             ep.complete_job(p, res)
 
@@ -255,18 +306,21 @@ class Trainer:
         t0 = time.time()
         self.job_stats = dict.fromkeys(("cache_hits", "cache_misses", "seconds_jobs_validate", "seconds_jobs_process",
                                         "seconds_jobs_eval"), 0.0)
-        self.jobs_wall = 0.0   # wall seconds inside run_jobs: play() interleaves agent turns and job batches
+        self.jobs_wall = 0.0     # seconds inside run_jobs, summed over feeder threads (jobs' busy time)
+        self.jobs_exposed = 0.0  # seconds the step waited for jobs (what overlapping did not hide)
         tasks = self._tasks_for(step)
         episodes = self.play(tasks, self.s.group_size, step, "train")
         t2 = time.time()
-        jobs_s = self.jobs_wall
+        jobs_s = self.jobs_exposed
         results = [ep.finish() for ep in episodes]
         fresh = self.samples(results, tasks)
         samples = self.with_replay(fresh)
         update = self.policy.update(samples) if fresh else {"skipped": 1.0}
         update["replayed"] = float(len(samples) - len(fresh))
         t3 = time.time()
-        seconds = {"sampling": t2 - t0 - jobs_s, "jobs": jobs_s, "update": t3 - t2}
+        # jobs: what the step waited for jobs beyond the sampling; jobs_busy: time inside job batches
+        # (summed over the threads feeding them: it overlaps the sampling when outer.overlap_jobs is on)
+        seconds = {"sampling": t2 - t0 - jobs_s, "jobs": jobs_s, "jobs_busy": self.jobs_wall, "update": t3 - t2}
         metrics = step_metrics(results, update, seconds, self.ledger)
         metrics.update(run_metrics([r.strategy for r in results]))
         if self.heldout_tasks and self.s.heldout_every > 0 and (step + 1) % self.s.heldout_every == 0:
@@ -285,9 +339,11 @@ class Trainer:
             for r, a in zip(group, adv):
                 n_tokens = sum(len(t.completion_ids) for t in r.turns)
                 weight = 1.0 / n_tokens if self.s.policy.loss_aggregation == "episode" and n_tokens else 1.0
-                for t in r.turns:
-                    out.append(TurnSample(t.prompt_ids, t.completion_ids, t.logprobs, a, t.temperature,
-                                          self.policy.version, r.episode_id, weight))
+                temperature = r.turns[0].temperature if r.turns else 1.0
+                turns = [(t.prompt_ids, t.completion_ids, t.logprobs) for t in r.turns]
+                for ctx, comp, lps, mask in merge_turns(turns):
+                    out.append(TurnSample(ctx, comp, lps, a, temperature, self.policy.version, r.episode_id, weight,
+                                          completion_mask=mask))
         return out
 
     def with_replay(self, fresh: list[TurnSample]) -> list[TurnSample]:

@@ -176,7 +176,7 @@ def library_versions() -> dict[str, str]:
 def write_manifest(out_dir: Path, info: dict) -> dict:
     """Write ``manifest.json`` with the sha256 of every other file in ``out_dir``."""
     files = {p.name: file_sha256(p) for p in sorted(out_dir.iterdir()) if p.is_file() and p.name != MANIFEST}
-    manifest = {**info, "build_version": BUILD_VERSION, "libraries": library_versions(), "files": files}
+    manifest = {"build_version": BUILD_VERSION, **info, "libraries": library_versions(), "files": files}
     (out_dir / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     return manifest
 

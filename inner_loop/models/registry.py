@@ -78,16 +78,25 @@ BUILDERS: dict[str, tuple[Builder, int]] = {
 _BUILTIN = frozenset(BUILDERS)
 
 
-def register_builder(name: str, builder: Builder, total_steps: int = 0) -> None:
+# Build versions of registered builders whose bytes change on their own schedule (the tiny agent);
+# the built-in models use BUILD_VERSION. A new version is a new folder: a stale build is never reused.
+VERSIONS: dict[str, int] = {}
+
+
+def register_builder(name: str, builder: Builder, total_steps: int = 0, version: int | None = None) -> None:
     """Add a model that ``build_all`` and ``resolve_model`` build into the cache (e.g. a tiny agent).
 
-    It does not become a *base* model (``BASE_MODELS`` lists what inner jobs may start from)."""
+    ``version`` names its cache folder (default ``BUILD_VERSION``): bump it whenever the builder
+    makes other bytes. It does not become a *base* model (``BASE_MODELS`` lists what inner jobs may
+    start from)."""
     BUILDERS[name] = (builder, total_steps)
+    if version is not None:
+        VERSIONS[name] = int(version)
 
 
 def model_dir(name: str, seed: int = 0, cache_dir: str | os.PathLike | None = None) -> Path:
     """Where the built model ``name`` lives (whether or not it is built yet)."""
-    return default_cache_dir(cache_dir) / "models" / f"{name}-seed{seed}-v{BUILD_VERSION}"
+    return default_cache_dir(cache_dir) / "models" / f"{name}-seed{seed}-v{VERSIONS.get(name, BUILD_VERSION)}"
 
 
 def is_built(path: Path) -> bool:
@@ -179,19 +188,25 @@ def build_all(seed: int = 0, cache_dir: str | os.PathLike | None = None, force: 
               progress: bool = True, parallel: bool = True) -> dict[str, Path]:
     """Build every registered model that is missing (or all with ``force``); returns name -> folder.
 
-    Each build uses one thread, so with ``parallel`` the built-in tiny models build in separate
-    processes at once (about 2x faster on 2 cores, same bytes); builders registered at run time
-    (which a fresh process would not know) build in this process meanwhile.
+    Each build uses one thread, so with ``parallel`` the built-in tiny models build in worker
+    processes (same bytes as a sequential build) while builders registered at run time (which a fresh
+    process would not know: the tiny agent) build in this process. The workers get the cores this
+    process leaves free (``cpu_count - 1`` of them, at least one): on 2 cores, one worker builds tiny-s
+    then tiny-m while the agent has the other core to itself. Three builds on two cores (one worker
+    each) took 227 s; one core each way is what keeps ``at-models`` under 3 minutes (docs/baselines.md).
     """
     todo = [n for n in BUILDERS if force or not is_built(model_dir(n, seed, cache_dir))]
-    in_pool = [n for n in todo if n in _BUILTIN] if parallel and len(todo) > 1 and (os.cpu_count() or 1) > 1 else []
+    cores = os.cpu_count() or 1
+    in_pool = [n for n in todo if n in _BUILTIN] if parallel and len(todo) > 1 and cores > 1 else []
     futures = {}
     if in_pool:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
 
+        here = any(n not in in_pool for n in todo)        # this process builds something meanwhile
+        workers = max(1, min(len(in_pool), cores - 1 if here else cores))
         # spawn, not fork: forking a process that already runs torch threads can deadlock.
-        pool = ProcessPoolExecutor(max_workers=len(in_pool), mp_context=multiprocessing.get_context("spawn"))
+        pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
         futures = {n: pool.submit(_build_worker, n, seed, cache_dir, force, progress) for n in in_pool}
     try:
         for name in todo:

@@ -20,7 +20,7 @@ from inner_loop.models import (
     model_hash,
     resolve_model,
 )
-from inner_loop.models.registry import BUILDERS, is_built, model_dir, register_builder
+from inner_loop.models.registry import BUILDERS, VERSIONS, is_built, model_dir, register_builder
 
 
 @pytest.fixture(scope="module")
@@ -139,8 +139,13 @@ def test_registry_builds_once_atomically_and_reuses(tmp_path, tok):
         assert not [p for p in path.parent.iterdir() if p.name.startswith(".tmp-")]
         with pytest.raises(ModelNotFoundError, match="not built yet"):
             resolve_model("tiny-test", cache_dir=tmp_path, seed=5, build_missing=False)
+        # a builder with its own version builds into a folder of its own: an old build is never reused
+        register_builder("tiny-test", builder, total_steps=SMALL.steps, version=99)
+        assert model_dir("tiny-test", 0, tmp_path).name == "tiny-test-seed0-v99"
+        assert resolve_model("tiny-test", cache_dir=tmp_path, progress=False) != path and calls == [0, 0]
     finally:
         BUILDERS.pop("tiny-test")
+        VERSIONS.pop("tiny-test", None)
     assert "tiny-test" not in BASE_MODELS
 
 

@@ -9,7 +9,8 @@ import torch
 from peft import LoraConfig, get_peft_model
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from outer_loop.policy import AgentPolicy, PolicyConfig, TurnSample, collate, group_advantages, token_logprobs
+from outer_loop.policy import (AgentPolicy, PolicyConfig, TurnSample, collate, group_advantages, merge_turns,
+                               token_logprobs)
 
 
 def tiny_policy(lr: float = 1e-2, **kw) -> AgentPolicy:
@@ -129,3 +130,48 @@ def test_replay_keeps_rollouts_at_most_max_steps_off_policy_old():
         assert sorted((s.policy_version for s in used), reverse=True) == expected, limit
         # what is kept for the next update is never older than the limit after that update
         assert all(4 - s.policy_version <= limit for s in t.replay)
+
+
+def test_merged_turns_score_every_agent_token_in_the_context_it_was_sampled_in():
+    """An episode's turns folded into one sequence give each agent token the log-prob it gets as its
+    own turn sample, and the same loss; a turn whose prompt does not extend the last starts anew."""
+    pol = tiny_policy(loss_aggregation="token")
+    turn1 = ([1, 2, 3], [10, 11], None)
+    turn2 = ([1, 2, 3, 10, 11, 40, 41], [12, 13, 14], None)       # prompt = turn1 + a tool result
+    turn3 = ([1, 2, 9, 9], [15], None)                             # re-tokenised differently: new sequence
+    turns = []
+    for ctx, comp, _ in (turn1, turn2, turn3):
+        with torch.no_grad():
+            lp = token_logprobs(pol.model, collate([TurnSample(ctx, comp, [0.0] * len(comp), 0.0)], 0))[0, len(ctx):]
+        turns.append((ctx, comp, lp.tolist()))
+    merged = merge_turns(turns)
+    assert [(len(c), m) for c, _, _, m in merged] == [(3, [1, 1, 0, 0, 1, 1, 1]), (4, [1])]
+    assert merged[0][1] == [10, 11, 40, 41, 12, 13, 14]
+    separate = [TurnSample(c, t, lp, 1.0) for c, t, lp in turns]
+    folded = [TurnSample(c, t, lp, 1.0, completion_mask=m) for c, t, lp, m in merged]
+    assert sum(s.n_targets for s in folded) == sum(s.n_targets for s in separate) == 6
+    for samples in (separate, folded):
+        pol.module.norm = float(sum(s.n_targets for s in samples))
+        batch = collate(samples, 0)
+        with torch.no_grad():
+            new = token_logprobs(pol.model, batch)
+        got = sorted(round(x, 5) for x in new[batch["loss_mask"].bool()].tolist())
+        assert got == sorted(round(x, 5) for _, _, lp in turns for x in lp)
+        assert pol.module.training_step(batch, 0).item() == pytest.approx(-1.0, abs=1e-5)  # ratio 1, A = 1
+
+
+def test_steps_draw_every_training_task_equally_often_and_never_twice_in_a_step():
+    """The step's tasks come from seeded shuffles of the training tasks: with tasks_per_step = the
+    number of tasks every step plays all of them, with fewer each task comes up as often as the others."""
+    from outer_loop.train import Trainer
+
+    tasks = [types.SimpleNamespace(name=f"t{i}") for i in range(5)]
+    for k in (2, 5):
+        t = types.SimpleNamespace(train_tasks=tasks, s=types.SimpleNamespace(seed=0, tasks_per_step=k))
+        steps = [Trainer._tasks_for(t, step) for step in range(10)]
+        assert all(len(s) == k and len({x.name for x in s}) == k for s in steps)
+        counts = {x.name: sum(x in s for s in steps) for x in tasks}
+        assert set(counts.values()) == {2 * k}, counts
+        assert steps == [Trainer._tasks_for(t, step) for step in range(10)]   # a resume replays the same draw
+    t.s.seed = 1
+    assert [Trainer._tasks_for(t, s) for s in range(3)] != steps[:3]
