@@ -147,15 +147,25 @@ def score(rewards: Rewards, rows: list[dict], samples: list[list[str]], max_step
     return out
 
 
+def _sample_and_score(model, tokenizer, rows: list[dict], n: int, max_len: int, temperature: float, seed: int,
+                      deadline: float | None, rewards: Rewards, stats: GenStats, max_steps: int = 1):
+    """``n`` samples of each row's prompt, scored: ``(rows that got samples, groups of (text, ended), totals)``;
+    fills ``stats``' prompt, sample and stopped-early counts."""
+    groups, stats.stopped_early = sample(model, tokenizer, [r["prompt"] for r in rows], n, max_len, temperature,
+                                         seed, deadline)
+    rows = rows[:len(groups)]
+    totals = score(rewards, rows, [[t for t, _ in g] for g in groups], max_steps=max_steps)
+    stats.prompts, stats.samples = len(groups), sum(map(len, groups))
+    return rows, groups, totals
+
+
 def rejection_sample(model, tokenizer, items: list[dict], cfg, rewards: Rewards, seed: int,
                      deadline: float | None = None) -> tuple[list[dict], GenStats]:
     """SFT rows from the model's accepted samples of ``items`` (``cfg``: a ``SelfGenerated`` block)."""
     t0 = time.monotonic()
     stats = GenStats("rejection_sampling")
-    groups, stats.stopped_early = sample(model, tokenizer, [r["prompt"] for r in items], cfg.samples_per_prompt,
-                                         cfg.max_completion_length, cfg.temperature, seed, deadline)
-    items = items[:len(groups)]
-    totals = score(rewards, items, [[t for t, _ in g] for g in groups])
+    items, groups, totals = _sample_and_score(model, tokenizer, items, cfg.samples_per_prompt, cfg.max_completion_length,
+                                              cfg.temperature, seed, deadline, rewards, stats)
     kept: list[dict] = []
     for row, group, values in zip(items, groups, totals):
         seen: set[str] = set()
@@ -163,8 +173,7 @@ def rejection_sample(model, tokenizer, items: list[dict], cfg, rewards: Rewards,
             if ended and text.strip() and value >= cfg.min_reward and text not in seen:
                 seen.add(text)
                 kept.append({"prompt": row["prompt"], "answer": text, "family": row.get("family")})
-    stats.prompts, stats.samples, stats.kept = len(groups), sum(map(len, groups)), len(kept)
-    stats.seconds = round(time.monotonic() - t0, 3)
+    stats.kept, stats.seconds = len(kept), round(time.monotonic() - t0, 3)
     return kept, stats
 
 
@@ -173,11 +182,9 @@ def preference_pairs(model, tokenizer, rows: list[dict], hp, rewards: Rewards, s
     """DPO rows ``{prompt, chosen, rejected, answer, family}``: each prompt's (best, worst) samples, if they differ."""
     t0 = time.monotonic()
     stats = GenStats("preference_pairs")
-    groups, stats.stopped_early = sample(model, tokenizer, [r["prompt"] for r in rows], hp.num_generations,
-                                         hp.max_completion_length, hp.temperature, seed, deadline)
-    rows = rows[:len(groups)]
+    rows, groups, totals = _sample_and_score(model, tokenizer, rows, hp.num_generations, hp.max_completion_length,
+                                             hp.temperature, seed, deadline, rewards, stats, max_steps=hp.max_steps)
     texts = [[t for t, _ in g] for g in groups]
-    totals = score(rewards, rows, texts, max_steps=hp.max_steps)
     pairs = []
     for row, group, values in zip(rows, texts, totals):
         best = max(range(len(values)), key=lambda j: (values[j], -j))
@@ -185,6 +192,5 @@ def preference_pairs(model, tokenizer, rows: list[dict], hp, rewards: Rewards, s
         if values[best] > values[worst] and group[best] != group[worst]:
             pairs.append({"prompt": row["prompt"], "chosen": group[best], "rejected": group[worst],
                           "answer": row.get("answer"), "family": row.get("family")})
-    stats.prompts, stats.samples, stats.kept = len(groups), sum(map(len, groups)), len(pairs)
-    stats.seconds = round(time.monotonic() - t0, 3)
+    stats.kept, stats.seconds = len(pairs), round(time.monotonic() - t0, 3)
     return pairs, stats

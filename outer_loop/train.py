@@ -24,8 +24,8 @@ from __future__ import annotations
 import json
 import os
 import random
-import threading
 import shutil
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -232,7 +232,6 @@ class Trainer:
                                         episode_id=ep_dir.name, seed=hash((self.s.seed, step, t_i, g)) % (2**31),
                                         defer_jobs=True, job_kwargs=self.s.job_kwargs, model_name=self.model_name,
                                         steering=self.steering() if self.steering else None))
-        workers = getattr(self.executor, "max_parallel", 1) if self.executor is not None else 1
         # Not with a strategy layer: its after-job hooks may call an evaluator model while the agent samples.
         if (not self.s.overlap_jobs or self.steering is not None
                 or getattr(self.executor, "kind", "sequential") not in ("local_parallel", "sequential")):
@@ -245,7 +244,8 @@ class Trainer:
         # the wall time changes. Jobs an agent waits for mid-episode run batch-wise as before.
         from concurrent.futures import ThreadPoolExecutor
 
-        with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="job-feeder") as feeder:
+        workers = max(1, getattr(self.executor, "max_parallel", 1))   # executor None: run_job one at a time
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="job-feeder") as feeder:
             futures = []
 
             def play_and_feed(batch):

@@ -96,14 +96,15 @@ class BudgetGuard(TrainerCallback):
         control.should_training_stop = True
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
-        last = self.elapsed() > self.max_seconds or state.global_step >= self.max_steps
         step = state.global_step
+        timed_out = self.elapsed() > self.max_seconds   # read once: the last check and the stop must agree
+        last = timed_out or step >= self.max_steps
         if model is not None and (last or step == 1 or step % self.check_every == 0):
-            if self._check(model, state.global_step, control):
+            if self._check(model, step, control):
                 return control
-        if self.elapsed() > self.max_seconds:
-            self._stop(control, "timeout", f"time budget of {self.max_seconds:g} s spent after step {state.global_step}")
-        elif state.global_step >= self.max_steps:
+        if timed_out:
+            self._stop(control, "timeout", f"time budget of {self.max_seconds:g} s spent after step {step}")
+        elif last:
             control.should_training_stop = True
         return control
 
