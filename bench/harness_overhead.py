@@ -32,7 +32,7 @@ def main() -> None:
     p = C.parser(__doc__.split("\n")[0])
     p.add_argument("--steps", type=int, default=400)
     p.add_argument("--hidden-n", type=int, default=200)
-    p.add_argument("--repeats", type=int, default=2, help="runs per side and mode (the median is reported)")
+    p.add_argument("--repeats", type=int, default=3, help="runs per side and mode (the median is reported)")
     p.add_argument("--skip-warm", action="store_true")
     a = p.parse_args()
     C.one_thread()

@@ -83,6 +83,11 @@ class PeftSpec(_Strict):
     target_modules: str | list[str] = Field(
         "all-linear", description="'all-linear' or module names such as [q_proj, v_proj]"
     )
+    init: Literal["default", "gaussian", "pissa", "olora"] = Field(
+        "default",
+        description="adapter initialisation (PEFT init_lora_weights): default (B = 0), gaussian, or pissa/olora, "
+                    "which move the weights' principal part into the adapter (learns like full fine-tuning; "
+                    "the base under the adapter is then a residual, so not for dpo or grpo with beta > 0)")
 
 
 class Hyperparameters(_Strict):
@@ -220,8 +225,16 @@ class RewardSpec(_Strict):
 
 
 def _check_stage(algorithm: str, hp: Hyperparameters, data: DataSpec, reward: "RewardSpec | None", at: str,
-                 data_at: str) -> None:
+                 data_at: str, peft: PeftSpec | None = None) -> None:
     """Cross-field rules of one stage; ``at`` prefixes the stage's own fields, ``data_at`` its data's."""
+    # PiSSA/OLoRA subtract the adapter's starting value from the base weights: with the adapter switched
+    # off (TRL's reference model for LoRA) the model is that residual, not the starting model.
+    has_reference = algorithm == "dpo" or (algorithm == "grpo" and hp.beta > 0)
+    if peft is not None and peft.init in ("pissa", "olora") and has_reference:
+        why = "dpo" if algorithm == "dpo" else f"grpo with beta {hp.beta:g}"
+        raise ValueError(f"[{at}peft.init] {peft.init} moves the weights' principal part into the adapter, so the "
+                         f"reference model of {why} (the base with the adapter off) would not be the starting model; "
+                         "use init: default" + (" or beta: 0" if algorithm == "grpo" else ""))
     if algorithm == "grpo":
         if reward is None:
             raise ValueError(f"[{at}reward] algorithm grpo needs a reward; "
@@ -289,7 +302,7 @@ class JobSpec(_Strict):
             if self.data is None:
                 raise ValueError("[data] Field required; "
                                  "e.g. data: {sources: [{family: calc_chain, seed: 1, size: 2000}]}")
-            _check_stage(self.algorithm, self.hyperparameters, self.data, self.reward, "", "data.")
+            _check_stage(self.algorithm, self.hyperparameters, self.data, self.reward, "", "data.", self.peft)
             return self
         top = [k for k in ("algorithm", "peft", "hyperparameters") if getattr(self, k) is not None
                and (k != "hyperparameters" or k in self.model_fields_set)]
@@ -302,7 +315,7 @@ class JobSpec(_Strict):
                 raise ValueError(f"[stages.{i}.data] stage {i + 1} has no data; give it data: or put data: at the "
                                  "top level for every stage")
             _check_stage(st.algorithm, st.hyperparameters, data, st.reward or self.reward, f"stages.{i}.",
-                         f"stages.{i}.data." if st.data else "data.")
+                         f"stages.{i}.data." if st.data else "data.", st.peft)
         return self
 
     # --- the job as run: a list of single-stage views -------------------------------------------

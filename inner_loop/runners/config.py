@@ -41,6 +41,9 @@ def lora_config(peft: PeftSpec):
         lora_dropout=peft.dropout,
         target_modules=peft.target_modules,
         task_type="CAUSAL_LM",
+        # PEFT's init_lora_weights: True is its default (A random, B = 0); pissa is the exact SVD (tiny models
+        # take milliseconds; for billion-parameter bases PEFT offers pissa_niter_<n>, not exposed yet).
+        init_lora_weights=True if peft.init == "default" else peft.init,
     )
 
 
@@ -108,6 +111,8 @@ def trl_config(spec: JobSpec, output_dir: str | Path, max_steps: int, reward_wei
             packing=False,
             max_length=512,
             dataset_num_proc=None,
+            # The rows arrive tokenized in one batch (runners.train.sft_dataset), ~4 s less per 8,000 rows.
+            dataset_kwargs={"skip_prepare_dataset": True},
         )
     if spec.algorithm == "dpo":
         from trl import DPOConfig

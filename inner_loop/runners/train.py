@@ -108,12 +108,39 @@ def build_trainer(spec: JobSpec, rows: list[dict], rewards: Sequence[tuple[str, 
     else:
         from trl import SFTTrainer
 
-        data = Dataset.from_list([{"prompt": r["prompt"], "completion": r["answer"]} for r in rows])
+        data = sft_dataset(rows, tokenizer, args.max_length)
         trainer = SFTTrainer(model=model, args=args, train_dataset=data, processing_class=tokenizer,
                              peft_config=peft_config, callbacks=list(callbacks))
     # With tqdm off, transformers prints every log dict to stdout; train_log.jsonl has them already.
     trainer.remove_callback(PrinterCallback)
     return trainer
+
+
+def sft_dataset(rows: list[dict], tokenizer, max_length: int | None):
+    """The SFT rows tokenized in one batch, as TRL's ``SFTTrainer`` would prepare them one by one.
+
+    TRL 1.16 (``SFTTrainer._prepare_dataset``, prompt/completion rows, ``completion_only_loss``)
+    appends eos to the completion, tokenizes prompt and prompt+completion separately, masks the
+    common prefix out of the labels, truncates (``keep_start``) and drops fully masked rows: ~5 s
+    for 8,000 rows in ``datasets.map`` calls, ~0.9 s here with the fast tokenizer's batch call.
+    The trainer gets ``skip_prepare_dataset`` (``trl_config``); a test holds the two equal.
+    """
+    from datasets import Dataset
+    from trl.data_utils import common_prefix_length
+
+    eos = tokenizer.eos_token
+    prompts = [r["prompt"] for r in rows]
+    full = [r["prompt"] + (r["answer"] if r["answer"].endswith(eos) else r["answer"] + eos) for r in rows]
+    input_ids, labels = [], []
+    for p_ids, ids in zip(tokenizer(prompts)["input_ids"], tokenizer(full)["input_ids"]):
+        n = common_prefix_length(p_ids, ids)
+        lab = [-100] * n + ids[n:]
+        if max_length is not None:
+            ids, lab = ids[:max_length], lab[:max_length]
+        if any(t != -100 for t in lab):
+            input_ids.append(ids)
+            labels.append(lab)
+    return Dataset.from_dict({"input_ids": input_ids, "labels": labels})
 
 
 def save_checkpoint(model, tokenizer, path: str | Path) -> Path:

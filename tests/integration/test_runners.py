@@ -119,3 +119,48 @@ def test_time_budget_stops_gracefully_and_keeps_the_model(base_dir, tmp_path):
                    max_seconds=0.5)
     assert report.status == "timeout" and 1 <= report.steps < 500
     assert (tmp_path / "model" / "model.safetensors").is_file()
+
+
+@pytest.mark.parametrize("max_length", [512, 14])
+def test_batched_sft_tokenization_matches_trl_own_preparation(base_dir, tmp_path, max_length):
+    """The harness tokenizes SFT rows in one batch and tells TRL to skip its per-row preparation; the
+    trainer must see exactly what TRL would have built (ids, loss mask, truncation, dropped rows)."""
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+    from trl import SFTTrainer
+
+    from inner_loop.runners.train import sft_dataset
+
+    rows = [dict(ex.as_dict(), family=f) for f in ("calc_chain", "reverse_text", "triage")
+            for ex in get_family(f).training_examples(seed=5, n=40)]
+    rows.append({"prompt": "Q: 1+1=", "answer": "2<|im_end|>", "family": "calc_chain"})  # eos already there
+    tok = AutoTokenizer.from_pretrained(base_dir)
+    args = trl_config(_spec("sft", lora=False), tmp_path / "trl", max_steps=1)
+    args.max_length, args.dataset_kwargs = max_length, None
+    reference = SFTTrainer(model=AutoModelForCausalLM.from_pretrained(base_dir), args=args, processing_class=tok,
+                           train_dataset=Dataset.from_list([{"prompt": r["prompt"], "completion": r["answer"]}
+                                                            for r in rows])).train_dataset
+    ours = sft_dataset(rows, tok, max_length)
+    assert ours["input_ids"] == reference["input_ids"]
+    assert ours["labels"] == reference["labels"]
+    if max_length == 14:  # long prompts fill the window: those rows have no loss left and are dropped
+        assert 0 < len(ours) < len(rows)
+
+
+def test_pissa_adapter_starts_as_the_base_model_and_holds_its_principal_part(base_dir):
+    """``peft.init: pissa`` moves the weights' top singular directions into the adapter: the model
+    computes exactly what the base did before training, and the adapter is not zero (PEFT's default B = 0)."""
+    from peft import get_peft_model
+
+    from inner_loop.jobspec import PeftSpec
+    from inner_loop.runners import lora_config
+
+    base = AutoModelForCausalLM.from_pretrained(base_dir)
+    ids = torch.tensor([[5, 17, 33, 2, 40, 9]])
+    with torch.no_grad():
+        expected = base(input_ids=ids).logits
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(base_dir), lora_config(PeftSpec(r=4, init="pissa")))
+    with torch.no_grad():
+        assert torch.allclose(model(input_ids=ids).logits, expected, atol=1e-4)
+    b = [p for n, p in model.named_parameters() if "lora_B" in n]
+    assert b and all(p.abs().sum() > 0 for p in b)
