@@ -124,3 +124,27 @@ def test_killed_mid_step_resumes_with_every_step_and_record_once(tmp_path, built
         assert len(calls) == summary["n_turns"], ep.name
     assert {r["episode"] for r in records} <= {p.name for p in (run / "episodes").iterdir()}
     assert (run / "ledger.rolled_back.jsonl").exists() and (run / "rolled_back").is_dir()
+
+
+def test_overlapped_jobs_give_the_same_episodes_as_jobs_after_sampling(tmp_path, built_agent):
+    """``outer.overlap_jobs`` starts each episode's job while the next episodes are sampled; it must
+    change when jobs run, not what they are or score: same choices, jobs, hidden scores and reward
+    stages (all but speed, which is measured training time and differs run to run)."""
+    from scripts import train as at_train
+
+    def episodes(overlap: bool) -> dict:
+        rid = f"overlap_{overlap}".lower()
+        at_train.run(compose_config([f"runs_dir={tmp_path}", f"run_id={rid}", "experiment=smoke", "outer.steps=1",
+                                     "inner.cache=false", "tracking=off", f"outer.overlap_jobs={overlap}"], "train"))
+        out = {}
+        for p in sorted((tmp_path / rid / "episodes").glob("*/summary.json")):
+            s = json.loads(p.read_text())
+            r = s["reward"]
+            out[s["episode_id"]] = (round(r["total"] - r["w_speed"] * r["speed"], 9), r["validation"],
+                                    r["job_success"], r["quality"], s["status"], s.get("choices"),
+                                    [(j["status"], j.get("hidden_score"), j.get("job_hash")) for j in s["jobs"]])
+        return out
+
+    together, after = episodes(True), episodes(False)
+    assert together and together == after
+    assert any(jobs for *_, jobs in together.values()), "at least one episode submitted a job"
