@@ -6,7 +6,7 @@
 #   1. .venv from python3 (>= 3.11; PYTHON=/path/to/python to choose another)
 #   2. torch==$TORCH_VERSION first (CPU here: pip finds the wheel through its find-links; an
 #      unpinned torch would pull a multi-GB CUDA build). GPU users: see README.
-#   3. pip install -e '.[dev,slurm]' -c requirements/cpu.txt (the set measured to work together)
+#   3. pip install -e '.[dev,slurm,ray]' -c requirements/cpu.txt (the set measured to work together)
 #   4. bubblewrap for the inner-job sandbox, via apt-get when root and missing (warning if not)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -41,7 +41,7 @@ if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$HASH-$TORCH_VERSION" ]; then
 else
   PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check)
   "${PIP[@]}" "torch==$TORCH_VERSION"
-  "${PIP[@]}" -e '.[dev,slurm]' -c requirements/cpu.txt   # slurm: submitit (SLURM and local executors)
+  "${PIP[@]}" -e '.[dev,slurm,ray]' -c requirements/cpu.txt   # slurm: submitit (SLURM, local); ray: the Ray executor
   echo "$HASH-$TORCH_VERSION" > "$STAMP"
   echo "setup: installed into $VENV"
 fi
