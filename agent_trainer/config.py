@@ -138,6 +138,9 @@ class HardwareConfig:
     threads_per_job: Optional[int] = doc(None, "torch threads per inner job; null = cores / max_parallel_jobs")
     executor: Executor = doc(Executor.sequential, "sequential | local_parallel | submitit_local | slurm | ray")
     max_parallel_jobs: int = doc(1, "inner jobs running at once")
+    agent_threads: Optional[int] = doc(None, "torch threads of at-train's own process (agent sampling, the update, "
+                                             "the harness's scoring); null = the cores the parallel jobs leave, "
+                                             "at least 1 (more threads than cores stall tiny models' ops)")
     gpus_per_job: int = doc(0, "GPUs per inner job (0 on CPU)")
     usd_per_hour: float = doc(0.0, "price of the machine per hour, for the ledger")
     slurm_partition: Optional[str] = doc(None, "SLURM partition (executor slurm only)")
@@ -175,6 +178,8 @@ class OuterConfig:
     micro_batch_size: int = doc(8, "agent turns per forward pass in the update")
     loss_aggregation: str = doc("token", "token: mean over all agent tokens (DAPO); episode: every episode "
                                          "weighs the same whatever its length")
+    focus_top_frac: float = doc(1.0, "share of the step's agent tokens the loss covers, highest policy entropy "
+                                     "first (the 'forking' tokens; 1 = all, 0.2 as in Wang et al. 2025)")
     overlap_jobs: bool = doc(True, "start an episode's last inner job as soon as the episode ends, while the "
                                    "next episodes are sampled (local executors; same results, less wall time)")
 
@@ -426,11 +431,13 @@ def validate(cfg: DictConfig) -> Config:
            "or hardware.executor=local_parallel")
     _check(h.device != Device.cpu or h.gpus_per_job == 0, "hardware.device=cpu cannot use hardware.gpus_per_job > 0")
     _check(h.threads_per_job is None or h.threads_per_job >= 1, "hardware.threads_per_job must be >= 1 or null")
+    _check(h.agent_threads is None or h.agent_threads >= 1, "hardware.agent_threads must be >= 1 or null")
     for key in ("cpus_per_job", "mem_gb", "time_limit_min"):
         _check(getattr(h, key) is None or getattr(h, key) >= 1, f"hardware.{key} must be >= 1 or null")
     _check(o.group_size >= 2, "outer.group_size must be >= 2: group-relative advantages compare episodes of one task")
     _check(o.steps >= 1 and o.tasks_per_step >= 1, "outer.steps and outer.tasks_per_step must be >= 1")
     _check(o.lr > 0 and o.clip_eps > 0 and o.kl_beta >= 0, "outer.lr and outer.clip_eps must be > 0, outer.kl_beta >= 0")
+    _check(0 < o.focus_top_frac <= 1, f"outer.focus_top_frac must be in (0, 1] (1 = every agent token), got {o.focus_top_frac}")
     _check(o.max_steps_off_policy >= 0 and o.heldout_every >= 0, "outer.max_steps_off_policy and outer.heldout_every must be >= 0")
     _check(b.max_jobs_per_episode >= 1, "budget.max_jobs_per_episode must be >= 1")
     for key in ("max_usd_per_episode", "max_tokens_per_episode", "max_usd_per_run", "max_tokens_per_run"):

@@ -41,11 +41,28 @@ def main(argv: list[str]) -> None:
     settings = train_settings(cfg)
     shutil.rmtree(out, ignore_errors=True)
 
+    from evaluation.staged_reward import validation_score
+
+    def proxy(ep) -> float:
+        """The validation stage of a submitted job (jobs never run here, so there is no job outcome)."""
+        st = ep.box.state
+        return validation_score(st.validation_failures()) if st.submitted else 0.0
+
     class NoJobs(Trainer):
-        """Jobs are submitted, never run: the reward is the validation stage."""
+        """Jobs are submitted, never run: the reward is the validation stage of the submitted job."""
 
         def run_jobs(self, episodes):
             pass
+
+        def play(self, tasks, group, step, tag):
+            episodes = super().play(tasks, group, step, tag)
+            self._proxy = {ep.id: proxy(ep) for ep in episodes}
+            return episodes
+
+        def samples(self, results, tasks):
+            for r in results:
+                r.reward.update(validation=self._proxy[r.episode_id], total=0.35 * self._proxy[r.episode_id])
+            return super().samples(results, tasks)
 
     trainer = NoJobs(settings, out, agent_dir(cfg), progress=False)
 
@@ -57,7 +74,7 @@ def main(argv: list[str]) -> None:
                              defer_jobs=True)
                 ep.play()
                 r = ep.finish()
-                first += r.reward["validation"] == 1.0
+                first += proxy(ep) == 1.0
                 submitted += bool(ep.box.state.submitted)
                 tokens += r.tokens_out
                 n += 1

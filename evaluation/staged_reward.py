@@ -10,7 +10,9 @@ Stages (each in [0, 1] except quality, in [-w_uplift, 1]):
 
 - validation = ``validation_decay ** failures`` where ``failures`` counts the invalid validations
   (``validate_job`` calls and submissions the probe refused) before the first valid one; 1.0 when
-  valid at the first try, 0 when never valid.
+  valid at the first try, 0 when never valid, and 0 when no job was submitted
+  (``validation_needs_job``): with validation paid on its own, "validate, then stop" earned 0.35
+  with no risk while a submitted job can score below that, and a policy learns the difference.
 - job_success = 1 when the job ended ``ok``, else 0.
 - quality = ``w_post * post + w_uplift * normalized_uplift``, where ``post`` is the hidden score of
   the trained model and ``uplift = post - baseline``. The uplift is normalised by the room it had:
@@ -46,6 +48,7 @@ class RewardWeights:
     uplift: float = 0.75
     validation_decay: float = 0.5
     timeout_quality_factor: float = 0.5
+    validation_needs_job: bool = True    # no submitted job: no validation credit either
 
     def __post_init__(self) -> None:
         for name, v in asdict(self).items():
@@ -117,6 +120,8 @@ def staged_reward(validation_failures: int | None, job: JobOutcome | None,
     """The staged reward of one episode; ``job`` None when nothing was submitted (or none ran)."""
     w = weights or RewardWeights()
     validation = validation_score(validation_failures, w.validation_decay)
+    if job is None and w.validation_needs_job:
+        validation = 0.0
     success = quality = speed = 0.0
     post = base = up = nup = None
     flagged = bool(job and job.flagged)

@@ -22,6 +22,16 @@ function; with ``beta = 0`` no reference forward pass is made. Each epoch over a
 optimizer step (the micro-batches' gradients are accumulated, normalised over the whole batch), so
 every update compares whole groups; ``epochs > 1`` re-uses the batch with the ratio clipped.
 
+``focus_top_frac = rho < 1`` keeps only the "forking" tokens in the sums above: the top rho share of
+the step's agent tokens by the entropy of the current policy at their position (measured once per
+step, before the first epoch, at the sampling temperature), as in "Beyond the 80/20 Rule:
+High-Entropy Minority Tokens Drive Effective RL" (Wang et al., 2025). A tiny warm-started agent is
+near-deterministic on most of its tokens (what it copies: keys, names, syntax); their gradients
+carry no decision, only noise that Adam turns into full-size steps, so the update spends itself on
+them and on wrecking what was copied right. The normalisers (T, or each episode's token count) count
+the kept tokens only; the KL term still covers every agent token (it is what anchors the copied
+ones).
+
 Usage::
 
     policy = AgentPolicy.from_pretrained(model_dir, PolicyConfig(lora_r=16))
@@ -62,10 +72,13 @@ class PolicyConfig:
     max_grad_norm: float = 1.0
     weight_decay: float = 0.0
     loss_aggregation: str = "token"  # "token" (DAPO) | "episode" (each episode weighs the same)
+    focus_top_frac: float = 1.0      # share of agent tokens the loss covers, highest-entropy first (1 = all)
 
     def __post_init__(self) -> None:
         if self.loss_aggregation not in ("token", "episode"):
             raise ValueError(f"loss_aggregation must be 'token' or 'episode', got {self.loss_aggregation!r}")
+        if not 0 < self.focus_top_frac <= 1:
+            raise ValueError(f"focus_top_frac must be in (0, 1], got {self.focus_top_frac}")
 
 
 @dataclass
@@ -83,11 +96,24 @@ class TurnSample:
     # Which completion tokens are the agent's (1) and which are context in between (0): a merged
     # episode (``merge_turns``) carries tool results between its turns. None = all of them.
     completion_mask: list[int] | None = None
+    # ``focus_top_frac`` < 1: which agent tokens the policy-gradient term covers (1) and its per-token
+    # weight there; the KL term still covers every agent token. None = all agent tokens, ``weight``.
+    focus_mask: list[int] | None = None
+    focus_weight: float | None = None
 
     @property
     def n_targets(self) -> int:
         """Agent tokens the loss covers."""
         return len(self.completion_ids) if self.completion_mask is None else sum(self.completion_mask)
+
+    @property
+    def n_focus(self) -> int:
+        """Agent tokens the policy-gradient term covers."""
+        return self.n_targets if self.focus_mask is None else sum(self.focus_mask)
+
+    @property
+    def pg_weight(self) -> float:
+        return self.weight if self.focus_weight is None else self.focus_weight
 
 
 def merge_turns(turns: Sequence[tuple[list[int], list[int], list[float]]]) -> list[tuple[list[int], list[int], list[float], list[int]]]:
@@ -141,6 +167,7 @@ def collate(samples: list[TurnSample], pad_id: int) -> dict[str, torch.Tensor]:
     attn = torch.zeros((len(seqs), width), dtype=torch.long)
     mask = torch.zeros((len(seqs), width), dtype=torch.float32)
     old = torch.zeros((len(seqs), width), dtype=torch.float32)
+    focus = torch.zeros((len(seqs), width), dtype=torch.float32)
     for i, (s, seq) in enumerate(zip(samples, seqs)):
         ids[i, : len(seq)] = torch.tensor(seq)
         attn[i, : len(seq)] = 1
@@ -150,6 +177,9 @@ def collate(samples: list[TurnSample], pad_id: int) -> dict[str, torch.Tensor]:
         else:
             mask[i, start : len(seq)] = torch.tensor(s.completion_mask, dtype=torch.float32)
         old[i, start : len(seq)] = torch.tensor(s.old_logprobs, dtype=torch.float32)
+        focus[i] = mask[i] if s.focus_mask is None else 0.0
+        if s.focus_mask is not None:
+            focus[i, start : len(seq)] = torch.tensor(s.focus_mask, dtype=torch.float32)
     return {
         "input_ids": ids,
         "attention_mask": attn,
@@ -158,6 +188,8 @@ def collate(samples: list[TurnSample], pad_id: int) -> dict[str, torch.Tensor]:
         "advantages": torch.tensor([s.advantage for s in samples], dtype=torch.float32),
         "temperature": torch.tensor([s.temperature for s in samples], dtype=torch.float32),
         "weights": torch.tensor([s.weight for s in samples], dtype=torch.float32),
+        "focus_mask": focus,
+        "focus_weights": torch.tensor([s.pg_weight for s in samples], dtype=torch.float32),
     }
 
 
@@ -167,6 +199,49 @@ def token_logprobs(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     logits = logits.float() / batch["temperature"].view(-1, 1, 1)
     logp = torch.log_softmax(logits, dim=-1).gather(-1, batch["input_ids"][:, 1:].unsqueeze(-1)).squeeze(-1)
     return torch.nn.functional.pad(logp, (1, 0))
+
+
+@torch.no_grad()
+def token_entropies(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Entropy (nats) of pi(. | tokens_<t) at each sample's temperature, aligned like ``token_logprobs``."""
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1]
+    logp = torch.log_softmax(logits.float() / batch["temperature"].view(-1, 1, 1), dim=-1)
+    ent = -(logp.exp() * logp).sum(-1)
+    return torch.nn.functional.pad(ent, (1, 0))
+
+
+def focus_samples(model, samples: list[TurnSample], frac: float, pad_id: int, micro_batch_size: int,
+                  per_episode_weights: bool) -> tuple[list[TurnSample], float]:
+    """The samples with ``focus_mask`` set to the top ``frac`` of agent tokens by entropy (ties kept).
+
+    Returns the new samples and the entropy threshold. With ``per_episode_weights`` an episode's
+    focused tokens are weighted by 1 / (their number), so each episode's policy-gradient term still
+    weighs the same; otherwise every focused token weighs 1."""
+    from dataclasses import replace
+
+    per_sample: list[torch.Tensor] = []
+    for i in range(0, len(samples), micro_batch_size):
+        chunk = samples[i: i + micro_batch_size]
+        batch = collate(chunk, pad_id)
+        ent = token_entropies(model, batch)
+        for r, s in enumerate(chunk):
+            start = len(s.context_ids)
+            per_sample.append(ent[r, start: start + len(s.completion_ids)])
+    masks = [torch.ones(len(s.completion_ids)) if s.completion_mask is None
+             else torch.tensor(s.completion_mask, dtype=torch.float32) for s in samples]
+    pool = torch.cat([e[m > 0] for e, m in zip(per_sample, masks)])
+    if pool.numel() == 0:
+        return samples, 0.0
+    k = max(1, int(math.ceil(frac * pool.numel())))
+    threshold = float(torch.topk(pool, k).values.min())
+    out = [replace(s, focus_mask=((e >= threshold) & (m > 0)).int().tolist(), focus_weight=1.0)
+           for s, e, m in zip(samples, per_sample, masks)]
+    if per_episode_weights:
+        count: dict[str, int] = {}
+        for s in out:
+            count[s.episode_id] = count.get(s.episode_id, 0) + s.n_focus
+        out = [replace(s, focus_weight=1.0 / count[s.episode_id] if count[s.episode_id] else 0.0) for s in out]
+    return out, threshold
 
 
 def _quiet_lightning() -> None:
@@ -194,6 +269,7 @@ class PolicyModule(L.LightningModule):
         self.last_stats: dict[str, float] = {}
         self._acc: dict[str, list[float]] = {}
         self.norm: float | None = None   # sum of token weights of the whole step (set by AgentPolicy.update)
+        self.pg_norm: float | None = None  # the same over the policy-gradient (focused) tokens
         self.accumulate = 1              # micro-batches per optimizer step
 
     def configure_optimizers(self):
@@ -211,22 +287,23 @@ class PolicyModule(L.LightningModule):
         adv = batch["advantages"].view(-1, 1)
         ratio = torch.exp((new - batch["old_logprobs"]) * mask)
         surrogate = torch.minimum(ratio * adv, torch.clamp(ratio, 1 - cfg.clip_eps_low, 1 + cfg.clip_eps_high) * adv)
-        per_token = -surrogate
         kl = torch.zeros_like(new)
         if cfg.kl_beta > 0:
             with torch.no_grad(), self.model.disable_adapter():
                 ref = token_logprobs(self.model, batch)
             delta = ref - new
             kl = torch.exp(delta) - delta - 1
-            per_token = per_token + cfg.kl_beta * kl
         n_tokens = mask.sum().clamp(min=1.0)
         weighted = mask * batch["weights"].view(-1, 1)    # all ones with token aggregation
+        pg_weighted = batch["focus_mask"] * batch["focus_weights"].view(-1, 1)   # = weighted without focus
         # Normalised over the whole step's batch (not this micro-batch), and the gradients of every
         # micro-batch are accumulated into one optimizer step per epoch: each update sees whole
         # groups, so a micro-batch holding one bad episode cannot move the policy on its own.
         # Lightning divides a returned loss by accumulate_grad_batches; ``accumulate`` undoes that.
         norm = self.norm if self.norm is not None else weighted.sum().clamp(min=1e-12)
-        loss = (per_token * weighted).sum() / norm * self.accumulate
+        pg_norm = self.pg_norm if self.pg_norm is not None else pg_weighted.sum().clamp(min=1e-12)
+        loss = ((-surrogate * pg_weighted).sum() / pg_norm
+                + cfg.kl_beta * (kl * weighted).sum() / norm) * self.accumulate
         with torch.no_grad():
             clipped = ((ratio - 1).abs() > cfg.clip_eps_low).float()
             for k, v in {
@@ -280,10 +357,20 @@ class AgentPolicy:
         if not samples:
             return {"skipped": 1.0}
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        focus: dict[str, float] = {}
+        if self.config.focus_top_frac < 1:
+            self.model.eval()
+            before = sum(s.n_targets for s in samples)
+            samples, threshold = focus_samples(self.model, samples, self.config.focus_top_frac, pad,
+                                               self.config.micro_batch_size,
+                                               per_episode_weights=self.config.loss_aggregation == "episode")
+            focus = {"focus_entropy_threshold": threshold,
+                     "focus_kept": sum(s.n_focus for s in samples) / max(1, before)}
         loader = DataLoader(samples, batch_size=self.config.micro_batch_size, shuffle=False,
                             collate_fn=lambda b: collate(b, pad))
         n_batches = math.ceil(len(samples) / self.config.micro_batch_size)
         self.module.norm = max(1e-12, sum(s.weight * s.n_targets for s in samples))
+        self.module.pg_norm = max(1e-12, sum(s.pg_weight * s.n_focus for s in samples))
         self.module.accumulate = n_batches
         kwargs = dict(accelerator="cpu", devices=1, max_epochs=self.config.epochs, logger=False,
                       accumulate_grad_batches=n_batches,
@@ -296,7 +383,7 @@ class AgentPolicy:
         L.Trainer(**kwargs).fit(self.module, train_dataloaders=loader)
         self.model.eval()
         self.version += 1
-        return dict(self.module.last_stats, samples=float(len(samples)))
+        return dict(self.module.last_stats, samples=float(len(samples)), **focus)
 
     # --- checkpoints ---------------------------------------------------------------------
     def save(self, directory: str | Path) -> None:

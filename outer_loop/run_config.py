@@ -5,6 +5,7 @@ Kept apart from the scripts so tests build exactly what ``at-train`` / ``at-epis
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -77,7 +78,7 @@ def train_settings(cfg: DictConfig) -> TrainSettings:
                           clip_eps_high=float(o.clip_eps_high if o.clip_eps_high is not None else o.clip_eps),
                           kl_beta=float(o.kl_beta), scale_by_std=bool(o.scale_by_std), epochs=int(o.epochs),
                           micro_batch_size=int(o.micro_batch_size), max_grad_norm=float(o.max_grad_norm),
-                          loss_aggregation=str(o.loss_aggregation))
+                          loss_aggregation=str(o.loss_aggregation), focus_top_frac=float(o.focus_top_frac))
     return TrainSettings(steps=int(o.steps), tasks_per_step=int(o.tasks_per_step), group_size=int(o.group_size),
                          train_tasks=spec_paths(cfg, families),
                          heldout_tasks=spec_paths(cfg, cfg.task.held_out_families),
@@ -139,6 +140,31 @@ def execution_plan(cfg: DictConfig) -> dict[str, Any]:
             **executor.plan(batch)}
 
 
+def agent_threads(cfg: DictConfig, cores: int | None = None) -> int:
+    """Torch threads for at-train's process: ``hardware.agent_threads``, else the cores that the jobs running
+    alongside (``max_parallel_jobs`` x ``threads_per_job``) leave free, at least 1.
+
+    Jobs run while the agent samples (``outer.overlap_jobs``); on 2 cores, two one-thread jobs plus a
+    two-thread sampler made each of the agent's turns ~4x slower than on one thread of its own."""
+    h = cfg.hardware
+    if h.agent_threads is not None:
+        return max(1, int(h.agent_threads))
+    cores = cores or os.cpu_count() or 1
+    if str(h.executor) not in ("sequential", "local_parallel"):
+        return cores   # jobs run elsewhere (SLURM, Ray, submitit)
+    per_job = int(h.threads_per_job) if h.threads_per_job else max(1, cores // max(1, int(h.max_parallel_jobs)))
+    return max(1, cores - int(h.max_parallel_jobs) * per_job)
+
+
+def set_agent_threads(cfg: DictConfig) -> int:
+    """Apply ``agent_threads(cfg)`` to this process; returns it."""
+    import torch
+
+    n = agent_threads(cfg)
+    torch.set_num_threads(n)
+    return n
+
+
 def build_trainer(cfg: DictConfig, run_dir: Path, *, tracker=None, resume: bool = False) -> Trainer:
     """The ``Trainer`` that ``at-train`` runs."""
     if str(cfg.agent.backend) != "local":
@@ -147,6 +173,7 @@ def build_trainer(cfg: DictConfig, run_dir: Path, *, tracker=None, resume: bool 
     from outer_loop.train import prepare_resume
 
     settings = train_settings(cfg)
+    set_agent_threads(cfg)
     state = prepare_resume(run_dir) if resume else None  # before the ledger is opened: it may truncate it
     ledger = make_ledger(cfg, run_dir)
     return Trainer(settings, run_dir, agent_dir(cfg), ledger=ledger, tracker=tracker,

@@ -137,6 +137,7 @@ def step_metrics(results: list[EpisodeResult], update: dict, seconds: dict, ledg
         "reward_std": (sum((x - mean) ** 2 for x in rewards) / n) ** 0.5,
         "validation_mean": sum(r.reward["validation"] for r in results) / n,
         "valid_first_try": sum(r.reward["validation"] == 1.0 for r in results) / n,
+        "submitted_rate": sum(bool(r.jobs) for r in results) / n,
         "job_success_rate": sum(r.reward["job_success"] for r in results) / n,
         "quality_mean": sum(r.reward["quality"] for r in results) / n,
         "speed_mean": sum(r.reward["speed"] for r in results) / n,

@@ -117,6 +117,8 @@ def test_bad_values_fail_with_the_choices(composer, override, text):
     (["strategy.evaluator.kind=llm", "strategy.evaluator.backend=openai"], "strategy.evaluator.api_key_env"),
     (["task.held_out_families=[calc_chain]"], "calc_chain"),
     (["budget.max_usd_per_run=0"], "budget.max_usd_per_run"),
+    (["outer.focus_top_frac=0"], "outer.focus_top_frac"),
+    (["hardware.agent_threads=0"], "hardware.agent_threads"),
 ])
 def test_impossible_combinations_are_rejected(composer, overrides, text):
     with pytest.raises(ConfigError, match=text.replace(".", r"\.").replace("(", r"\(")):
@@ -176,3 +178,13 @@ def test_sweeps_are_checked_with_their_first_value():
         "outer.lr=0.0001", "seed=2", "a=b"]
     assert cli.overrides_to_check(["outer.lr=1"]) == ["outer.lr=1"]
     assert cli.overrides_to_check(["--cfg", "job", "outer.lr=1"]) is None  # Hydra's own flags: Hydra checks
+
+
+def test_agent_threads_leave_the_parallel_jobs_their_cores(composer):
+    """at-train's own torch threads: what the jobs running alongside leave (at least 1), or the set value."""
+    from outer_loop.run_config import agent_threads
+
+    assert agent_threads(composer(["hardware=cpu_parallel"]), cores=2) == 1     # 2 jobs x 1 thread on 2 cores
+    assert agent_threads(composer(["hardware=cpu_parallel"]), cores=8) == 6
+    assert agent_threads(composer(["hardware=cpu_parallel", "hardware.agent_threads=3"]), cores=2) == 3
+    assert agent_threads(composer(["hardware=slurm"]), cores=8) == 8            # jobs run on other machines

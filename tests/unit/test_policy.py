@@ -175,3 +175,54 @@ def test_steps_draw_every_training_task_equally_often_and_never_twice_in_a_step(
         assert steps == [Trainer._tasks_for(t, step) for step in range(10)]   # a resume replays the same draw
     t.s.seed = 1
     assert [Trainer._tasks_for(t, s) for s in range(3)] != steps[:3]
+
+
+def test_focus_keeps_the_highest_entropy_tokens_and_weighs_each_episode_once():
+    """focus_top_frac: the policy-gradient term covers the top share of agent tokens by entropy;
+    with episode aggregation each episode's focused tokens still add up to one episode's weight."""
+    import math
+
+    from outer_loop.policy import focus_samples, token_entropies
+
+    pol = tiny_policy(loss_aggregation="episode")
+    samples = on_policy_samples(pol, [1.0, -1.0, 1.0, -1.0])
+    for i, s in enumerate(samples):
+        s.episode_id = f"e{i // 2}"       # two samples per episode
+    focused, threshold = focus_samples(pol.model, samples, 0.5, 0, 4, per_episode_weights=True)
+    with torch.no_grad():
+        ent = token_entropies(pol.model, collate(samples, 0))
+    kept, dropped = [], []
+    for r, (s, f) in enumerate(zip(samples, focused)):
+        start = len(s.context_ids)
+        for j, m in enumerate(f.focus_mask):
+            (kept if m else dropped).append(float(ent[r, start + j]))
+        assert f.completion_mask == s.completion_mask and f.weight == s.weight   # the KL term's tokens are untouched
+    assert len(kept) == math.ceil(0.5 * 12) and min(kept) >= max(dropped) and min(kept) == pytest.approx(threshold)
+    for ep in ("e0", "e1"):
+        mine = [f for f in focused if f.episode_id == ep]
+        assert sum(f.pg_weight * f.n_focus for f in mine) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="focus_top_frac"):
+        PolicyConfig(focus_top_frac=0.0)
+
+
+def test_unfocused_tokens_carry_no_policy_gradient():
+    """A sample whose tokens are all outside the focus adds nothing to the policy-gradient term: the
+    loss is that of the focused sample alone (ratio 1, advantage +1: -1)."""
+    pol = tiny_policy(loss_aggregation="token")
+    pos, neg = on_policy_samples(pol, [1.0, -1.0])
+    pos.focus_mask, neg.focus_mask = [1, 1, 1], [0, 0, 0]
+    pos.focus_weight = neg.focus_weight = 1.0
+    assert pol.module.training_step(collate([pos, neg], 0), 0).item() == pytest.approx(-1.0, abs=1e-5)
+    neg.focus_mask = [1, 1, 1]
+    assert pol.module.training_step(collate([pos, neg], 0), 0).item() == pytest.approx(0.0, abs=1e-5)
+
+
+def test_focused_update_moves_the_policy_like_the_plain_one():
+    """With focus the update still raises positive-advantage tokens and lowers negative ones."""
+    pol = tiny_policy(focus_top_frac=0.5)
+    samples = on_policy_samples(pol, [1.0, -1.0, 1.0, -1.0])
+    old = [sum(s.old_logprobs) for s in samples]
+    stats = pol.update(samples)
+    assert 0.4 <= stats["focus_kept"] <= 0.7
+    new = [sum(s.old_logprobs) for s in on_policy_samples(pol, [0.0] * 4)]
+    assert new[0] > old[0] and new[2] > old[2] and new[1] < old[1] and new[3] < old[3]

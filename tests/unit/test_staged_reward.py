@@ -16,7 +16,16 @@ def ok_job(post=0.4, base=0.2, secs=30.0, budget=90.0, **kw):
 @pytest.mark.parametrize("failures, want", [(0, 1.0), (1, 0.5), (3, 0.125), (None, 0.0)])
 def test_validation_decays_per_retry(failures, want):
     assert validation_score(failures) == want
-    assert staged_reward(failures, None).validation == want
+    assert staged_reward(failures, ok_job()).validation == want
+
+
+def test_validating_without_submitting_earns_nothing():
+    """A valid job that was never submitted achieved nothing: no validation credit (it would pay 0.35
+    for stopping early, more than a submitted job that lowers the score)."""
+    assert staged_reward(0, None).total == 0.0
+    assert staged_reward(0, None, RewardWeights(validation_needs_job=False)).validation == 1.0
+    crashed = staged_reward(0, JobOutcome(status="crashed", train_seconds=1, budget_seconds=90))
+    assert crashed.validation == 1.0    # submitted and valid: the stage counts
 
 
 def test_normalized_uplift_uses_the_room_it_had():
