@@ -82,6 +82,19 @@ class TaskFamily:
             raise FamilyError(f"n must be an integer in [1, 100000], got {n!r}")
         return self._draw(seed, n, hidden=False)
 
+    def training_stream(self, seed: int):
+        """The training-pool items of ``seed`` one at a time, without end: the first ``n`` are
+        ``training_examples(seed, n)`` (for builds that decide how much of a family they need as they go)."""
+        if not isinstance(seed, int) or not 0 <= seed < MAX_AGENT_SEED:
+            raise FamilyError(
+                f"seed must be an integer in [0, {MAX_AGENT_SEED}), got {seed!r}; pick any seed in that range"
+            )
+        rng = random.Random(f"{self.name}/v{self.version}/{seed}")
+        while True:
+            ex = self._sample(rng)
+            if not in_hidden_pool(self.name, ex.prompt):
+                yield ex
+
     def _draw(self, seed: int, n: int, hidden: bool) -> list[Example]:
         rng = random.Random(f"{self.name}/v{self.version}/{seed}")
         out: list[Example] = []

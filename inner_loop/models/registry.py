@@ -65,7 +65,34 @@ Builder = Callable[[Path, int, Callable[[int], None] | None], dict]
 
 
 def _tiny_builder(cfg: ModelBuildConfig) -> Builder:
-    return lambda out_dir, seed, on_step=None: build_model(cfg, out_dir, seed=seed, on_step=on_step)
+    def build(out_dir, seed, on_step=None, cache_dir=None):
+        cal = cfg.calibration
+        reference = start_mix = None
+        if cal is not None and cal.above is not None:
+            reference = reference_scores(cal.above, seed, cache_dir, cal.n)
+            manifest = json.loads((model_dir(cal.above, seed, cache_dir) / MANIFEST).read_text())
+            checks = (manifest.get("calibration") or {}).get("checks") or []
+            start_mix = checks[-1]["mix"] if checks else None
+        return build_model(cfg, out_dir, seed=seed, on_step=on_step, reference=reference, start_mix=start_mix)
+
+    return build
+
+
+def reference_scores(name: str, seed: int, cache_dir, n: int) -> dict[str, float]:
+    """Hidden-set scores of built model ``name`` on every family (built first if missing): what a
+    calibrated build must beat."""
+    from evaluation.families import family_names
+    from evaluation.hidden_eval import score_model
+
+    path = resolve_model(name, cache_dir=cache_dir, seed=seed, progress=False)
+    model, tok = load_model(path), load_tokenizer(path)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.no_grad():
+            return {f: score_model(model, tok, f, n=n).score for f in family_names(include_held_out=True)}
+    finally:
+        torch.set_num_threads(threads)
 
 
 # name -> (builder, progress-bar total). build_all builds every entry, in this order.
@@ -132,7 +159,11 @@ def _build_into_cache(name: str, seed: int, cache_dir, force: bool, progress: bo
 
                 bar = tqdm(total=total or None, desc=f"building {name}", unit="step", leave=False)
             try:
-                builder(tmp, seed, (lambda _step: bar.update(1)) if bar else None)
+                step = (lambda _step: bar.update(1)) if bar else None
+                if name in _BUILTIN:
+                    builder(tmp, seed, step, cache_dir=cache_dir)
+                else:
+                    builder(tmp, seed, step)
             finally:
                 if bar:
                     bar.close()

@@ -83,3 +83,14 @@ def test_the_reference_answer_scores_one_and_a_wrong_one_zero(name):
 )
 def test_scorers_on_examples(name, completion, answer, score):
     assert get_family(name).score_one(completion, answer) == score
+
+
+def test_training_stream_continues_training_examples():
+    """The streaming draw (calibrated model builds) yields exactly training_examples' items, in order."""
+    import itertools
+
+    from evaluation.families import get_family
+
+    for name in ("calc_chain", "triage"):
+        fam = get_family(name)
+        assert list(itertools.islice(fam.training_stream(3), 50)) == fam.training_examples(seed=3, n=50)

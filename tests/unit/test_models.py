@@ -175,3 +175,29 @@ def test_unknown_and_missing_models_say_what_to_do(tmp_path, monkeypatch):
     assert resolve_model("qwen3-1.7b", cache_dir=tmp_path) == real
     with pytest.raises(ModelNotFoundError, match="no config.json"):
         load_model(tmp_path)
+
+
+def test_calibrated_build_stops_at_the_first_passing_check_and_records_it(tok, tmp_path):
+    """A calibrated build scores the hidden sets at each candidate step and stops at the first pass;
+    one that never passes trains to its last step and keeps the checkpoint with the most slack."""
+    from inner_loop.models.build import Calibration
+
+    easy = dataclasses.replace(SMALL, steps=12, calibration=Calibration(min_steps=4, every=4, n=8, low=0.0, high=1.0))
+    m = build_model(easy, tmp_path / "easy", seed=0, tokenizer=tok)
+    cal = m["calibration"]
+    assert cal["passed"] and cal["step"] == 4 and [c["step"] for c in cal["checks"]] == [4]
+    assert set(cal["scores"]) == set(FAMILIES)
+    # the checks' batched generation must not leak into the saved tokenizer (the lineage check compares it)
+    assert json.loads((tmp_path / "easy/tokenizer.json").read_text())["padding"] is None
+    # Unreachable band (every score must be >= 2): all three checks run, the mix is steered up for
+    # every family, and the chosen checkpoint is one of the checked steps.
+    hard = dataclasses.replace(easy, calibration=Calibration(min_steps=4, every=4, n=8, low=2.0, high=3.0))
+    m = build_model(hard, tmp_path / "hard", seed=0, tokenizer=tok)
+    cal = m["calibration"]
+    assert not cal["passed"] and [c["step"] for c in cal["checks"]] == [4, 8, 12] and cal["step"] in (4, 8, 12)
+    first, last = cal["checks"][0]["mix"], cal["checks"][-1]["mix"]
+    assert all(last[f] > first[f] for f in first)
+    # a model that must beat another needs that model's scores
+    above = dataclasses.replace(easy, calibration=Calibration(min_steps=4, every=4, n=8, above="tiny-s"))
+    with pytest.raises(ValueError, match="reference"):
+        build_model(above, tmp_path / "above", seed=0, tokenizer=tok)
