@@ -180,6 +180,9 @@ class OuterConfig:
                                          "weighs the same whatever its length")
     focus_top_frac: float = doc(1.0, "share of the step's agent tokens the loss covers, highest policy entropy "
                                      "first (the 'forking' tokens; 1 = all, 0.2 as in Wang et al. 2025)")
+    focus_entropy_of: str = doc("policy", "whose entropy picks the focused tokens: policy (the current one, as in "
+                                          "Wang et al.) or reference (the adapter disabled: the warm start's choice "
+                                          "points, which the update's own drift cannot move)")
     overlap_jobs: bool = doc(True, "start an episode's last inner job as soon as the episode ends, while the "
                                    "next episodes are sampled (local executors; same results, less wall time)")
 
@@ -437,6 +440,8 @@ def validate(cfg: DictConfig) -> Config:
     _check(o.group_size >= 2, "outer.group_size must be >= 2: group-relative advantages compare episodes of one task")
     _check(o.steps >= 1 and o.tasks_per_step >= 1, "outer.steps and outer.tasks_per_step must be >= 1")
     _check(o.lr > 0 and o.clip_eps > 0 and o.kl_beta >= 0, "outer.lr and outer.clip_eps must be > 0, outer.kl_beta >= 0")
+    _check(o.focus_entropy_of in ("policy", "reference"),
+           f"outer.focus_entropy_of must be 'policy' or 'reference', got {o.focus_entropy_of!r}")
     _check(0 < o.focus_top_frac <= 1, f"outer.focus_top_frac must be in (0, 1] (1 = every agent token), got {o.focus_top_frac}")
     _check(o.max_steps_off_policy >= 0 and o.heldout_every >= 0, "outer.max_steps_off_policy and outer.heldout_every must be >= 0")
     _check(b.max_jobs_per_episode >= 1, "budget.max_jobs_per_episode must be >= 1")

@@ -24,7 +24,9 @@ every update compares whole groups; ``epochs > 1`` re-uses the batch with the ra
 
 ``focus_top_frac = rho < 1`` keeps only the "forking" tokens in the sums above: the top rho share of
 the step's agent tokens by the entropy of the current policy at their position (measured once per
-step, before the first epoch, at the sampling temperature), as in "Beyond the 80/20 Rule:
+step, before the first epoch, at the sampling temperature; ``focus_entropy_of="reference"`` measures
+it with the adapter disabled instead, so the choice points stay those of the warm start and a token
+the update itself made uncertain is not pulled into the policy gradient), as in "Beyond the 80/20 Rule:
 High-Entropy Minority Tokens Drive Effective RL" (Wang et al., 2025). A tiny warm-started agent is
 near-deterministic on most of its tokens (what it copies: keys, names, syntax); their gradients
 carry no decision, only noise that Adam turns into full-size steps, so the update spends itself on
@@ -41,6 +43,7 @@ Usage::
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -73,12 +76,15 @@ class PolicyConfig:
     weight_decay: float = 0.0
     loss_aggregation: str = "token"  # "token" (DAPO) | "episode" (each episode weighs the same)
     focus_top_frac: float = 1.0      # share of agent tokens the loss covers, highest-entropy first (1 = all)
+    focus_entropy_of: str = "policy"  # whose entropy ranks them: "policy" (current) | "reference" (adapter off)
 
     def __post_init__(self) -> None:
         if self.loss_aggregation not in ("token", "episode"):
             raise ValueError(f"loss_aggregation must be 'token' or 'episode', got {self.loss_aggregation!r}")
         if not 0 < self.focus_top_frac <= 1:
             raise ValueError(f"focus_top_frac must be in (0, 1], got {self.focus_top_frac}")
+        if self.focus_entropy_of not in ("policy", "reference"):
+            raise ValueError(f"focus_entropy_of must be 'policy' or 'reference', got {self.focus_entropy_of!r}")
 
 
 @dataclass
@@ -361,9 +367,11 @@ class AgentPolicy:
         if self.config.focus_top_frac < 1:
             self.model.eval()
             before = sum(s.n_targets for s in samples)
-            samples, threshold = focus_samples(self.model, samples, self.config.focus_top_frac, pad,
-                                               self.config.micro_batch_size,
-                                               per_episode_weights=self.config.loss_aggregation == "episode")
+            reference = self.config.focus_entropy_of == "reference" and hasattr(self.model, "disable_adapter")
+            with self.model.disable_adapter() if reference else contextlib.nullcontext():
+                samples, threshold = focus_samples(self.model, samples, self.config.focus_top_frac, pad,
+                                                   self.config.micro_batch_size,
+                                                   per_episode_weights=self.config.loss_aggregation == "episode")
             focus = {"focus_entropy_threshold": threshold,
                      "focus_kept": sum(s.n_focus for s in samples) / max(1, before)}
         loader = DataLoader(samples, batch_size=self.config.micro_batch_size, shuffle=False,

@@ -78,7 +78,8 @@ def train_settings(cfg: DictConfig) -> TrainSettings:
                           clip_eps_high=float(o.clip_eps_high if o.clip_eps_high is not None else o.clip_eps),
                           kl_beta=float(o.kl_beta), scale_by_std=bool(o.scale_by_std), epochs=int(o.epochs),
                           micro_batch_size=int(o.micro_batch_size), max_grad_norm=float(o.max_grad_norm),
-                          loss_aggregation=str(o.loss_aggregation), focus_top_frac=float(o.focus_top_frac))
+                          loss_aggregation=str(o.loss_aggregation), focus_top_frac=float(o.focus_top_frac),
+                          focus_entropy_of=str(o.focus_entropy_of))
     return TrainSettings(steps=int(o.steps), tasks_per_step=int(o.tasks_per_step), group_size=int(o.group_size),
                          train_tasks=spec_paths(cfg, families),
                          heldout_tasks=spec_paths(cfg, cfg.task.held_out_families),

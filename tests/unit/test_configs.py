@@ -118,6 +118,7 @@ def test_bad_values_fail_with_the_choices(composer, override, text):
     (["task.held_out_families=[calc_chain]"], "calc_chain"),
     (["budget.max_usd_per_run=0"], "budget.max_usd_per_run"),
     (["outer.focus_top_frac=0"], "outer.focus_top_frac"),
+    (["outer.focus_entropy_of=base"], "outer.focus_entropy_of"),
     (["hardware.agent_threads=0"], "hardware.agent_threads"),
 ])
 def test_impossible_combinations_are_rejected(composer, overrides, text):

@@ -226,3 +226,28 @@ def test_focused_update_moves_the_policy_like_the_plain_one():
     assert 0.4 <= stats["focus_kept"] <= 0.7
     new = [sum(s.old_logprobs) for s in on_policy_samples(pol, [0.0] * 4)]
     assert new[0] > old[0] and new[2] > old[2] and new[1] < old[1] and new[3] < old[3]
+
+
+def test_reference_focus_ranks_tokens_by_the_warm_start_not_by_the_drifted_policy():
+    """focus_entropy_of="reference": the focused tokens are those the adapter-free model is unsure of,
+    however far the adapter has moved; "policy" ranks by the current (adapted) model."""
+    from outer_loop.policy import focus_samples
+
+    results = {}
+    for which in ("policy", "reference"):
+        pol = tiny_policy(focus_top_frac=0.5, focus_entropy_of=which)
+        torch.manual_seed(1)
+        with torch.no_grad():                       # an adapter that has drifted far from zero
+            for name, p in pol.model.named_parameters():
+                if "lora_B" in name:
+                    p.normal_(0, 0.5)
+        samples = on_policy_samples(pol, [1.0, -1.0, 1.0, -1.0])
+        with torch.no_grad(), pol.model.disable_adapter():
+            _, ref_threshold = focus_samples(pol.model, samples, 0.5, 0, 4, per_episode_weights=False)
+        _, pol_threshold = focus_samples(pol.model, samples, 0.5, 0, 4, per_episode_weights=False)
+        results[which] = (pol.update(samples)["focus_entropy_threshold"], ref_threshold, pol_threshold)
+    assert results["reference"][0] == pytest.approx(results["reference"][1])
+    assert results["policy"][0] == pytest.approx(results["policy"][2])
+    assert results["reference"][1] != pytest.approx(results["reference"][2])   # the two rankings differ here
+    with pytest.raises(ValueError, match="focus_entropy_of"):
+        PolicyConfig(focus_entropy_of="base")
