@@ -25,9 +25,10 @@ depends on the machine's load, ``crashed`` may be an out-of-memory kill, and ``i
 ``over_budget`` cost only a validation: those always run again. An entry is
 ``<cache root>/jobs/<key[:2]>/<key>/`` with ``entry.json`` (the result, when and where it ran) and
 copies of the small files (``train_log.jsonl``, ``trl_config.json``). Weights are NOT copied:
-``cached_from`` points at the output folder of the run that trained them, which may have been
-deleted since (the scores stay valid; the model is then gone). Delete ``<cache root>/jobs`` to
-empty the cache.
+``cached_from`` points at the output folder of the run that trained them. An entry whose weights
+were deleted since (a removed run folder, a cleaned temp dir) is stale: a miss, so the job runs
+again and the new entry points at its weights (a hit always comes with a model to evaluate,
+fork or continue from). Delete ``<cache root>/jobs`` to empty the cache.
 
 A hit writes ``result.json`` (with ``cached: true``), the log copies and ``cached_from.json`` into the
 new output folder, and costs only the lookup: ``seconds["total"]`` and ``usd`` are those of the
@@ -170,12 +171,17 @@ class JobCache:
             yield
 
     def get(self, key: str) -> dict[str, Any] | None:
-        """The stored entry, or None (a damaged entry counts as absent: it is only a cache)."""
+        """The stored entry, or None: a damaged entry, or one whose weights are gone, counts as absent."""
         try:
             entry = json.loads((self.entry_dir(key) / ENTRY_FILE).read_text())
         except (OSError, ValueError):
             return None
-        return entry if entry.get("format") == FORMAT and isinstance(entry.get("result"), dict) else None
+        if entry.get("format") != FORMAT or not isinstance(entry.get("result"), dict):
+            return None
+        model = entry.get("model_dir")
+        if model and not (Path(model) / "config.json").is_file():
+            return None
+        return entry
 
     def put(self, key: str, result, parts: dict[str, Any]) -> bool:
         """Store a finished job's result (only ``CACHEABLE`` outcomes); True when stored."""

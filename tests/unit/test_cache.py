@@ -68,6 +68,7 @@ def test_every_part_of_a_jobs_content_changes_the_key(base_dir, tmp_path):
 def _result(out: Path, status: str = "ok") -> JobResult:
     out.mkdir(parents=True, exist_ok=True)
     (out / "model").mkdir(exist_ok=True)
+    (out / "model" / "config.json").write_text("{}")
     (out / "train_log.jsonl").write_text('{"step": 1, "loss": 2.0}\n')
     return JobResult(status=status, task="calc_test", family="calc_chain", job_dir="j", output_dir=str(out),
                      job_hash="h", hidden_score=0.25, baseline=0.125, uplift=0.125, steps=3,
@@ -111,6 +112,15 @@ def test_a_damaged_entry_is_a_miss(tmp_path):
     cache.put(key, _result(tmp_path / "first"), {})
     (cache.entry_dir(key) / "entry.json").write_text("{not json")
     assert cache.get(key) is None
+
+
+def test_an_entry_whose_weights_were_deleted_is_a_miss(tmp_path):
+    cache = JobCache(tmp_path / "jobs")
+    key = "34" * 32
+    cache.put(key, _result(tmp_path / "first"), {})
+    assert cache.get(key) is not None
+    shutil.rmtree(tmp_path / "first" / "model")
+    assert cache.get(key) is None, "a hit must come with weights to score, fork or continue from"
 
 
 def test_cache_counts():
