@@ -41,7 +41,7 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from agent_trainer.config import CONFIG_DIR, ConfigError, compose_config, validate
+from agent_trainer.config import CONFIG_DIR, ConfigError, check_installed, compose_config, validate
 from agent_trainer.paths import PROJECT_ROOT, resolve_path
 from agent_trainer.tracking import TrackingError
 
@@ -226,6 +226,8 @@ def run_dir(cfg: DictConfig) -> Path:
 def start_run(cfg: DictConfig) -> Path:
     """Validate ``cfg``, fix its run_id, create the run folder with the resolved config and versions.json."""
     validate(cfg)
+    if not cfg.get("dry_run"):
+        check_installed(cfg)
     folder = run_dir(cfg).resolve()
     folder.mkdir(parents=True, exist_ok=True)
     # ${now:...} would resolve again later; pin the id to the folder actually used (sweeps: "<id>/<n>").

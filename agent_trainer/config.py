@@ -17,6 +17,8 @@ Commands that take extra keys (``at-eval table=true``) use a subclass of ``Confi
 
 from __future__ import annotations
 
+import importlib.util
+
 import os
 import re
 from dataclasses import dataclass, field, fields, is_dataclass
@@ -141,7 +143,9 @@ class HardwareConfig:
     agent_threads: Optional[int] = doc(None, "torch threads of at-train's own process (agent sampling, the update, "
                                              "the harness's scoring); null = the cores the parallel jobs leave, "
                                              "at least 1 (more threads than cores stall tiny models' ops)")
-    gpus_per_job: int = doc(0, "GPUs per inner job (0 on CPU)")
+    gpus_per_job: int = doc(0, "GPUs per inner job (0 on CPU); local_parallel gives each running job its own")
+    inner_vllm: bool = doc(False, "GRPO inner jobs generate their completions with vLLM (TRL's colocate mode); "
+                                  "needs device cuda and vllm installed (the gpu extra)")
     usd_per_hour: float = doc(0.0, "price of the machine per hour, for the ledger")
     slurm_partition: Optional[str] = doc(None, "SLURM partition (executor slurm only)")
     cpus_per_job: Optional[int] = doc(None, "CPUs reserved per job (slurm: cpus-per-task, ray: num_cpus); "
@@ -433,6 +437,8 @@ def validate(cfg: DictConfig) -> Config:
            "hardware.executor=sequential runs one job at a time; set hardware.max_parallel_jobs=1 "
            "or hardware.executor=local_parallel")
     _check(h.device != Device.cpu or h.gpus_per_job == 0, "hardware.device=cpu cannot use hardware.gpus_per_job > 0")
+    _check(h.device != Device.cpu or not h.inner_vllm,
+           "hardware.inner_vllm=true needs hardware.device=cuda (vLLM generates on a GPU)")
     _check(h.threads_per_job is None or h.threads_per_job >= 1, "hardware.threads_per_job must be >= 1 or null")
     _check(h.agent_threads is None or h.agent_threads >= 1, "hardware.agent_threads must be >= 1 or null")
     for key in ("cpus_per_job", "mem_gb", "time_limit_min"):
@@ -453,6 +459,15 @@ def validate(cfg: DictConfig) -> Config:
     _check(obj.inner.eval_size is None or obj.inner.eval_size >= 1, "inner.eval_size must be >= 1 or null")
     _check_strategy(obj.strategy)
     return obj
+
+
+def check_installed(cfg: DictConfig) -> None:
+    """What this machine must have for ``cfg`` to run (``validate`` checks the config alone, anywhere).
+
+    Called at a command's start unless ``dry_run`` (a plan needs none of it): a missing vLLM would crash
+    every GRPO job one by one, the agent's reward paying for the harness's set-up."""
+    _check(not cfg.hardware.inner_vllm or importlib.util.find_spec("vllm") is not None,
+           "hardware.inner_vllm=true but vllm is not installed: pip install -e '.[gpu]', or hardware.inner_vllm=false")
 
 
 def _check_strategy(s: StrategyConfig) -> None:

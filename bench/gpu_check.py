@@ -6,8 +6,10 @@ Measures, on a randomly initialised model of the real Qwen3-0.6B architecture (2
 1. build: parameter count, time to initialise it on the GPU;
 2. generation: greedy tokens/s at batch 1 and 64, sampled tokens/s at a GRPO-sized batch;
 3. inner GRPO job: the project's runner (``inner_loop.runners``: the job's rows and library rewards,
-   ``trl_config`` switched to the GPU and bf16, ``build_trainer``) for a few steps: seconds per
+   ``trl_config(device="cuda")``: bf16 on the GPU, ``build_trainer``) for a few steps: seconds per
    step and generated tokens/s per step; vLLM generation (TRL's colocate mode) when vLLM imports;
+   then one SFT job through the whole harness (``run_job``: worker process with its own
+   ``CUDA_VISIBLE_DEVICES``, training and scoring on the GPU): status, device, seconds;
 4. hidden evaluation of the trained model (``evaluation.hidden_eval.score_model``): items/s;
 5. outer update: ``outer_loop.policy.AgentPolicy`` with a LoRA of rank 64 on the same model,
    Lightning on the GPU in bf16: seconds and tokens/s per update over 16 turns of 1,280 tokens.
@@ -169,21 +171,11 @@ class StepClock:
 
 
 def _grpo_args(spec, out: Path, steps: int, device: str, use_vllm: bool):
-    """The job's GRPOConfig from the runner's ``trl_config``, with its CPU settings switched to the GPU.
-
-    The runner has no device switch yet (it sets use_cpu=True); TrainingArguments cannot be changed
-    after construction, so the runner's shared settings are amended while the config is built."""
+    """The job's GRPOConfig from the runner's own device switch (``trl_config(device=, vllm=)``)."""
     import inner_loop.runners.config as rc
 
-    changes = {"use_cpu": not device.startswith("cuda"), "bf16": device.startswith("cuda")}
-    if use_vllm:
-        changes.update(use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=0.3)
-    common = rc._common
-    rc._common = lambda *a, **k: {**common(*a, **k), **changes}
-    try:
-        return rc.trl_config(spec, out, max_steps=steps, reward_weights=[1.0, 1.0])
-    finally:
-        rc._common = common
+    return rc.trl_config(spec, out, max_steps=steps, reward_weights=[1.0, 1.0],
+                         device="cuda" if device.startswith("cuda") else "cpu", vllm=use_vllm)
 
 
 def _inner_grpo(device: str, tiny: bool, folder: Path, use_vllm: bool = False) -> dict:
@@ -226,6 +218,37 @@ def _inner_grpo(device: str, tiny: bool, folder: Path, use_vllm: bool = False) -
 
 
 inner_grpo = part("inner_grpo")(_inner_grpo)
+
+
+@part("harness_job")
+def harness_job(device: str, tiny: bool, folder: Path) -> dict:
+    """One SFT job the way at-train runs it: ``run_job`` -> worker process (its own CUDA_VISIBLE_DEVICES)
+    -> TRL on ``device`` -> the harness scores the saved model there; the job result names the device."""
+    import yaml
+
+    from evaluation.tasks import TaskSpec
+    from inner_loop.cost import CostModel
+    from inner_loop.job import run_job
+
+    job = folder / "job_harness"
+    job.mkdir(parents=True, exist_ok=True)
+    steps = 4 if tiny else 20
+    (job / "job.yaml").write_text(yaml.safe_dump({
+        "base_model": "tiny-s", "algorithm": "sft", "seed": 0,
+        "hyperparameters": {"learning_rate": 1e-5, "batch_size": 8 if tiny else 32, "max_steps": steps},
+        "data": {"sources": [{"family": "calc_chain", "seed": 1, "size": 256}]}}))
+    task = TaskSpec(name="gpu_check", family="calc_chain", allowed_base_models=["tiny-s"],
+                    hidden_eval_size=32 if tiny else 200, budget={"max_steps": steps, "max_seconds": 600, "max_usd": 10})
+    free = CostModel(startup_s=0.0, grpo_step_s=1e-4, grpo_token_s=0.0, sft_step_s=1e-4, sft_sequence_s=0.0)
+    t0 = time.perf_counter()
+    res = run_job(job, task, model_dir=BUILT["folder"], output_dir=folder / "job_harness_out", cost_model=free,
+                  dry_run=False, progress=False, warm=False, device="cuda" if device.startswith("cuda") else "cpu",
+                  cache_dir=folder / "cache")
+    trl = json.loads((folder / "job_harness_out" / "trl_config.json").read_text()) if res.status == "ok" else {}
+    return {"status": res.status, "detail": res.detail[:300], "device": res.device, "steps": res.steps,
+            "train_s": res.seconds.get("train"), "process_s": res.seconds.get("process"),
+            "eval_s": res.seconds.get("eval"), "hidden_score": res.hidden_score, "bf16": trl.get("bf16"),
+            "use_cpu": trl.get("use_cpu"), "wall_s": round(time.perf_counter() - t0, 2)}
 inner_grpo_vllm = part("inner_grpo_vllm")(lambda device, tiny, folder: _inner_grpo(device, tiny, folder, use_vllm=True))
 
 
@@ -307,6 +330,7 @@ def main() -> int:
         return 1
     generation(device, a.tiny)
     inner_grpo(device, a.tiny, a.out)
+    harness_job(device, a.tiny, a.out)
     hidden_eval(device, a.tiny)
     import importlib.util
 

@@ -67,8 +67,9 @@ def lookup_baseline(model_path, family: str, n: int = 200, cache_dir=None) -> fl
     return None if entry is None else float(entry["score"])
 
 
-def get_baseline(model_path, family: str, n: int = 200, cache_dir=None) -> float:
-    """The hidden-eval score of ``model_path`` on ``family``: from the cache, else computed and stored."""
+def get_baseline(model_path, family: str, n: int = 200, cache_dir=None, device: str = "cpu") -> float:
+    """The hidden-eval score of ``model_path`` on ``family``: from the cache, else computed (on ``device``:
+    greedy decoding in fp32, so the device does not enter the key) and stored."""
     cache = default_cache_dir(cache_dir)
     key = _key(model_path, family, n)
     # Holding the lock while scoring means two processes never score the same key twice.
@@ -76,7 +77,7 @@ def get_baseline(model_path, family: str, n: int = 200, cache_dir=None) -> float
         data = _read(cache)
         if key in data:
             return float(data[key]["score"])
-        result = score_checkpoint(model_path, family, n=n)
+        result = score_checkpoint(model_path, family, n=n, device=device)
         data = _read(cache)
         data[key] = {"score": result.score, "seconds": result.seconds, "model": str(model_path),
                      "computed_at": time.strftime("%Y-%m-%dT%H:%M:%S")}

@@ -16,8 +16,9 @@ The key (sha256, ``cache_key``) covers everything that decides a job's numbers:
   ``inner_loop`` and ``evaluation`` source, so any change of data, rewards, runners, scoring or
   families makes new entries (never a stale hit);
 - the settings that can change an outcome: validation dry run, cost model and price (the budget
-  check), the hard-kill deadline, the sandbox policy (``sandbox``, ``wrap``).
-Not in the key: threads, warm or cold worker, output folder, progress bars, tracker (same seed, same
+  check), the hard-kill deadline, the sandbox policy (``sandbox``, ``wrap``), the device (``cpu`` or
+  ``cuda``: other kernels, other precision) and vLLM generation.
+Not in the key: threads, warm or cold worker, which GPUs (``gpus``), output folder, progress bars, tracker (same seed, same
 numbers with any of them; FACTS.md).
 
 What is stored: only results that a rerun would reproduce, ``ok`` and ``diverged``. ``timeout``
@@ -245,9 +246,7 @@ def run_cached(run: Callable[..., Any], job_dir: str | Path, task, **kwargs: Any
     out = Path(kwargs["output_dir"]) if kwargs.get("output_dir") else job_dir / "output"
     cost_model = kwargs.get("cost_model") or CostModel()
     price = kwargs["price_per_hour"] if kwargs.get("price_per_hour") is not None else cost_model.usd_per_hour
-    settings = {"dry_run": kwargs.get("dry_run", True), "cost_model": cost_model, "price_per_hour": price,
-                "timeout_s": kwargs.get("timeout_s"), "sandboxed": kwargs.get("wrap") is not None,
-                "sandbox": kwargs.get("sandbox")}
+    settings = outcome_settings(kwargs, cost_model, price)
     try:
         parts = key_parts(job_dir, task, hidden_n=kwargs.get("hidden_n") or task.hidden_eval_size,
                           model_dir=kwargs.get("model_dir"), cache_dir=kwargs.get("cache_dir"), output_dir=out,
@@ -269,6 +268,24 @@ def run_cached(run: Callable[..., Any], job_dir: str | Path, task, **kwargs: Any
         _write_atomic(out / RESULT_FILE, res.as_dict())
         cache.put(key, res, parts)
     return res
+
+
+def outcome_settings(kwargs: dict[str, Any], cost_model, price: float) -> dict[str, Any]:
+    """The ``run_job`` settings that can change a job's outcome (the ``settings`` part of the key)."""
+    return {"dry_run": kwargs.get("dry_run", True), "cost_model": cost_model, "price_per_hour": price,
+            "timeout_s": kwargs.get("timeout_s"), "sandboxed": kwargs.get("wrap") is not None,
+            "sandbox": kwargs.get("sandbox"), "device": _device_of(kwargs.get("device", "cpu")),
+            "vllm": bool(kwargs.get("vllm", False))}
+
+
+def _device_of(device: str) -> str:
+    """The device a job will train on (``auto`` resolved as the job's process will): GPU numbers are
+    not CPU numbers, so the device is part of the key."""
+    if device != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def cache_counts(results) -> dict[str, int]:

@@ -6,7 +6,10 @@
 - ``sequential``: one job after the other in this process's thread.
 - ``local_parallel``: up to ``max_parallel`` jobs at once. Each job's training already runs in its
   own child process (``inner_loop.worker``), so threads here only wait on those children and run
-  the harness's scoring; torch threads per job default to cores / max_parallel.
+  the harness's scoring; torch threads per job default to cores / max_parallel. On GPUs
+  (``device`` cuda or auto in the requests, ``gpus_per_job`` > 0) each running job holds its own
+  ``gpus_per_job`` GPUs (its ``CUDA_VISIBLE_DEVICES``), taken from the ones this process sees and
+  given back when it ends: ``hardware=gpu_node`` runs 8 jobs on 8 GPUs, one each.
 - ``submitit_local``, ``slurm``, ``ray``: the scale-out engines (``inner_loop.launchers``).
 
 Results come back in the order of the requests, whatever order the jobs finish in. Every executor
@@ -16,8 +19,34 @@ also has ``plan(requests)``: what it would run, without running it (``dry_run=tr
 from __future__ import annotations
 
 import os
+import queue
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+
+
+def visible_gpus() -> list[str]:
+    """The GPU ids this process may use, as the machine numbers them (its ``CUDA_VISIBLE_DEVICES``, else all)."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        return [x.strip() for x in env.split(",") if x.strip()]
+    try:
+        import torch
+
+        return [str(i) for i in range(torch.cuda.device_count())]
+    except Exception:  # no torch CUDA runtime: no GPU
+        return []
+
+
+def gpu_slots(gpus_per_job: int, max_parallel: int, gpus: list[str] | None = None) -> list[str]:
+    """``CUDA_VISIBLE_DEVICES`` values for up to ``max_parallel`` concurrent jobs of ``gpus_per_job`` GPUs each.
+
+    Raises when not even one job's worth of GPUs is visible (a GPU config on a machine without them)."""
+    gpus = visible_gpus() if gpus is None else gpus
+    n = min(max_parallel, len(gpus) // gpus_per_job) if gpus_per_job > 0 else 0
+    if n < 1:
+        raise RuntimeError(f"{gpus_per_job} GPU(s) per job, but this process sees {len(gpus)} "
+                           f"({', '.join(gpus) or 'none'}); use hardware=cpu or fewer gpus_per_job")
+    return [",".join(gpus[i * gpus_per_job:(i + 1) * gpus_per_job]) for i in range(n)]
 
 
 class SequentialExecutor:
@@ -42,22 +71,49 @@ class LocalParallelExecutor:
 
     kind = "local_parallel"
 
-    def __init__(self, max_parallel: int = 2, threads: int | None = None):
+    def __init__(self, max_parallel: int = 2, threads: int | None = None, gpus_per_job: int = 0):
         if max_parallel < 1:
             raise ValueError(f"max_parallel must be >= 1, got {max_parallel}")
-        self.max_parallel, self.threads = max_parallel, threads
+        self.max_parallel, self.threads, self.gpus_per_job = max_parallel, threads, gpus_per_job
+
+    @staticmethod
+    def _on_gpu(requests) -> bool:
+        return any(r.get("device", "cpu") != "cpu" and r.get("gpus") is None for r in requests)
 
     def plan(self, requests: list[dict[str, Any]] = ()) -> dict[str, Any]:
         threads = self.threads or max(1, (os.cpu_count() or 1) // self.max_parallel)
-        return {"executor": self.kind, "max_parallel": self.max_parallel, "threads_per_job": threads}
+        out = {"executor": self.kind, "max_parallel": self.max_parallel, "threads_per_job": threads}
+        if self.gpus_per_job > 0 and self._on_gpu(requests):
+            try:
+                out["gpu_slots"] = gpu_slots(self.gpus_per_job, self.max_parallel)
+            except RuntimeError as e:
+                out["gpu_slots"] = f"none: {e}"
+        return out
 
     def run(self, requests: list[dict[str, Any]]) -> list:
         from inner_loop.job import run_job
 
         threads = self.threads or max(1, (os.cpu_count() or 1) // self.max_parallel)
         reqs = [{"threads": threads, **r} if r.get("threads") is None else r for r in requests]
-        with ThreadPoolExecutor(max_workers=self.max_parallel, thread_name_prefix="inner-job") as pool:
-            return list(pool.map(lambda r: run_job(**r), reqs))
+        if not (self.gpus_per_job > 0 and self._on_gpu(reqs)):
+            with ThreadPoolExecutor(max_workers=self.max_parallel, thread_name_prefix="inner-job") as pool:
+                return list(pool.map(lambda r: run_job(**r), reqs))
+        free: queue.Queue[str] = queue.Queue()
+        slots = gpu_slots(self.gpus_per_job, self.max_parallel)
+        for slot in slots:
+            free.put(slot)
+
+        def on_gpus(r: dict[str, Any]):
+            if r.get("device", "cpu") == "cpu" or r.get("gpus") is not None:
+                return run_job(**r)
+            slot = free.get()   # never waits long: at most len(slots) jobs run at once
+            try:
+                return run_job(**{**r, "gpus": slot})
+            finally:
+                free.put(slot)
+
+        with ThreadPoolExecutor(max_workers=len(slots), thread_name_prefix="inner-job") as pool:
+            return list(pool.map(on_gpus, reqs))
 
 
 EXECUTORS = ("sequential", "local_parallel", "submitit_local", "slurm", "ray")

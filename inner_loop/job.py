@@ -104,6 +104,8 @@ class JobResult:
     flagged: bool = False
     contamination: dict = field(default_factory=dict)
     sandbox: str = "none"
+    # Where the job's process trained (``cpu`` or ``cuda``; None when nothing was trained).
+    device: str | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -191,10 +193,28 @@ def _base_model_dir(name: str, cache_dir) -> Path:
     return Path(resolve_model(name, cache_dir=cache_dir))
 
 
-def _baseline(base_dir: Path, family: str, n: int, cache_dir) -> float:
+def _baseline(base_dir: Path, family: str, n: int, cache_dir, device: str = "cpu") -> float:
     from evaluation.baselines import get_baseline
 
-    return float(get_baseline(base_dir, family, n, cache_dir=cache_dir))
+    return float(get_baseline(base_dir, family, n, cache_dir=cache_dir, device=device))
+
+
+def eval_device(device: str, gpus: str | None) -> str:
+    """Where the harness scores a job's model: the job's first GPU as this process numbers it, else the CPU.
+
+    ``gpus`` is the job's ``CUDA_VISIBLE_DEVICES`` (ids as the machine numbers them); this process may
+    itself see only some GPUs (its own ``CUDA_VISIBLE_DEVICES``), so the first id is looked up there."""
+    import torch
+
+    if device == "cpu" or not torch.cuda.is_available():
+        return "cpu"
+    first = (gpus or "").split(",")[0].strip()
+    if not first:
+        return "cuda"
+    mine = [x.strip() for x in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if x.strip()]
+    if mine:
+        return f"cuda:{mine.index(first)}" if first in mine else "cuda"
+    return f"cuda:{first}" if first.isdigit() else "cuda"
 
 
 def run_job(job_dir: str | Path, task: TaskSpec | str | Path, *, cache_dir: str | Path | None = None,
@@ -203,7 +223,7 @@ def run_job(job_dir: str | Path, task: TaskSpec | str | Path, *, cache_dir: str 
             output_dir: str | Path | None = None, model_dir: str | Path | None = None, threads: int | None = None,
             dry_run: bool = True, progress: bool = True,
             wrap: Callable[[list[str]], list[str]] | None = None, warm: bool = False, cache: bool = False,
-            sandbox=None) -> JobResult:
+            sandbox=None, device: str = "cpu", gpus: str | None = None, vllm: bool = False) -> JobResult:
     """Validate, train (child process), score and record one job; never raises for a job's fault.
 
     ``warm=True`` forks the training process from a pre-imported worker (``inner_loop.worker``),
@@ -224,6 +244,10 @@ def run_job(job_dir: str | Path, task: TaskSpec | str | Path, *, cache_dir: str 
     such a job is refused (``invalid``, a ``sandbox`` finding) unless the policy allows unsafe runs.
     Agent data (and reward file text) are checked against the hidden set first: a job that contains
     hidden items is ``flagged`` and scores as its baseline (``evaluation.contamination``).
+
+    ``device`` (``hardware.device``: ``cpu``, ``cuda``, ``auto``): where the job trains and is scored;
+    ``gpus``: its ``CUDA_VISIBLE_DEVICES`` (the local executor hands each parallel job its own; None:
+    what this process was given, as under SLURM or Ray); ``vllm``: GRPO generation through vLLM.
     """
     if cache:
         args = {k: v for k, v in locals().items() if k != "cache"}  # first statement: only the arguments
@@ -233,7 +257,7 @@ def run_job(job_dir: str | Path, task: TaskSpec | str | Path, *, cache_dir: str 
     from inner_loop.cost import CostModel
     from inner_loop.jobspec import JobSpecError, load_job
     from inner_loop.validate import validate_job
-    from inner_loop.worker import run_worker
+    from inner_loop.worker import job_gpus, run_worker
 
     t_start = time.monotonic()
     cost_model = cost_model or CostModel()
@@ -289,19 +313,19 @@ def run_job(job_dir: str | Path, task: TaskSpec | str | Path, *, cache_dir: str 
         if wrap is None and res.sandbox == "bwrap":
             out.mkdir(parents=True, exist_ok=True)
             wrap = trainer_wrapper(policy, job_dir=job_dir, output_dir=out, model_dir=base_dir, deadline_s=deadline,
-                                   threads=threads)
+                                   threads=threads, gpus=job_gpus(device, gpus))
         if spec.uses_agent_code:
             reward_host = RewardHost(policy, job_dir, out / "reward.log", deadline_s=deadline)
     try:
         run = run_worker(job_dir, base_dir, task.family, out, max_steps=task.budget.max_steps,
                          max_seconds=task.budget.max_seconds, deadline_s=deadline, threads=threads,
                          progress=progress, wrap=wrap, warm=warm and wrap is None and not agent_files,
-                         reward_host=reward_host)
+                         reward_host=reward_host, device=device, gpus=gpus, vllm=vllm)
     finally:
         if reward_host is not None:
             reward_host.close()
     st = run.status
-    res.status = st.get("status", "crashed")
+    res.status, res.device = st.get("status", "crashed"), st.get("device")
     res.detail, res.error = st.get("detail", ""), st.get("error", "")
     res.steps, res.planned_steps = int(st.get("steps") or 0), int(st.get("planned_steps") or 0)
     res.seconds["train"], res.seconds["process"] = float(st.get("seconds") or 0.0), run.wall_seconds
@@ -316,7 +340,7 @@ def run_job(job_dir: str | Path, task: TaskSpec | str | Path, *, cache_dir: str 
     model_out = out / "model"
     if res.status in ("ok", "timeout") and st.get("model_dir") and model_out.is_dir():
         with HARNESS_LOCK:
-            _score(res, model_out, base_dir, cache_dir)
+            _score(res, model_out, base_dir, cache_dir, eval_device(device, gpus))
     return _finish(res, out, t_start, price_per_hour, tracker, log)
 
 
@@ -335,7 +359,7 @@ def prestart_warm_worker(job_dir: Path) -> None:
         warm_context()
 
 
-def _score(res: JobResult, checkpoint: Path, base_dir: Path, cache_dir) -> None:
+def _score(res: JobResult, checkpoint: Path, base_dir: Path, cache_dir, device: str = "cpu") -> None:
     """Hidden score, baseline and uplift of a saved checkpoint (in this, the harness, process).
 
     The checkpoint is loaded only after its lineage check; a flagged job is not scored at all: its
@@ -348,9 +372,9 @@ def _score(res: JobResult, checkpoint: Path, base_dir: Path, cache_dir) -> None:
         return
     t0 = time.monotonic()
     try:
-        res.baseline = _baseline(base_dir, res.family, res.hidden_n, cache_dir)
+        res.baseline = _baseline(base_dir, res.family, res.hidden_n, cache_dir, device)
         res.hidden_score = (res.baseline if res.flagged
-                            else float(score_checkpoint(checkpoint, res.family, res.hidden_n).score))
+                            else float(score_checkpoint(checkpoint, res.family, res.hidden_n, device=device).score))
     except Exception as e:  # a checkpoint the harness cannot read is the job's failure, not the harness's
         res.status, res.detail = "crashed", f"the hidden evaluation could not score the model: {type(e).__name__}: {e}"
         res.hidden_score = res.baseline = None

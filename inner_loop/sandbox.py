@@ -290,8 +290,10 @@ def _package_dirs() -> list[Path]:
 
 
 def trainer_wrapper(policy: SandboxPolicy, *, job_dir: Path, output_dir: Path, model_dir: Path, deadline_s: float,
-                    threads: int | None = None) -> Callable[[list[str]], list[str]]:
-    """``wrap`` for ``run_worker``: the trainer's argv inside bubblewrap (see the module docstring)."""
+                    threads: int | None = None, gpus: str | None = None) -> Callable[[list[str]], list[str]]:
+    """``wrap`` for ``run_worker``: the trainer's argv inside bubblewrap (see the module docstring).
+
+    ``gpus``: the job's ``CUDA_VISIBLE_DEVICES`` (``inner_loop.worker.job_gpus``)."""
     from inner_loop.worker import child_env
 
     job_dir, output_dir, model_dir = (Path(p).resolve() for p in (job_dir, output_dir, model_dir))
@@ -309,7 +311,7 @@ def trainer_wrapper(policy: SandboxPolicy, *, job_dir: Path, output_dir: Path, m
     m.bind(output_dir, rw=True)  # after the job folder: an output folder inside it stays writable
     for dev in _gpu_devices():
         m.bind(dev, dev=True)
-    env = child_env(home, threads)
+    env = child_env(home, threads, gpus)
     base = [*_namespaces(policy), *(["--cap-drop", "ALL"] if os.geteuid() == 0 else []), *m.args,
             *m.chmod_parents(), *_env_args(env), "--chdir", str(job_dir)]
     limits = trainer_limits(policy, deadline_s, threads)

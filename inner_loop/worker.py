@@ -1,7 +1,7 @@
 """The inner job's own process: reads the job, builds its data and rewards, trains, saves.
 
     python -m inner_loop.worker JOB_DIR --model BASE_DIR --family calc_chain \\
-        --output OUT_DIR --max-steps 200 --max-seconds 90 [--threads 2]
+        --output OUT_DIR --max-steps 200 --max-seconds 90 [--threads 2] [--device cuda [--vllm]]
 
 The harness (``inner_loop.job.run_job``) starts this as a child process, because it runs the
 job's ``reward.py`` and reads its ``data.jsonl`` (agent-written, untrusted); with ``--reward-fd``
@@ -81,11 +81,13 @@ def error_text(e: BaseException, job_dir: Path) -> str:
 
 
 def run(job_dir: Path, model: Path, family: str, output_dir: Path, max_steps: int, max_seconds: float,
-        threads: int | None = None, reward_fd: int | None = None, reward_timeout_s: float = 60.0) -> dict:
+        threads: int | None = None, reward_fd: int | None = None, reward_timeout_s: float = 60.0,
+        device: str = "cpu", vllm: bool = False) -> dict:
     """Train the job in this process; returns (and writes) the final status. Never raises for a job's fault.
 
     ``reward_fd``: a socket to the job's reward host (``inner_loop.reward_proxy``); the job's own
-    reward functions then run there, never in this process."""
+    reward functions then run there, never in this process. ``device``: ``cpu``, ``cuda`` (the GPUs
+    this process sees) or ``auto``; ``vllm``: GRPO generation through vLLM (``runners.config``)."""
     t0 = time.monotonic()
     output_dir.mkdir(parents=True, exist_ok=True)
     # ``ran``: what actually ran, stage by stage (inner_loop.runners.stages), copied into result.json.
@@ -102,6 +104,7 @@ def run(job_dir: Path, model: Path, family: str, output_dir: Path, max_steps: in
 
             install(reward_fd, timeout_s=reward_timeout_s)
         from inner_loop.jobspec import load_job
+        from inner_loop.runners.config import resolve_device
         from inner_loop.runners.stages import run_stages
 
         def running(update: dict) -> None:
@@ -109,8 +112,10 @@ def run(job_dir: Path, model: Path, family: str, output_dir: Path, max_steps: in
             write_status(output_dir, {"status": "running", **update})
 
         spec = load_job(job_dir)
+        status["device"] = device = resolve_device(device)
         status.update(run_stages(spec, job_dir, model, family, output_dir, max_steps=max_steps,
-                                 max_seconds=max_seconds, ran=status["ran"], on_update=running))
+                                 max_seconds=max_seconds, ran=status["ran"], on_update=running,
+                                 device=device, vllm=vllm))
     except Exception as e:  # the job's fault (bad reward, bad data) or ours: the harness reports it as crashed
         status["detail"] = f"{type(e).__name__}: {e}"[:500]
         status["error"] = error_text(e, job_dir)
@@ -132,14 +137,19 @@ class WorkerRun:
     returncode: int | None
 
 
-def child_env(home: Path, threads: int | None) -> dict[str, str]:
-    """Only what Python and torch need: no API keys or tracking credentials reach agent code."""
+def child_env(home: Path, threads: int | None, gpus: str | None = None) -> dict[str, str]:
+    """Only what Python and torch need: no API keys or tracking credentials reach agent code.
+
+    ``gpus``: the job's ``CUDA_VISIBLE_DEVICES`` (``""`` hides every GPU; None: none set, so the
+    process sees what the machine has)."""
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "TMPDIR": str(home),
            "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1",
            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
            "HF_HOME": str(home / "hf"), "TOKENIZERS_PARALLELISM": "false"}
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
+    if gpus is not None:
+        env["CUDA_VISIBLE_DEVICES"] = gpus
     if os.environ.get("PYTHONPATH"):
         env["PYTHONPATH"] = os.environ["PYTHONPATH"]
     return env
@@ -199,7 +209,8 @@ def warm_context():
 
 
 def _warm_entry(job_dir: str, model: str, family: str, output_dir: str, max_steps: int, max_seconds: float,
-                threads: int | None, env: dict[str, str], log_path: str) -> None:
+                threads: int | None, env: dict[str, str], log_path: str, device: str = "cpu",
+                vllm: bool = False) -> None:
     """Body of a warm job process: the same set-up a cold child gets, then ``run``."""
     os.setsid()  # its own process group, so the harness can kill everything it starts
     _limits()
@@ -209,7 +220,7 @@ def _warm_entry(job_dir: str, model: str, family: str, output_dir: str, max_step
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.chdir(job_dir)
-    run(Path(job_dir), Path(model), family, Path(output_dir), max_steps, max_seconds, threads)
+    run(Path(job_dir), Path(model), family, Path(output_dir), max_steps, max_seconds, threads, device=device, vllm=vllm)
 
 
 class _WarmProc:
@@ -232,15 +243,25 @@ class _WarmProc:
         return self.p.exitcode
 
 
+def job_gpus(device: str, gpus: str | None) -> str | None:
+    """The ``CUDA_VISIBLE_DEVICES`` of a job's process: none on the CPU; on a GPU the ones the executor
+    gave the job (``gpus``), else what this process was given (SLURM and Ray set it), else unset."""
+    if device == "cpu":
+        return ""
+    return gpus if gpus is not None else os.environ.get("CUDA_VISIBLE_DEVICES")
+
+
 def run_worker(job_dir: Path, model: Path, family: str, output_dir: Path, *, max_steps: int, max_seconds: float,
                deadline_s: float, threads: int | None = None, progress: bool = True,
                wrap: Callable[[list[str]], list[str]] | None = None, poll_s: float = 0.1,
-               warm: bool = False, reward_host=None) -> WorkerRun:
+               warm: bool = False, reward_host=None, device: str = "cpu", gpus: str | None = None,
+               vllm: bool = False) -> WorkerRun:
     """Run the job's training process and wait for it, killing its process group at ``deadline_s``.
 
     ``warm=True`` forks it from the pre-imported forkserver (no ``wrap`` then: a sandbox needs the
     cold path, ``python -m inner_loop.worker``). ``reward_host`` (``inner_loop.reward_proxy.RewardHost``)
-    is started first, the child talks to it through an inherited socket, and it is killed at the end."""
+    is started first, the child talks to it through an inherited socket, and it is killed at the end.
+    ``device`` (``cpu`` | ``cuda`` | ``auto``), ``gpus`` (``job_gpus``) and ``vllm``: where the child trains."""
     from tqdm.auto import tqdm
 
     from inner_loop.runners.train import MODEL_DIR, TRAIN_LOG
@@ -257,6 +278,9 @@ def run_worker(job_dir: Path, model: Path, family: str, output_dir: Path, *, max
             "--max-steps", str(max_steps), "--max-seconds", str(max_seconds)]
     if threads:
         argv += ["--threads", str(threads)]
+    if device != "cpu":
+        argv += ["--device", device] + (["--vllm"] if vllm else [])
+    env = child_env(home, threads, job_gpus(device, gpus))
     if warm and reward_host is not None:
         raise ValueError("a job with a reward host cannot run in a warm worker; use warm=False")
     reward_fd = reward_host.start() if reward_host is not None else None
@@ -273,9 +297,9 @@ def run_worker(job_dir: Path, model: Path, family: str, output_dir: Path, *, max
         if warm:
             proc = _WarmProc(warm_context(), (str(Path(job_dir).resolve()), str(Path(model).resolve()), family,
                                                str(output_dir.resolve()), max_steps, max_seconds, threads,
-                                               child_env(home, threads), str((output_dir / WORKER_LOG).resolve())))
+                                               env, str((output_dir / WORKER_LOG).resolve()), device, vllm))
         else:
-            proc = subprocess.Popen(argv, cwd=job_dir, env=child_env(home, threads), stdin=subprocess.DEVNULL,
+            proc = subprocess.Popen(argv, cwd=job_dir, env=env, stdin=subprocess.DEVNULL,
                                     stdout=log, stderr=subprocess.STDOUT, preexec_fn=_limits, start_new_session=True,
                                     pass_fds=() if reward_fd is None else (reward_fd,))
             if reward_host is not None:
@@ -360,9 +384,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--reward-fd", type=int, default=None, help="inherited socket to the job's reward host")
     p.add_argument("--reward-timeout", type=float, default=60.0, help="seconds one reward call may take")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda", "auto"), help="where to train (default cpu)")
+    p.add_argument("--vllm", action="store_true", help="GRPO generation through vLLM (TRL colocate mode; GPU only)")
     a = p.parse_args(argv)
     run(a.job_dir, a.model, a.family, a.output, a.max_steps, a.max_seconds, a.threads, a.reward_fd,
-        a.reward_timeout)
+        a.reward_timeout, device=a.device, vllm=a.vllm)
     return 0
 
 

@@ -44,7 +44,8 @@ def job_kwargs(cfg: DictConfig) -> dict[str, Any]:
     """Keyword arguments of every ``run_job`` call from the inner and hardware groups."""
     return {"cache_dir": cfg.cache_dir, "hidden_n": cfg.inner.eval_size, "timeout_s": cfg.inner.timeout_s,
             "price_per_hour": float(cfg.hardware.usd_per_hour), "threads": cfg.hardware.threads_per_job,
-            "warm": bool(cfg.inner.warm_workers), "cache": bool(cfg.inner.cache), "sandbox": sandbox_settings(cfg)}
+            "warm": bool(cfg.inner.warm_workers), "cache": bool(cfg.inner.cache), "sandbox": sandbox_settings(cfg),
+            "device": str(cfg.hardware.device), "vllm": bool(cfg.hardware.inner_vllm)}
 
 
 def sandbox_settings(cfg: DictConfig) -> dict[str, Any]:

@@ -7,7 +7,8 @@
 #   2. generation: greedy tokens/s at batch 1 and 64, sampled tokens/s at batch 256;
 #   3. an inner GRPO job through the project's runner (job rows, library rewards, TRL GRPOTrainer
 #      in bf16 on the GPU): seconds per step, completion tokens per second of a step; again with
-#      TRL's vLLM colocate mode when vLLM imports;
+#      TRL's vLLM colocate mode when vLLM imports; then one SFT job through the whole harness
+#      (run_job: a worker process with its own CUDA_VISIBLE_DEVICES, training and scoring on the GPU);
 #   4. the hidden evaluation of the trained model (evaluation.hidden_eval): items/s;
 #   5. the outer update (outer_loop.policy.AgentPolicy, Lightning, bf16) with a rank-64 LoRA on the
 #      same model: seconds and tokens/s per update of 16 turns x 1,280 tokens.

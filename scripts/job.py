@@ -47,13 +47,15 @@ def run(cfg: DictConfig) -> float | None:
             job_dir, spec, cache_dir=cfg.cache_dir, tracker=tr, hidden_n=cfg.inner.eval_size,
             price_per_hour=float(cfg.hardware.usd_per_hour), timeout_s=cfg.inner.timeout_s,
             output_dir=folder / "job", threads=cfg.hardware.threads_per_job, warm=bool(cfg.inner.warm_workers),
-            sandbox=sandbox, cache=bool(cfg.inner.cache),
+            sandbox=sandbox, cache=bool(cfg.inner.cache), device=str(cfg.hardware.device),
+            vllm=bool(cfg.hardware.inner_vllm),
         )
     cli.print_kv({
         "status": result.status, "detail": result.detail, "task": result.task, "base_model": result.base_model,
         "algorithm": result.algorithm, "steps": f"{result.steps}/{result.planned_steps}",
         "hidden_score": _fmt(result.hidden_score), "baseline": _fmt(result.baseline), "uplift": _fmt(result.uplift),
-        "seconds": f"{result.seconds['total']:.1f}", "usd": f"{result.usd:.5f}", "output": result.output_dir,
+        "seconds": f"{result.seconds['total']:.1f}", "usd": f"{result.usd:.5f}", "device": result.device or "-",
+        "output": result.output_dir,
         **({"cached": "yes, the stored result of an identical job (inner.cache=false reruns it)"}
            if getattr(result, "cached", False) else {}),
     })

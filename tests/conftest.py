@@ -11,6 +11,18 @@ from pathlib import Path
 import pytest
 
 
+def pytest_collection_modifyitems(config, items):
+    """``gpu`` tests need a CUDA GPU: skipped with a reason where torch sees none (CI, this CPU default)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
+    for item in items:
+        if item.get_closest_marker("gpu") is not None:  # not item.keywords: a parameter id "gpu" is one too
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="session")
 def built_models() -> dict:
     """name -> folder of every registered built model (tiny-s, tiny-m, and later builders)."""

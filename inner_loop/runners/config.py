@@ -8,6 +8,13 @@
 Field names are those of TRL 1.16 (``trl/trainer/grpo_config.py``, ``sft_config.py``, ``dpo_config.py``) and
 transformers 5 (``warmup_steps`` takes a ratio when below 1). The CPU settings come from
 FACTS.md: TRL defaults to bf16 and gradient checkpointing, both wrong on a CPU.
+
+``device`` (the ``hardware.device`` of the run: ``cpu``, ``cuda``, ``auto``) picks the precision:
+fp32 on the CPU, bf16 mixed precision on a GPU that has it (fp32 on one that does not). A job
+process sees only its own GPUs (``CUDA_VISIBLE_DEVICES``, set by ``inner_loop.worker``), so
+``cuda`` here means "the GPUs this process was given". ``vllm=True`` (``hardware.inner_vllm``)
+makes GRPO generate its completions with vLLM in TRL's colocate mode (trainer and vLLM share the
+job's GPU); it needs the ``gpu`` extra.
 """
 
 from __future__ import annotations
@@ -24,6 +31,34 @@ _SCHEDULERS = {
     "cosine": "cosine",
     "constant_with_warmup": "constant_with_warmup",
 }
+
+
+DEVICES = ("cpu", "cuda", "auto")
+VLLM_GPU_MEMORY = 0.3   # share of the job's GPU that vLLM may take in colocate mode (the rest: training)
+
+
+def resolve_device(device: str) -> str:
+    """``cpu`` or ``cuda``: ``auto`` is ``cuda`` when this process sees a GPU; ``cuda`` without one is an error."""
+    import torch
+
+    if device not in DEVICES:
+        raise ValueError(f"unknown device {device!r}; use one of: {', '.join(DEVICES)}")
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("device 'cuda' was asked for but this process sees no GPU (CUDA_VISIBLE_DEVICES, "
+                           "driver, or a CPU build of torch); use hardware.device=cpu or auto")
+    return device
+
+
+def device_settings(device: str) -> dict:
+    """TrainingArguments fields for a resolved device (``cpu`` or ``cuda``)."""
+    if device == "cpu":
+        # CPU: TRL's defaults (bf16, gradient checkpointing) are GPU choices and fail or crawl here.
+        return {"use_cpu": True, "bf16": False, "fp16": False}
+    import torch
+
+    return {"use_cpu": False, "bf16": bool(torch.cuda.is_bf16_supported()), "fp16": False}
 
 
 def planned_steps(spec: JobSpec, n_rows: int, budget_steps: int) -> int:
@@ -47,7 +82,7 @@ def lora_config(peft: PeftSpec):
     )
 
 
-def _common(spec: JobSpec, output_dir: Path, max_steps: int) -> dict:
+def _common(spec: JobSpec, output_dir: Path, max_steps: int, device: str = "cpu") -> dict:
     hp = spec.hyperparameters
     return dict(
         output_dir=str(output_dir),
@@ -61,10 +96,7 @@ def _common(spec: JobSpec, output_dir: Path, max_steps: int) -> dict:
         gradient_accumulation_steps=1,
         seed=spec.seed,
         data_seed=spec.seed,
-        # CPU: TRL's defaults (bf16, gradient checkpointing) are GPU choices and fail or crawl here.
-        use_cpu=True,
-        bf16=False,
-        fp16=False,
+        **device_settings(device),
         # transformers 5 renamed gradient_checkpointing (TRL's default: True) to activation_checkpointing;
         # setting the new name wins over the old default without a deprecation warning.
         activation_checkpointing=False,
@@ -78,14 +110,22 @@ def _common(spec: JobSpec, output_dir: Path, max_steps: int) -> dict:
     )
 
 
-def trl_config(spec: JobSpec, output_dir: str | Path, max_steps: int, reward_weights: list[float] | None = None):
-    """The TRL ``GRPOConfig`` (``algorithm: grpo``), ``SFTConfig`` (``sft``) or ``DPOConfig`` (``dpo``) of a job."""
+def trl_config(spec: JobSpec, output_dir: str | Path, max_steps: int, reward_weights: list[float] | None = None,
+               device: str = "cpu", vllm: bool = False):
+    """The TRL ``GRPOConfig`` (``algorithm: grpo``), ``SFTConfig`` (``sft``) or ``DPOConfig`` (``dpo``) of a job.
+
+    ``device``: ``cpu`` or ``cuda`` (``resolve_device``); ``vllm``: GRPO generation through vLLM (GPU only)."""
     hp = spec.hyperparameters
-    common = _common(spec, Path(output_dir), max_steps)
+    if vllm and device != "cuda":
+        raise ValueError("vLLM generation (hardware.inner_vllm) needs device cuda")
+    common = _common(spec, Path(output_dir), max_steps, device)
     if spec.algorithm == "grpo":
         from trl import GRPOConfig
 
+        generation = (dict(use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=VLLM_GPU_MEMORY)
+                      if vllm else {})
         return GRPOConfig(
+            **generation,
             **common,
             # batch_size counts completions: prompts per step = batch_size / num_generations.
             num_generations=hp.num_generations,

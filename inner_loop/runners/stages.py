@@ -55,17 +55,18 @@ GENERATION_FILE = "generation.json"
 GENERATION_SHARE = 0.5  # at most this share of a stage's time goes to sampling
 
 
-def _load(model_path: Path):
+def _load(model_path: Path, device: str = "cpu"):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_path, local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32, local_files_only=True)
-    return model, tokenizer
+    return model.to(device), tokenizer
 
 
-def prepare_stage(spec: JobSpec, job_dir: Path, model_path: Path, family: str, deadline: float | None = None):
-    """``(rows, training rewards, data_source, generation stats)`` of one single-stage spec."""
+def prepare_stage(spec: JobSpec, job_dir: Path, model_path: Path, family: str, deadline: float | None = None,
+                  device: str = "cpu"):
+    """``(rows, training rewards, data_source, generation stats)`` of one single-stage spec (sampling on ``device``)."""
     from inner_loop.rewards import resolve_rewards
     from inner_loop.selfgen import SelfGenError, ranking_rewards, rejection_sample
 
@@ -78,7 +79,7 @@ def prepare_stage(spec: JobSpec, job_dir: Path, model_path: Path, family: str, d
     generated = None
     try:
         if needs_model:
-            model, tokenizer = _load(model_path)
+            model, tokenizer = _load(model_path, device)
         if selfgen:
             generated = {}
             for i in selfgen:
@@ -131,9 +132,11 @@ def _write_json(path: Path, data) -> None:
 
 def run_stages(spec: JobSpec, job_dir: str | Path, model_path: str | Path, family: str, output_dir: str | Path, *,
                max_steps: int, max_seconds: float, ran: dict | None = None,
-               on_update: Callable[[dict], None] | None = None) -> dict:
+               on_update: Callable[[dict], None] | None = None, device: str = "cpu", vllm: bool = False) -> dict:
     """Train every stage of ``spec`` in order; returns the final status fields (see the module docstring).
 
+    ``device``: ``cpu`` or ``cuda`` (resolved: ``runners.config.resolve_device``), for the training and
+    the self-generated data's sampling; ``vllm``: GRPO stages generate with vLLM (``trl_config``).
     ``ran`` (``{"stages": []}``) is filled as stages start and end; ``on_update`` gets
     ``{"planned_steps", "ran"}`` at each of those moments (the worker writes it to its status file).
     """
@@ -161,7 +164,7 @@ def run_stages(spec: JobSpec, job_dir: str | Path, model_path: str | Path, famil
             break
         t0 = time.monotonic()
         rows, rewards, source, gen = prepare_stage(view, job_dir, current, family,
-                                                   deadline=t0 + GENERATION_SHARE * budget_s)
+                                                   deadline=t0 + GENERATION_SHARE * budget_s, device=device)
         gen_s = sum(g.seconds for g in gen)
         if gen:
             _write_json(stage_out / GENERATION_FILE, [g.as_dict() for g in gen])
@@ -174,7 +177,7 @@ def run_stages(spec: JobSpec, job_dir: str | Path, model_path: str | Path, famil
         log = (StepLog(output_dir / TRAIN_LOG, clock=None, append=True, step_offset=used_steps,
                        fields={"stage": i + 1}) if multi else None)
         report = train(view, rows, rewards, current, stage_out, max_steps=steps_left,
-                       max_seconds=max(1.0, budget_s - gen_s), log=log)
+                       max_seconds=max(1.0, budget_s - gen_s), log=log, device=device, vllm=vllm)
         entry["steps"] = report.steps
         used_steps += report.steps
         used_s += gen_s + report.seconds

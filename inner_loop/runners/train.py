@@ -156,11 +156,12 @@ def save_checkpoint(model, tokenizer, path: str | Path) -> Path:
 
 def train(spec: JobSpec, rows: list[dict], rewards: Sequence[tuple[str, Callable, float]], model_path: str | Path,
           output_dir: str | Path, *, max_steps: int, max_seconds: float, callbacks: Sequence = (),
-          log: StepLog | None = None) -> TrainReport:
+          log: StepLog | None = None, device: str = "cpu", vllm: bool = False) -> TrainReport:
     """Train ``model_path`` on ``rows`` as ``spec`` says, within the budget; see the module docstring.
 
     ``log`` replaces the default ``<output_dir>/train_log.jsonl`` (a later stage appends to the job's
-    log); its clock is set to this run's budget guard.
+    log); its clock is set to this run's budget guard. ``device`` (``cpu`` | ``cuda``) and ``vllm``: see
+    ``runners.config.trl_config`` (the Trainer moves the model to the device).
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -171,7 +172,7 @@ def train(spec: JobSpec, rows: list[dict], rewards: Sequence[tuple[str, Callable
     output_dir.mkdir(parents=True, exist_ok=True)
     steps = planned_steps(spec, len(rows), max_steps)
     weights = [float(w) for _, _, w in rewards] if spec.algorithm == "grpo" else None
-    args = trl_config(spec, output_dir / "trl", max_steps=steps, reward_weights=weights)
+    args = trl_config(spec, output_dir / "trl", max_steps=steps, reward_weights=weights, device=device, vllm=vllm)
     (output_dir / TRL_CONFIG).write_text(json.dumps(args.to_dict(), indent=2, sort_keys=True, default=str) + "\n")
 
     torch.manual_seed(spec.seed)

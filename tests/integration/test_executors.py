@@ -73,6 +73,7 @@ def reference(base_dir, tmp_path_factory):
     jobs = _write_jobs(root / "jobs")
     results = make_executor("sequential").run(_requests(jobs, base_dir, root / "sequential", root / "cache", warm=True))
     assert [r.status for r in results] == ["ok", "ok", "ok"], [r.detail + r.error for r in results]
+    assert [r.device for r in results] == ["cpu"] * 3, "the default device is the CPU, and the result says so"
     return root, jobs, results
 
 
@@ -125,3 +126,17 @@ def test_a_repeated_job_is_a_cache_hit_with_the_same_result(reference, base_dir,
     # Off by config: the same job runs again.
     fresh = make_executor("sequential").run([{**pair[0], "output_dir": tmp_path / "run4", "cache": False}])[0]
     assert not fresh.cached and fresh.cache_key is None and _numbers(fresh) == _numbers(miss)
+
+
+@pytest.mark.gpu
+def test_the_batch_trains_and_is_scored_on_the_gpus(reference, base_dir, tmp_path):
+    """hardware=gpu_node's path: local_parallel with one GPU per job, each job on its own CUDA_VISIBLE_DEVICES."""
+    root, jobs, expected = reference
+    requests = _requests(jobs, base_dir, tmp_path / "gpu", tmp_path / "cache", warm=True, device="cuda")
+    got = make_executor("local_parallel", max_parallel=2, gpus_per_job=1).run(requests)
+    assert [r.status for r in got] == ["ok"] * 3, [r.detail + r.error for r in got]
+    assert [r.device for r in got] == ["cuda"] * 3
+    for name in jobs:
+        trl = json.loads((tmp_path / "gpu" / name / "trl_config.json").read_text())
+        assert trl["use_cpu"] is False
+    assert all(r.hidden_score is not None and r.baseline == e.baseline for r, e in zip(got, expected))

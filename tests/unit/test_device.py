@@ -1,0 +1,131 @@
+"""Where inner jobs run: the device switch of the runner, the GPUs each job gets, and the config rules.
+
+A CPU machine cannot run a GPU job (tests/integration/test_executors.py has the ``gpu``-marked one);
+these check what decides where a job runs: TRL's precision flags, ``CUDA_VISIBLE_DEVICES`` per job,
+the executor's GPU slots, the harness's evaluation device, the cache key, and the start-up checks.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from agent_trainer.config import ConfigError, compose_config, validate
+from inner_loop import executor as ex
+from inner_loop.cache import cache_key, outcome_settings
+from inner_loop.job import eval_device
+from inner_loop.jobspec import JobSpec
+from inner_loop.runners.config import device_settings, resolve_device, trl_config
+from inner_loop.worker import child_env, job_gpus
+
+SPEC = JobSpec.model_validate({"base_model": "tiny-s", "algorithm": "grpo",
+                               "hyperparameters": {"batch_size": 8, "num_generations": 4, "max_steps": 2},
+                               "data": {"sources": [{"family": "calc_chain", "seed": 1, "size": 16}]},
+                               "reward": {"functions": [{"name": "numeric_closeness"}]}})
+
+
+def test_the_cpu_trains_in_fp32_and_a_gpu_in_bf16_without_use_cpu():
+    assert device_settings("cpu") == {"use_cpu": True, "bf16": False, "fp16": False}
+    cfg = trl_config(SPEC, "out", max_steps=2, device="cpu")
+    assert cfg.use_cpu is True and cfg.bf16 is False and cfg.use_vllm is False
+
+
+def test_vllm_generation_needs_a_gpu():
+    with pytest.raises(ValueError, match="needs device cuda"):
+        trl_config(SPEC, "out", max_steps=2, device="cpu", vllm=True)
+
+
+def test_auto_is_the_cpu_here_and_cuda_without_a_gpu_is_a_clear_error(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device("auto") == "cpu" and resolve_device("cpu") == "cpu"
+    with pytest.raises(RuntimeError, match="sees no GPU"):
+        resolve_device("cuda")
+    with pytest.raises(ValueError, match="use one of: cpu, cuda, auto"):
+        resolve_device("tpu")
+
+
+def test_each_job_process_sees_only_its_gpus(monkeypatch, tmp_path):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5")
+    assert job_gpus("cpu", "1") == "", "a CPU job sees no GPU"
+    assert job_gpus("cuda", "1") == "1", "the executor's slot wins"
+    assert job_gpus("cuda", None) == "4,5", "else what this process was given (SLURM, Ray)"
+    assert child_env(tmp_path, 1, "5")["CUDA_VISIBLE_DEVICES"] == "5"
+    assert "CUDA_VISIBLE_DEVICES" not in child_env(tmp_path, 1)
+
+
+def test_gpu_slots_split_the_visible_gpus_among_concurrent_jobs():
+    eight = [str(i) for i in range(8)]
+    assert ex.gpu_slots(1, 8, eight) == eight
+    assert ex.gpu_slots(2, 8, ["0", "1", "2", "3"]) == ["0,1", "2,3"]
+    assert ex.gpu_slots(1, 2, eight) == ["0", "1"]
+    with pytest.raises(RuntimeError, match="sees 0"):
+        ex.gpu_slots(1, 2, [])
+
+
+def test_local_parallel_never_gives_one_gpu_to_two_running_jobs(monkeypatch):
+    """The slot bookkeeping, with run_job replaced by a recorder (no GPU here to run real jobs on)."""
+    import inner_loop.job as job
+
+    held, seen, lock = set(), [], threading.Lock()
+
+    def fake_run_job(**r):
+        with lock:
+            assert r["gpus"] not in held, "two running jobs on one GPU"
+            held.add(r["gpus"])
+            seen.append(r["gpus"])
+        time.sleep(0.05)
+        with lock:
+            held.discard(r["gpus"])
+        return r["job_dir"], r["gpus"]
+
+    monkeypatch.setattr(job, "run_job", fake_run_job)
+    monkeypatch.setattr(ex, "visible_gpus", lambda: ["0", "1", "2"])
+    pool = ex.make_executor("local_parallel", max_parallel=2, gpus_per_job=1)
+    got = pool.run([{"job_dir": i, "device": "cuda"} for i in range(6)])
+    assert [g[0] for g in got] == list(range(6)), "results in request order"
+    assert set(seen) == {"0", "1"}, "max_parallel 2: two slots of the three GPUs"
+    cpu = pool.run([{"job_dir": 0, "device": "cpu", "gpus": ""}])
+    assert cpu == [(0, "")]
+
+
+def test_the_harness_scores_on_the_jobs_first_gpu_as_it_numbers_them(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert eval_device("cpu", "3") == "cpu"
+    assert eval_device("cuda", "3,4") == "cuda:3"
+    assert eval_device("cuda", None) == "cuda"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5")
+    assert eval_device("cuda", "5") == "cuda:1", "physical 5 is this process's second GPU"
+
+
+def test_a_gpu_result_is_never_a_cache_hit_for_a_cpu_job():
+    import torch
+
+    key = lambda **kw: cache_key({"settings": outcome_settings(kw, None, 0.1)})  # noqa: E731
+    assert key(device="cpu") != key(device="cuda")
+    assert key(device="cuda") != key(device="cuda", vllm=True)
+    here = "cuda" if torch.cuda.is_available() else "cpu"
+    assert key(device="auto") == key(device=here), "auto is keyed as the device it resolves to"
+
+
+def test_inner_vllm_needs_a_gpu_and_vllm(tmp_path):
+    from agent_trainer import cli
+
+    with pytest.raises(ConfigError, match="needs hardware.device=cuda"):
+        validate(compose_config(["hardware.inner_vllm=true"]))
+    gpu1 = compose_config(["hardware=gpu1", f"runs_dir={tmp_path}"])
+    assert gpu1.hardware.inner_vllm is True
+    validate(gpu1)   # the config is right; whether this machine can run it is checked at start-up
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        with pytest.raises(ConfigError, match="vllm is not installed"):
+            cli.start_run(gpu1)
+    cli.start_run(compose_config(["hardware=gpu1", "dry_run=true", f"runs_dir={tmp_path}"]))  # a plan needs no vLLM
