@@ -468,6 +468,12 @@ def check_installed(cfg: DictConfig) -> None:
     every GRPO job one by one, the agent's reward paying for the harness's set-up."""
     _check(not cfg.hardware.inner_vllm or importlib.util.find_spec("vllm") is not None,
            "hardware.inner_vllm=true but vllm is not installed: pip install -e '.[gpu]', or hardware.inner_vllm=false")
+    if str(cfg.hardware.device) == "cuda" and str(cfg.hardware.executor) in ("sequential", "local_parallel"):
+        import torch   # local jobs run on this machine's GPUs (SLURM and Ray jobs on their nodes')
+
+        _check(torch.cuda.is_available(),
+               "hardware.device=cuda but torch sees no GPU on this machine (a CPU build of torch, no driver, or "
+               "CUDA_VISIBLE_DEVICES empty); use hardware=cpu, or hardware.device=auto to train where a GPU is")
 
 
 def _check_strategy(s: StrategyConfig) -> None:

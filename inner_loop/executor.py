@@ -78,7 +78,9 @@ class LocalParallelExecutor:
 
     @staticmethod
     def _on_gpu(requests) -> bool:
-        return any(r.get("device", "cpu") != "cpu" and r.get("gpus") is None for r in requests)
+        """Whether some job needs a GPU slot (``auto`` only where this process sees a GPU)."""
+        wants = {r.get("device", "cpu") for r in requests if r.get("gpus") is None} - {"cpu"}
+        return "cuda" in wants or ("auto" in wants and bool(visible_gpus()))
 
     def plan(self, requests: list[dict[str, Any]] = ()) -> dict[str, Any]:
         threads = self.threads or max(1, (os.cpu_count() or 1) // self.max_parallel)
@@ -104,7 +106,7 @@ class LocalParallelExecutor:
             free.put(slot)
 
         def on_gpus(r: dict[str, Any]):
-            if r.get("device", "cpu") == "cpu" or r.get("gpus") is not None:
+            if not self._on_gpu([r]):
                 return run_job(**r)
             slot = free.get()   # never waits long: at most len(slots) jobs run at once
             try:

@@ -91,6 +91,8 @@ def test_local_parallel_never_gives_one_gpu_to_two_running_jobs(monkeypatch):
     assert set(seen) == {"0", "1"}, "max_parallel 2: two slots of the three GPUs"
     cpu = pool.run([{"job_dir": 0, "device": "cpu", "gpus": ""}])
     assert cpu == [(0, "")]
+    monkeypatch.setattr(ex, "visible_gpus", lambda: [])
+    assert pool.run([{"job_dir": 0, "device": "auto", "gpus": None}]) == [(0, None)], "auto without a GPU: the CPU"
 
 
 def test_the_harness_scores_on_the_jobs_first_gpu_as_it_numbers_them(monkeypatch):
@@ -129,3 +131,14 @@ def test_inner_vllm_needs_a_gpu_and_vllm(tmp_path):
         with pytest.raises(ConfigError, match="vllm is not installed"):
             cli.start_run(gpu1)
     cli.start_run(compose_config(["hardware=gpu1", "dry_run=true", f"runs_dir={tmp_path}"]))  # a plan needs no vLLM
+
+
+def test_cuda_on_a_machine_without_a_gpu_stops_at_start_up(tmp_path, monkeypatch):
+    import torch
+
+    from agent_trainer import cli
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match="torch sees no GPU on this machine"):
+        cli.start_run(compose_config(["hardware=gpu_node", f"runs_dir={tmp_path}"]))
+    cli.start_run(compose_config(["hardware=slurm", f"runs_dir={tmp_path}"]))  # SLURM jobs get their GPUs on the nodes
