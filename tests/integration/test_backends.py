@@ -201,3 +201,23 @@ def test_local_backend_from_a_saved_folder(agent, tmp_path):
     assert gen.token_ids == agent.generate(MESSAGES, TOOLS, temperature=0, max_new_tokens=60).token_ids
     with pytest.raises(BackendError, match="no config.json"):
         make_backend({"backend": "local", "model_path": str(tmp_path / "nothing")})
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm not installed (the gpu extra)")
+def test_vllm_backend_writes_the_local_backends_tool_call(agent, tmp_path):
+    """agent=vllm on a GPU: the same greedy tool call as transformers, log-probs of the tempered distribution."""
+    agent.model.save_pretrained(tmp_path / "agent")
+    agent.tokenizer.save_pretrained(tmp_path / "agent")
+    backend = make_backend({"backend": "vllm", "model_path": str(tmp_path / "agent"), "gpu_memory_utilization": 0.2,
+                            "dtype": "float32"})
+    gen = backend.generate(MESSAGES, TOOLS, temperature=0, max_new_tokens=60)
+    local = agent.generate(MESSAGES, TOOLS, temperature=0, max_new_tokens=60)
+    assert gen.tool_calls == local.tool_calls and gen.token_ids == local.token_ids
+    sampled = backend.generate(MESSAGES, TOOLS, temperature=0.7, max_new_tokens=24, seed=3)
+    assert len(sampled.logprobs) == len(sampled.token_ids) == sampled.completion_tokens
+    prompt = agent.render(MESSAGES, TOOLS)
+    with torch.no_grad():
+        logits = agent.model(torch.tensor([prompt + sampled.token_ids])).logits[0, len(prompt) - 1:-1].float()
+    want = torch.log_softmax(logits / 0.7, -1).gather(1, torch.tensor(sampled.token_ids)[:, None])[:, 0]
+    assert torch.allclose(want, torch.tensor(sampled.logprobs), atol=1e-2)
