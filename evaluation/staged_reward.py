@@ -22,7 +22,9 @@ Stages (each in [0, 1] except quality, in [-w_uplift, 1]):
   to [-1, 1] (denominators floored at 1e-6). A flagged job (training data that overlaps the hidden
   set) scores as its baseline: post = baseline, uplift 0.
 - speed = ``clip(1 - train_seconds / budget_seconds, 0, 1)``, only for an ``ok`` job (a crash in
-  one second must not look fast).
+  one second must not look fast). The harness passes the cost model's training seconds for the
+  steps the job ran (``inner_loop.job.job_train_seconds``), not the wall clock, so the same job
+  always earns the same reward and a run is reproducible from its seed.
 
 A ``timeout`` job that the harness still scored (a graceful stop saves the model) earns
 ``timeout_quality_factor`` of its quality and no success or speed; any other status earns no

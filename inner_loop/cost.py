@@ -62,6 +62,12 @@ class CostEstimate:
     formula: str
     sampling_seconds: float = 0.0  # sampling the model before training (DPO pairs, self-generated data)
 
+    def train_seconds(self, steps_run: int | None = None) -> float:
+        """Estimated seconds of the training itself, without the start-up: the sampling and ``steps_run``
+        steps (all of them when None). Deterministic: the staged reward's speed stage reads it."""
+        n = self.steps if steps_run is None else max(0, min(steps_run, self.steps))
+        return round(self.sampling_seconds + n * self.step_seconds, 3)
+
     def steps_within(self, seconds: float) -> int:
         """How many steps fit in ``seconds`` under the same per-step cost."""
         fixed = self.startup_seconds + self.sampling_seconds

@@ -84,7 +84,9 @@ class JobResult:
     uplift: float | None = None
     hidden_n: int = 0
     # train: the training loop; process: the child's whole life (imports, data, training, saving);
-    # eval: hidden score and baseline; validate: the harness's validation; total: everything.
+    # eval: hidden score and baseline; validate: the harness's validation; total: everything (wall
+    # seconds, measured). train_estimated (a job that ran): the cost model's seconds for the steps run,
+    # the same on every run of the job: the staged reward's speed stage reads it (``job_train_seconds``).
     seconds: dict = field(default_factory=lambda: {"validate": 0.0, "train": 0.0, "process": 0.0, "eval": 0.0,
                                                    "total": 0.0})
     estimated_usd: float | None = None
@@ -197,6 +199,16 @@ def _baseline(base_dir: Path, family: str, n: int, cache_dir, device: str = "cpu
     from evaluation.baselines import get_baseline
 
     return float(get_baseline(base_dir, family, n, cache_dir=cache_dir, device=device))
+
+
+def job_train_seconds(res: JobResult) -> float:
+    """The training seconds the staged reward's speed stage uses: the cost model's estimate for the steps the
+    job ran (``seconds["train_estimated"]``), else (a result from before it existed) the measured ones.
+
+    Not the wall clock: on a shared machine the measured seconds of the same job move by tens of percent
+    with the load, which made two runs of one seed reward the same jobs differently, and with
+    std-scaled group advantages those differences decided ties: the runs went apart from step 1."""
+    return float(res.seconds.get("train_estimated", res.seconds.get("train", 0.0)))
 
 
 def eval_device(device: str, gpus: str | None) -> str:
@@ -332,6 +344,8 @@ def run_job(job_dir: str | Path, task: TaskSpec | str | Path, *, cache_dir: str 
     log = _read_log(out / "train_log.jsonl")
     if log:  # a crash mid-run leaves the steps it made in the log only
         res.steps = max(res.steps, int(log[-1].get("step", 0)))
+    if est is not None:   # the speed stage's clock: the cost model's seconds for the steps run (no load noise)
+        res.seconds["train_estimated"] = est.train_seconds(res.steps)
     res.ran = _ran(st.get("ran"), log)
     res.reward_curve, res.loss_curve = _curve(log, "reward"), _curve(log, "loss")
     res.final_train_reward = res.reward_curve[-1][1] if res.reward_curve else None

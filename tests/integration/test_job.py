@@ -61,6 +61,12 @@ def test_ok_job_is_scored_logged_and_hides_the_hidden_score(base_dir, tmp_path):
     assert res.hidden_score is not None and res.baseline is not None
     assert res.uplift == pytest.approx(res.hidden_score - res.baseline)
     assert on_disk["seconds"]["total"] >= on_disk["seconds"]["process"] >= on_disk["seconds"]["train"] > 0
+    # the speed stage's clock: the cost model's seconds for the 3 steps run, not the wall clock
+    from inner_loop.cost import estimate_job
+    from inner_loop.jobspec import load_job
+
+    assert on_disk["seconds"]["train_estimated"] == estimate_job(load_job(job), FAST_COSTS, [3]).train_seconds(3)
+    assert on_disk["device"] == "cpu"
     assert len(on_disk["job_hash"]) == 64 and on_disk["libraries"]["trl"] and on_disk["seed"] == 0
     assert [step for step, _ in res.visible()["loss_curve"]] == [1, 2, 3]
     assert (job / "output" / "model" / "model.safetensors").is_file()

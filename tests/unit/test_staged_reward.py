@@ -75,3 +75,21 @@ def test_a_worse_model_is_punished_and_speed_is_clipped():
     worse = staged_reward(0, ok_job(post=0.0, base=0.3, secs=500, budget=90))
     assert worse.normalized_uplift == -1.0 and worse.quality == pytest.approx(-0.75) and worse.speed == 0.0
     assert worse.total < staged_reward(0, None).total
+
+
+def test_the_speed_stage_reads_the_cost_models_seconds_not_the_wall_clock():
+    """Two runs of one job measure different seconds (machine load); the reward must not follow them."""
+    from inner_loop.cost import CostModel, estimate_cost
+    from inner_loop.job import JobResult, job_train_seconds
+    from inner_loop.jobspec import JobSpec
+
+    spec = JobSpec.model_validate({"base_model": "tiny-m", "algorithm": "sft",
+                                   "hyperparameters": {"batch_size": 32, "max_steps": 100},
+                                   "data": {"sources": [{"family": "calc_chain", "seed": 1, "size": 64}]}})
+    est = estimate_cost(spec, CostModel())
+    assert est.train_seconds() == round(100 * est.step_seconds, 3) and est.train_seconds(40) < est.train_seconds()
+    quiet, busy = ({"train": t, "train_estimated": est.train_seconds(100)} for t in (3.1, 5.7))
+    runs = [JobResult("ok", "t", "calc_chain", "j", "o", "h", seconds=s) for s in (quiet, busy)]
+    assert job_train_seconds(runs[0]) == job_train_seconds(runs[1]) == est.train_seconds(100)
+    old = JobResult("ok", "t", "calc_chain", "j", "o", "h", seconds={"train": 4.2})
+    assert job_train_seconds(old) == 4.2, "a result stored before the estimate existed keeps its measured seconds"
