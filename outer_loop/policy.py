@@ -342,8 +342,12 @@ class AgentPolicy:
 
     @classmethod
     def from_pretrained(cls, model_dir: str | Path, config: PolicyConfig, adapter_dir: str | Path | None = None,
-                        trainer_kwargs: dict | None = None) -> "AgentPolicy":
-        """Load the base agent from ``model_dir`` and add a fresh (or saved) LoRA adapter."""
+                        trainer_kwargs: dict | None = None, seed: int = 0) -> "AgentPolicy":
+        """Load the base agent from ``model_dir`` and add a fresh (or saved) LoRA adapter.
+
+        A fresh adapter's random half (LoRA A) is drawn from ``seed``, without touching the global RNG:
+        two runs of one seed start from the same policy (PEFT draws from torch's global RNG, which
+        nothing had seeded: runs of the same seed differed from their first update)."""
         from peft import LoraConfig, PeftModel, get_peft_model
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -354,7 +358,9 @@ class AgentPolicy:
         else:
             lora = LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
                               target_modules=config.target_modules, task_type="CAUSAL_LM")
-            model = get_peft_model(base, lora)
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(seed)
+                model = get_peft_model(base, lora)
         return cls(model, tok, config, trainer_kwargs)
 
     def update(self, samples: list[TurnSample]) -> dict[str, float]:

@@ -194,7 +194,7 @@ class Trainer:
             if (ckpt / REPLAY_FILE).exists():
                 self.replay = [TurnSample(**d) for d in json.loads((ckpt / REPLAY_FILE).read_text())]
         else:
-            self.policy = AgentPolicy.from_pretrained(agent_dir, settings.policy)
+            self.policy = AgentPolicy.from_pretrained(agent_dir, settings.policy, seed=settings.seed)
         self.model_name = model_name or Path(agent_dir).name.split("-seed")[0]
         self.backend = LocalBackend(self.policy.model, self.policy.tokenizer, device="cpu", model_name=self.model_name)
 

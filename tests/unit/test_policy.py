@@ -251,3 +251,20 @@ def test_reference_focus_ranks_tokens_by_the_warm_start_not_by_the_drifted_polic
     assert results["reference"][1] != pytest.approx(results["reference"][2])   # the two rankings differ here
     with pytest.raises(ValueError, match="focus_entropy_of"):
         PolicyConfig(focus_entropy_of="base")
+
+
+def test_a_fresh_adapter_is_drawn_from_the_seed(built_agent):
+    """Two trainings of one seed start from the same adapter (and the global RNG is left alone)."""
+    import torch
+
+    from outer_loop.policy import AgentPolicy, PolicyConfig
+
+    torch.manual_seed(123)
+    before = torch.rand(1)
+    torch.manual_seed(123)
+    a = AgentPolicy.from_pretrained(built_agent, PolicyConfig(lora_r=4), seed=7).trainable_state()
+    assert torch.equal(torch.rand(1), before), "the global RNG is untouched"
+    b = AgentPolicy.from_pretrained(built_agent, PolicyConfig(lora_r=4), seed=7).trainable_state()
+    c = AgentPolicy.from_pretrained(built_agent, PolicyConfig(lora_r=4), seed=8).trainable_state()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert any(not torch.equal(a[k], c[k]) for k in a if "lora_A" in k)
