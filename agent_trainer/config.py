@@ -18,7 +18,6 @@ Commands that take extra keys (``at-eval table=true``) use a subclass of ``Confi
 from __future__ import annotations
 
 import importlib.util
-
 import os
 import re
 from dataclasses import dataclass, field, fields, is_dataclass

@@ -280,12 +280,11 @@ def outcome_settings(kwargs: dict[str, Any], cost_model, price: float) -> dict[s
 
 def _device_of(device: str) -> str:
     """The device a job will train on (``auto`` resolved as the job's process will): GPU numbers are
-    not CPU numbers, so the device is part of the key."""
-    if device != "auto":
-        return device
-    import torch
+    not CPU numbers, so the device is part of the key. ``cuda`` stays ``cuda`` even where this process
+    sees no GPU (a SLURM or Ray job gets its GPU on its node)."""
+    from inner_loop.runners.config import resolve_device
 
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    return resolve_device(device) if device == "auto" else device
 
 
 def cache_counts(results) -> dict[str, int]:
