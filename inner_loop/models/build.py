@@ -31,7 +31,7 @@ import torch
 from inner_loop.models.tokenizer import build_tokenizer
 
 # Bump when anything that changes the built bytes changes (configs, corpus, format, loop).
-BUILD_VERSION = 3
+BUILD_VERSION = 4
 MANIFEST = "manifest.json"
 
 # Per-family share of the pretraining stream, calibrated so that every family ends low but above
@@ -49,9 +49,15 @@ DEFAULT_MIX = {
 
 @dataclass(frozen=True)
 class Calibration:
-    """Where a build stops: at the first hidden-set check (every ``every`` steps from ``min_steps``) at
-    which every family's score (``n`` items, greedy) lies in [``low``, ``high``] and, with ``above``,
-    at least ``margin`` over that model's scores (read from its manifest); never past ``steps``.
+    """Where a build stops: at the first hidden-set check at which every family's score (``n`` items,
+    greedy) lies in [``low``, ``high``] and, with ``above``, at least ``margin`` over that model's scores
+    (read from its manifest); never past ``steps``.
+
+    Full checks (every ``every`` steps from ``min_steps``) score all families and steer the mix: a
+    family below its band gets ``up`` times its share of the next batches, one above it ``down`` times.
+    Between them a gated check every ``gate_every`` steps (0: none) scores the families that failed
+    the last full check first and gives up at the first one still out of its band, so it costs one
+    or two families' scoring unless the model is about to pass; it never steers.
 
     The families learn in jumps (sort_numbers and unit_convert go from ~0.05 to > 0.5 within ~150
     steps once they click), and the float kernels of another CPU (AVX-512 against AVX2) move a jump
@@ -66,6 +72,9 @@ class Calibration:
     high: float = 0.45
     above: str | None = None
     margin: float = 0.02
+    gate_every: int = 0
+    up: float = 1.5
+    down: float = 0.67
 
 
 @dataclass(frozen=True)
@@ -93,12 +102,17 @@ class ModelBuildConfig:
 
 # Each build stops at its first passing check (Calibration): tiny-s where every family is in
 # [0.03, 0.40], tiny-m where it beats tiny-s by 0.02 on every family and stays <= 0.48 (the acceptance
-# bounds are [0.02, 0.5], tiny-s < tiny-m). See docs/baselines.md.
+# bounds are [0.02, 0.5], tiny-s < tiny-m). tiny-m, the slow one, has gated checks every 10 steps,
+# which catch the moments when all six families are in their bands at once (they cross the band
+# edges at different steps), and gentle steering from the default mix: seeds 0-3 stopped it at
+# 740-880 steps, against 1,450 for seed 0 with build 3's recipe. tiny-s keeps build 3's recipe (it
+# passes by 500-600 steps anyway), so its bytes, and every figure measured on them, stay the same.
+# See docs/baselines.md.
 TINY_S = ModelBuildConfig(name="tiny-s", hidden_size=64, num_layers=2, intermediate_size=192, steps=1200,
-                          calibration=Calibration(min_steps=400, low=0.03, high=0.40))
+                          calibration=Calibration(min_steps=400, low=0.03, high=0.40, up=3.0, down=0.3))
 TINY_M = ModelBuildConfig(
     name="tiny-m", hidden_size=96, num_layers=3, num_heads=4, num_kv_heads=2, intermediate_size=288, steps=1600,
-    calibration=Calibration(min_steps=400, low=0.03, high=0.48, above="tiny-s", margin=0.02),
+    calibration=Calibration(min_steps=400, low=0.03, high=0.48, above="tiny-s", margin=0.02, gate_every=10),
 )
 
 
@@ -200,18 +214,20 @@ def pretrain(model, tokenizer, cfg: ModelBuildConfig, seed: int, on_step: Callab
 
 
 class Calibrator:
-    """The ``check`` of a calibrated build: at each candidate step it scores the model on the hidden
-    sets, stops at the first pass, and otherwise steers the mix: a family below its band gets
-    ``up`` times its share of the next batches, one above it ``down`` times (the families click at
-    different steps, so a fixed mix cannot put all six in their bands on every machine). The
-    checkpoint with the most slack is kept for a build that never passes."""
-
-    up, down = 3.0, 0.3
+    """The ``check`` of a calibrated build (``Calibration`` says when and how): it stops the training at
+    the first check where every family is in its band and otherwise steers the mix (the families
+    click at different steps, so a fixed mix cannot put all six in their bands on every machine).
+    The checkpoint with the most slack at a full check is kept for a build that never passes."""
 
     def __init__(self, model, tokenizer, cal: Calibration, reference: dict[str, float] | None,
                  stream: PretrainingStream):
+        from evaluation.families import family_names
+
         self.model, self.tokenizer, self.cal, self.reference, self.stream = model, tokenizer, cal, reference, stream
+        self.families = family_names(include_held_out=True)
+        self.failing: list[str] = list(self.families)   # out of band at the last full check, worst first
         self.history: list[dict] = []
+        self.gated = 0                                  # gated checks run (they are not in the history)
         self.best: tuple[float, int, dict, dict] | None = None   # slack, step, scores, state
 
     def band(self, family: str) -> tuple[float, float]:
@@ -219,30 +235,75 @@ class Calibrator:
         low = max(cal.low, self.reference[family] + cal.margin) if self.reference is not None else cal.low
         return low, cal.high
 
-    def __call__(self, step: int) -> bool:
-        from evaluation.families import family_names
+    def slack(self, family: str, score: float) -> float:
+        """Distance of ``score`` inside its band (negative: outside); rounded, so that a score exactly on
+        an edge counts as inside (0.035 + 0.02 is 0.05500000000000001 in floats)."""
+        low, high = self.band(family)
+        return round(min(score - low, high - score), 9)
+
+    def _score(self, family: str) -> float:
         from evaluation.hidden_eval import score_model
 
-        cal = self.cal
-        if step < cal.min_steps or (step - cal.min_steps) % cal.every:
-            return False
+        return score_model(self.model, self.tokenizer, family, n=self.cal.n).score
+
+    def _scored(self, fn):
         self.model.eval()
-        with torch.no_grad():
-            scores = {f: score_model(self.model, self.tokenizer, f, n=cal.n).score
-                      for f in family_names(include_held_out=True)}
-        self.model.train()
-        slack = min(min(x - self.band(f)[0], self.band(f)[1] - x) for f, x in scores.items())
-        self.history.append({"step": step, "slack": round(slack, 4), "scores": scores,
+        try:
+            with torch.no_grad():
+                return fn()
+        finally:
+            self.model.train()
+
+    def __call__(self, step: int) -> bool:
+        cal = self.cal
+        if step < cal.min_steps:
+            return False
+        if (step - cal.min_steps) % cal.every == 0:
+            return self._full(step)
+        if cal.gate_every and (step - cal.min_steps) % cal.gate_every == 0:
+            return self._gate(step)
+        return False
+
+    def _gate(self, step: int) -> bool:
+        """Score the last failures first and give up at the first family still out of its band."""
+        self.gated += 1
+        order = self.failing + [f for f in self.families if f not in self.failing]
+
+        def run():
+            scores = {}
+            for f in order:
+                scores[f] = self._score(f)
+                if self.slack(f, scores[f]) < 0:
+                    return None
+            return scores
+
+        scores = self._scored(run)
+        if scores is None:
+            return False
+        slack = min(self.slack(f, x) for f, x in scores.items())
+        self.history.append({"step": step, "slack": slack, "scores": scores, "gate": True,
+                             "mix": {k: round(v, 4) for k, v in self.stream.weights.items()}})
+        self.best = (slack, step, scores, self._state())
+        return True
+
+    def _state(self) -> dict:
+        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+
+    def _full(self, step: int) -> bool:
+        scores = self._scored(lambda: {f: self._score(f) for f in self.families})
+        slacks = {f: self.slack(f, x) for f, x in scores.items()}
+        slack = min(slacks.values())
+        self.history.append({"step": step, "slack": slack, "scores": scores,
                              "mix": {k: round(v, 4) for k, v in self.stream.weights.items()}})
         if self.best is None or slack > self.best[0]:
-            state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
-            self.best = (slack, step, scores, state)
+            self.best = (slack, step, scores, self._state())
         if slack >= 0:
             return True
+        self.failing = sorted((f for f in self.families if slacks[f] < 0), key=slacks.get)
         for f, x in scores.items():
             low, high = self.band(f)
             if f in self.stream.weights:
-                self.stream.weights[f] *= self.up if x < low else self.down if x > high else 1.0
+                self.stream.weights[f] *= self.cal.up if x < low else self.cal.down if x > high else 1.0
         return False
 
     def finish(self) -> dict:
@@ -251,8 +312,8 @@ class Calibrator:
             return {}
         slack, step, scores, state = self.best
         self.model.load_state_dict(state)
-        return {"step": step, "passed": slack >= 0, "slack": round(slack, 4), "scores": scores,
-                "checks": self.history, "above": self.cal.above}
+        return {"step": step, "passed": slack >= 0, "slack": slack, "scores": scores,
+                "checks": self.history, "gated_checks": self.gated, "above": self.cal.above}
 
 
 def file_sha256(path: Path) -> str:
@@ -280,13 +341,11 @@ def write_manifest(out_dir: Path, info: dict) -> dict:
 
 
 def build_model(cfg: ModelBuildConfig, out_dir: str | Path, seed: int = 0, tokenizer=None,
-                on_step: Callable[[int], None] | None = None, reference: dict[str, float] | None = None,
-                start_mix: dict[str, float] | None = None) -> dict:
+                on_step: Callable[[int], None] | None = None, reference: dict[str, float] | None = None) -> dict:
     """Build, pretrain and save one model into ``out_dir``; returns its manifest.
 
     With ``cfg.calibration`` the training stops at the first passing check (``Calibration``);
-    ``reference`` holds the scores to beat when ``calibration.above`` names a model, ``start_mix``
-    the mix to start from (the reference's last one: which families needed more data there)."""
+    ``reference`` holds the scores to beat when ``calibration.above`` names a model."""
     from transformers import Qwen3ForCausalLM
 
     out_dir = Path(out_dir)
@@ -305,9 +364,6 @@ def build_model(cfg: ModelBuildConfig, out_dir: str | Path, seed: int = 0, token
         if cal is not None and cal.above is not None and reference is None:
             raise ValueError(f"{cfg.name}'s calibration must beat {cal.above}: pass reference= its scores")
         stream = PretrainingStream(cfg, seed)
-        if start_mix:
-            total = sum(start_mix.values())
-            stream.weights.update({k: v / total for k, v in start_mix.items() if k in stream.weights})
         # The checks get their own tokenizer: batched generation turns on left padding in the one it
         # is given, and the saved tokenizer.json must stay the base tokenizer (the lineage check).
         checker = Calibrator(model, copy.deepcopy(tokenizer), cal, reference, stream) if cal is not None else None

@@ -67,13 +67,10 @@ Builder = Callable[[Path, int, Callable[[int], None] | None], dict]
 def _tiny_builder(cfg: ModelBuildConfig) -> Builder:
     def build(out_dir, seed, on_step=None, cache_dir=None):
         cal = cfg.calibration
-        reference = start_mix = None
+        reference = None
         if cal is not None and cal.above is not None:
             reference = reference_scores(cal.above, seed, cache_dir, cal.n)
-            manifest = json.loads((model_dir(cal.above, seed, cache_dir) / MANIFEST).read_text())
-            checks = (manifest.get("calibration") or {}).get("checks") or []
-            start_mix = checks[-1]["mix"] if checks else None
-        return build_model(cfg, out_dir, seed=seed, on_step=on_step, reference=reference, start_mix=start_mix)
+        return build_model(cfg, out_dir, seed=seed, on_step=on_step, reference=reference)
 
     return build
 

@@ -201,3 +201,63 @@ def test_calibrated_build_stops_at_the_first_passing_check_and_records_it(tok, t
     above = dataclasses.replace(easy, calibration=Calibration(min_steps=4, every=4, n=8, above="tiny-s"))
     with pytest.raises(ValueError, match="reference"):
         build_model(above, tmp_path / "above", seed=0, tokenizer=tok)
+
+
+def scripted_calibrator(cal, script, reference=None):
+    """A Calibrator whose hidden-set scores come from a script ({step: {family: score}}), so the
+    control logic (when it checks, in which order, when it steers and stops) can be asserted exactly;
+    ``.scored`` lists the (step, family) pairs it scored."""
+    from inner_loop.models.build import Calibrator, PretrainingStream
+
+    class Scripted(Calibrator):
+        def __call__(self, step):
+            self.step = step
+            return super().__call__(step)
+
+        def _score(self, family):
+            self.scored.append((self.step, family))
+            return script[self.step][family]
+
+    c = Scripted(torch.nn.Linear(1, 1), None, cal, reference, PretrainingStream(SMALL, seed=0))
+    c.scored = []
+    return c
+
+
+def test_gated_checks_score_the_last_failures_first_stop_at_a_miss_and_never_steer():
+    """Between full checks (every 4 steps here) a gated check every 2 steps scores the families that
+    failed the last full check first and gives up at the first one still out of band; the build
+    stops at a gated check where all are in band. Only full checks steer the mix."""
+    from inner_loop.models.build import Calibration
+
+    cal = Calibration(min_steps=4, every=4, gate_every=2, n=8, low=0.1, high=0.5, up=2.0, down=0.5)
+    ok = {f: 0.3 for f in FAMILIES}
+    script = {4: {**ok, "calc_chain": 0.0, "triage": 0.9},           # full: two out of band
+              6: {**ok, "triage": 0.9},                              # gate: triage (worst) first, still out
+              8: {**ok, "calc_chain": 0.05},                         # full: calc_chain still low
+              10: dict(ok)}                                          # gate: all in band -> stop
+    c = scripted_calibrator(cal, script)
+    mix0 = dict(c.stream.weights)
+    assert [c(s) for s in range(1, 11)] == [False] * 9 + [True]
+    # step 4 steered: calc_chain up, triage down, the others unchanged
+    assert [h["step"] for h in c.history] == [4, 8, 10] and c.history[2]["gate"]
+    assert c.history[1]["mix"]["calc_chain"] == 2 * mix0["calc_chain"]
+    assert c.history[1]["mix"]["triage"] == 0.5 * mix0["triage"]
+    # the gate at 6 scored triage (0.4 out: the worst) first and stopped there; the one at 10 scored
+    # calc_chain (the only failure at 8) first, then every other family
+    assert [f for s, f in c.scored if s == 6] == ["triage"]
+    at10 = [f for s, f in c.scored if s == 10]
+    assert at10[0] == "calc_chain" and sorted(at10) == sorted(FAMILIES)
+    assert c.history[2]["mix"] == c.history[1]["mix"] | {"calc_chain": 2 * c.history[1]["mix"]["calc_chain"]}
+    rec = c.finish()
+    assert rec["passed"] and rec["step"] == 10 and rec["gated_checks"] == 2
+
+
+def test_a_score_exactly_on_a_band_edge_is_in_the_band():
+    """0.035 + 0.02 is 0.05500000000000001 in floats: a score of 0.055 must still pass a band that
+    starts 0.02 above a reference of 0.035."""
+    from inner_loop.models.build import Calibration
+
+    cal = Calibration(min_steps=1, every=1, n=200, low=0.03, high=0.48, above="tiny-s", margin=0.02)
+    reference = {f: 0.035 for f in FAMILIES}
+    c = scripted_calibrator(cal, {1: {f: 0.055 for f in FAMILIES}}, reference=reference)
+    assert c(1) and c.finish()["slack"] == 0
