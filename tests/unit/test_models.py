@@ -252,6 +252,18 @@ def test_gated_checks_score_the_last_failures_first_stop_at_a_miss_and_never_ste
     assert rec["passed"] and rec["step"] == 10 and rec["gated_checks"] == 2
 
 
+def test_gated_checks_start_after_gate_after():
+    """With gate_after, the first steps after min_steps have full checks only (a build that passes
+    there keeps the bytes of a build without gates); gated checks follow."""
+    from inner_loop.models.build import Calibration
+
+    cal = Calibration(min_steps=4, every=4, gate_every=2, gate_after=4, n=8, low=0.1, high=0.5)
+    ok, low = {f: 0.3 for f in FAMILIES}, {f: 0.0 for f in FAMILIES}
+    c = scripted_calibrator(cal, {4: low, 6: ok, 8: low, 10: ok})
+    assert [c(s) for s in range(1, 11)] == [False] * 9 + [True]
+    assert {s for s, _ in c.scored} == {4, 8, 10}
+
+
 def test_a_score_exactly_on_a_band_edge_is_in_the_band():
     """0.035 + 0.02 is 0.05500000000000001 in floats: a score of 0.055 must still pass a band that
     starts 0.02 above a reference of 0.035."""
