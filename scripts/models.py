@@ -28,8 +28,24 @@ def run(cfg: DictConfig) -> dict[str, Path] | None:
     register()  # the tiny agent (warm-started on novice transcripts) joins the build
     built = build_all(seed=int(cfg.seed), cache_dir=cfg.cache_dir, force=bool(cfg.force))
     paths = {str(k): Path(v) for k, v in (built.items() if isinstance(built, dict) else ((Path(p).name, p) for p in built))}
-    cli.print_kv({name: str(path) for name, path in paths.items()})
+    cli.print_kv({name: f"{path}{_how_built(path)}" for name, path in paths.items()})
     return paths
+
+
+def _how_built(path: Path) -> str:
+    """`` (stopped at step 740 of 1600: every family in its band)`` for a calibrated build, else ``""``."""
+    import json
+
+    try:
+        manifest = json.loads((path / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return ""
+    cal = manifest.get("calibration") or {}
+    if not cal:
+        return ""
+    most = (manifest.get("config") or {}).get("steps")
+    verdict = "every family in its band" if cal.get("passed") else "no check passed; kept the closest"
+    return f"  (stopped at step {cal.get('step')}{f' of {most}' if most else ''}: {verdict})"
 
 
 @hydra.main(config_path=str(CONFIG_DIR), config_name="models", version_base="1.3")

@@ -70,13 +70,18 @@ def test_dry_run_writes_the_run_folder(tmp_path):
 
 
 @pytest.mark.slow
-def test_models_then_eval_end_to_end(tmp_path, built_agent):
+def test_models_then_eval_end_to_end(tmp_path, built_agent, capsys):
     """at-models then at-eval through their run(cfg): a real score, logged to MLflow and read back."""
     from scripts import eval as at_eval
     from scripts import models as at_models
 
     models = at_models.run(compose_config([f"runs_dir={tmp_path}", "run_id=models"], "models"))
     assert models and all(Path(p).is_dir() for p in models.values())
+    # where each calibrated build stopped, read from its manifest
+    printed = capsys.readouterr().out
+    for name in ("tiny-s", "tiny-m"):
+        step = json.loads((models[name] / "manifest.json").read_text())["calibration"]["step"]
+        assert f"stopped at step {step} of " in next(line for line in printed.splitlines() if line.startswith(name))
 
     cfg = compose_config([f"runs_dir={tmp_path}", "run_id=eval", "model=tiny-s", "inner.eval_size=16",
                           f"task.spec_path={ROOT / 'examples/tasks/calc_chain_v1_fast.json'}"], "eval")
