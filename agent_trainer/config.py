@@ -166,6 +166,7 @@ class OuterConfig:
     steps: int = doc(54, "outer policy-update steps")
     tasks_per_step: int = doc(1, "task specs per outer step")
     lr: float = doc(1e-4, "learning rate of the agent's LoRA")
+    lr_warmup_steps: int = doc(0, "optimizer steps over which the LoRA's lr rises linearly to outer.lr (0 = none)")
     lora_r: int = doc(16, "LoRA rank of the agent adapter")
     lora_alpha: float = doc(32.0, "LoRA alpha (scale = alpha / r)")
     lora_target_modules: Any = doc("all-linear", "'all-linear' or module names, e.g. [q_proj, v_proj]")
@@ -445,6 +446,7 @@ def validate(cfg: DictConfig) -> Config:
     _check(o.group_size >= 2, "outer.group_size must be >= 2: group-relative advantages compare episodes of one task")
     _check(o.steps >= 1 and o.tasks_per_step >= 1, "outer.steps and outer.tasks_per_step must be >= 1")
     _check(o.lr > 0 and o.clip_eps > 0 and o.kl_beta >= 0, "outer.lr and outer.clip_eps must be > 0, outer.kl_beta >= 0")
+    _check(o.lr_warmup_steps >= 0, f"outer.lr_warmup_steps must be >= 0, got {o.lr_warmup_steps}")
     _check(o.focus_entropy_of in ("policy", "reference"),
            f"outer.focus_entropy_of must be 'policy' or 'reference', got {o.focus_entropy_of!r}")
     _check(0 < o.focus_top_frac <= 1, f"outer.focus_top_frac must be in (0, 1] (1 = every agent token), got {o.focus_top_frac}")

@@ -82,6 +82,28 @@ def test_kl_term_uses_the_base_model_as_reference():
     assert stats["kl"] > 0.0
 
 
+def test_lr_warms_up_over_optimizer_steps_and_a_restored_policy_continues_the_schedule(tmp_path):
+    """lr_warmup_steps=4: the k-th optimizer step (of any update) uses lr * k / 4, then lr; the count
+    is Adam's step counter, so a policy restored from a checkpoint picks up where it stopped. The
+    first LoRA B move scales with it (Adam's first step moves each weight by lr times its sign)."""
+    pol = tiny_policy(lr=1e-2, lr_warmup_steps=4, epochs=2)
+    b0 = {k: v for k, v in pol.trainable_state().items() if "lora_B" in k}
+    pol.update(on_policy_samples(pol, [1.0, -1.0]))          # 2 epochs: optimizer steps 1 and 2
+    assert [g["lr"] for g in pol.module._optimizer.param_groups] == [pytest.approx(2e-2 / 4)]
+    plain = tiny_policy(lr=1e-2, epochs=1)
+    plain.update(on_policy_samples(plain, [1.0, -1.0]))
+    warm = tiny_policy(lr=1e-2, lr_warmup_steps=4, epochs=1)
+    warm.update(on_policy_samples(warm, [1.0, -1.0]))
+    move = {n: max((p.trainable_state()[k] - b0[k]).abs().max().item() for k in b0) for n, p in
+            (("plain", plain), ("warm", warm))}
+    assert move["plain"] == pytest.approx(1e-2, rel=1e-3) and move["warm"] == pytest.approx(1e-2 / 4, rel=1e-3)
+    pol.save(tmp_path)
+    other = tiny_policy(lr=1e-2, lr_warmup_steps=4, epochs=2)
+    other.load_state(tmp_path)
+    other.update(on_policy_samples(other, [1.0, -1.0]))      # optimizer steps 3 and 4
+    assert [g["lr"] for g in other.module._optimizer.param_groups] == [pytest.approx(1e-2)]
+
+
 def test_checkpoint_restores_adapter_optimizer_and_version(tmp_path):
     pol = tiny_policy()
     pol.update(on_policy_samples(pol, [1.0, -1.0]))
