@@ -74,7 +74,8 @@ def train_settings(cfg: DictConfig) -> TrainSettings:
         families = [load_task(cfg.task.spec_path).family]
     targets = o.lora_target_modules
     targets = str(targets) if isinstance(targets, str) else [str(t) for t in targets]
-    policy = PolicyConfig(lr=float(o.lr), lr_warmup_steps=int(o.lr_warmup_steps), lora_r=int(o.lora_r), lora_alpha=float(o.lora_alpha), target_modules=targets,
+    policy = PolicyConfig(lr=float(o.lr), lr_warmup_steps=int(o.lr_warmup_steps), lora_r=int(o.lora_r),
+                          lora_alpha=float(o.lora_alpha), target_modules=targets,
                           clip_eps_low=float(o.clip_eps),
                           clip_eps_high=float(o.clip_eps_high if o.clip_eps_high is not None else o.clip_eps),
                           kl_beta=float(o.kl_beta), scale_by_std=bool(o.scale_by_std), epochs=int(o.epochs),

@@ -36,8 +36,10 @@ def _how_built(path: Path) -> str:
     """`` (stopped at step 740 of 1600: every family in its band)`` for a calibrated build, else ``""``."""
     import json
 
+    from inner_loop.models.build import MANIFEST
+
     try:
-        manifest = json.loads((path / "manifest.json").read_text())
+        manifest = json.loads((path / MANIFEST).read_text())
     except (OSError, ValueError):
         return ""
     cal = manifest.get("calibration") or {}

@@ -56,8 +56,9 @@ class Calibration:
     Full checks (every ``every`` steps from ``min_steps``) score all families and steer the mix: a
     family below its band gets ``up`` times its share of the next batches, one above it ``down`` times.
     Between them, from ``min_steps + gate_after`` on, a gated check every ``gate_every`` steps (0: none)
-    scores the families that failed the last full check first and gives up at the first one still out of its band, so it costs one
-    or two families' scoring unless the model is about to pass; it never steers.
+    scores the families that failed the last full check first and gives up at the first one still out
+    of its band, so it costs one or two families' scoring unless the model is about to pass; it never
+    steers.
 
     The families learn in jumps (sort_numbers and unit_convert go from ~0.05 to > 0.5 within ~150
     steps once they click), and the float kernels of another CPU (AVX-512 against AVX2) move a jump
@@ -283,10 +284,14 @@ class Calibrator:
         if scores is None:
             return False
         slack = min(self.slack(f, x) for f, x in scores.items())
-        self.history.append({"step": step, "slack": slack, "scores": scores, "gate": True,
-                             "mix": {k: round(v, 4) for k, v in self.stream.weights.items()}})
+        self._record(step, slack, scores, gate=True)
         self.best = (slack, step, scores, self._state())
         return True
+
+    def _record(self, step: int, slack: float, scores: dict, **extra) -> None:
+        """One check in the history (the manifest's ``calibration.checks``), with the mix it trained on."""
+        self.history.append({"step": step, "slack": slack, "scores": scores, **extra,
+                             "mix": {k: round(v, 4) for k, v in self.stream.weights.items()}})
 
     def _state(self) -> dict:
         return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
@@ -295,8 +300,7 @@ class Calibrator:
         scores = self._scored(lambda: {f: self._score(f) for f in self.families})
         slacks = {f: self.slack(f, x) for f, x in scores.items()}
         slack = min(slacks.values())
-        self.history.append({"step": step, "slack": slack, "scores": scores,
-                             "mix": {k: round(v, 4) for k, v in self.stream.weights.items()}})
+        self._record(step, slack, scores)
         if self.best is None or slack > self.best[0]:
             self.best = (slack, step, scores, self._state())
         if slack >= 0:
