@@ -24,11 +24,16 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 
+def gpu_ids(value: str) -> list[str]:
+    """The GPU ids in a ``CUDA_VISIBLE_DEVICES`` value (``"4, 5"`` -> ``["4", "5"]``; ``""`` -> none)."""
+    return [x.strip() for x in value.split(",") if x.strip()]
+
+
 def visible_gpus() -> list[str]:
     """The GPU ids this process may use, as the machine numbers them (its ``CUDA_VISIBLE_DEVICES``, else all)."""
     env = os.environ.get("CUDA_VISIBLE_DEVICES")
     if env is not None:
-        return [x.strip() for x in env.split(",") if x.strip()]
+        return gpu_ids(env)
     try:
         import torch
 

@@ -218,12 +218,14 @@ def eval_device(device: str, gpus: str | None) -> str:
     itself see only some GPUs (its own ``CUDA_VISIBLE_DEVICES``), so the first id is looked up there."""
     import torch
 
+    from inner_loop.executor import gpu_ids
+
     if device == "cpu" or not torch.cuda.is_available():
         return "cpu"
     first = (gpus or "").split(",")[0].strip()
     if not first:
         return "cuda"
-    mine = [x.strip() for x in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if x.strip()]
+    mine = gpu_ids(os.environ.get("CUDA_VISIBLE_DEVICES", ""))
     if mine:
         return f"cuda:{mine.index(first)}" if first in mine else "cuda"
     return f"cuda:{first}" if first.isdigit() else "cuda"
