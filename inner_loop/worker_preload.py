@@ -3,17 +3,23 @@
 Imports only: no torch operation runs here, so forked job processes start with no thread pool.
 """
 
-import datasets  # noqa: F401
-import peft  # noqa: F401
-import torch  # noqa: F401
-import transformers  # noqa: F401
-import trl  # noqa: F401
-from trl import DPOTrainer, GRPOTrainer, SFTTrainer  # noqa: F401
+import warnings
+
+# With the gpu extra, ``import trl`` warns five times that its tested vllm range ends below the installed
+# one; a job's stderr (and at-job's one-line errors) should not carry that.
+warnings.filterwarnings("ignore", message="TRL currently supports vLLM versions")
+
+import datasets  # noqa: E402, F401
+import peft  # noqa: E402, F401
+import torch  # noqa: E402, F401
+import transformers  # noqa: E402, F401
+import trl  # noqa: E402, F401
+from trl import DPOTrainer, GRPOTrainer, SFTTrainer  # noqa: E402, F401
 # The architecture of the tiny models (and of Qwen3-0.6B/1.7B): ``AutoModelForCausalLM`` imports it
 # lazily on first use, ~3 s that every forked job would pay again.
-from transformers import Qwen3ForCausalLM  # noqa: F401
+from transformers import Qwen3ForCausalLM  # noqa: E402, F401
 
-import inner_loop.data  # noqa: F401
-import inner_loop.rewards  # noqa: F401
-import inner_loop.runners  # noqa: F401
-import inner_loop.runners.stages  # noqa: F401
+import inner_loop.data  # noqa: E402, F401
+import inner_loop.rewards  # noqa: E402, F401
+import inner_loop.runners  # noqa: E402, F401
+import inner_loop.runners.stages  # noqa: E402, F401

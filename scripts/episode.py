@@ -60,7 +60,10 @@ def run(cfg: DictConfig) -> float | None:
                      episode_id="0", seed=int(cfg.seed), job_kwargs=job_kwargs(cfg), model_name=str(cfg.agent.model),
                      steering=steering)
         print(f"at-episode: {cfg.agent.backend} agent {cfg.agent.model} on {task.name} ...")
-        ep.play()
+        try:
+            ep.play()
+        finally:
+            backend.close()  # a vllm engine's worker processes go now, not at interpreter exit
         result = ep.finish()
         stages = result.reward
         tr.log_metrics(reward_metrics(stages) | {"tokens": float(result.tokens_in + result.tokens_out),

