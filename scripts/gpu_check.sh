@@ -11,7 +11,9 @@
 #      (run_job: a worker process with its own CUDA_VISIBLE_DEVICES, training and scoring on the GPU);
 #   4. the hidden evaluation of the trained model (evaluation.hidden_eval): items/s;
 #   5. the outer update (outer_loop.policy.AgentPolicy, Lightning, bf16) with a rank-64 LoRA on the
-#      same model: seconds and tokens/s per update of 16 turns x 1,280 tokens.
+#      same model: seconds and tokens/s per update of 16 turns x 1,280 tokens;
+#   6. agent=vllm when vLLM imports: engine start-up, tokens/s of one sampled agent turn, and its
+#      log-probs and greedy tokens against transformers on the same weights.
 # Random weights: every number is a throughput, none a quality. Each part reports its own failure
 # and the run goes on. Prints one line per part; writes $OUT/gpu_check.json (OUT default /tmp/gpu_check).
 #
