@@ -203,6 +203,11 @@ def test_lineage_accepts_the_base_and_catches_each_substitution(built_models, tm
     gen = json.loads((ck / "generation_config.json").read_text())
     (ck / "generation_config.json").write_text(json.dumps({**gen, "bad_words_ids": [[5]]}))
     assert "bad_words_ids" in lineage_mismatch(ck, base)
+    eos = gen["eos_token_id"]  # transformers 5.10 saves it as a one-element list: the same stop token
+    (ck / "generation_config.json").write_text(json.dumps({**gen, "eos_token_id": [eos]}))
+    assert lineage_mismatch(ck, base) is None
+    (ck / "generation_config.json").write_text(json.dumps({**gen, "eos_token_id": [eos, 5]}))
+    assert "eos_token_id" in lineage_mismatch(ck, base)
     ck = _copy(base, tmp_path / "code")
     (ck / "modeling_evil.py").write_text("")
     assert "code file" in lineage_mismatch(ck, base)
