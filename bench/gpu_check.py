@@ -323,6 +323,7 @@ def agent_vllm(device: str, tiny: bool, folder: Path) -> dict:
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
+    from inner_loop.runners.train import common_prefix_length
     from outer_loop.backends.local import LocalBackend
     from outer_loop.backends.vllm_backend import VLLMBackend
     from outer_loop.tools import SCHEMAS
@@ -355,7 +356,7 @@ def agent_vllm(device: str, tiny: bool, folder: Path) -> dict:
         logits = model(torch.tensor([prompt + sampled.token_ids], device=device)).logits[0, len(prompt) - 1:-1]
     want = torch.log_softmax(logits.float(), -1).gather(1, torch.tensor(sampled.token_ids, device=device)[:, None])[:, 0]
     local_greedy = local.generate(msgs, tools, temperature=0, max_new_tokens=32).token_ids
-    same = next((i for i, (a, b) in enumerate(zip(vllm_greedy, local_greedy)) if a != b), min(map(len, (vllm_greedy, local_greedy))))
+    same = common_prefix_length(vllm_greedy, local_greedy)
     return {"engine_start_s": round(engine_s, 1), "prompt_tokens": sampled.prompt_tokens,
             "sampled_tokens": sampled.completion_tokens, "tokens_per_s": round(sampled.completion_tokens / gen_s, 1),
             "max_logprob_diff": round(float((want.cpu() - torch.tensor(sampled.logprobs)).abs().max()), 4),
