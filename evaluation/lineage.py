@@ -94,10 +94,10 @@ def _check_files(checkpoint: Path) -> None:
             raise LineageError(f"{p.name} is a hard link to a file elsewhere; a checkpoint holds its own files")
 
 
-def _same(a, b) -> bool:
-    """Equal, counting a one-element list as its element: transformers 5.10 saves ``eos_token_id: [2]``
-    where 5.24 saves ``2`` (the same token to stop at)."""
-    return a == b or _unwrap(a) == _unwrap(b)
+def _same(key: str, a, b) -> bool:
+    """Equal; for a ``*_token_id`` key a one-element list counts as its element: transformers 5.10 saves
+    ``eos_token_id: [2]`` where 5.24 saves ``2`` (the same token to stop at)."""
+    return a == b or (key.endswith("_token_id") and _unwrap(a) == _unwrap(b))
 
 
 def _unwrap(v):
@@ -106,7 +106,7 @@ def _unwrap(v):
 
 def _diff(got: dict, want: dict, ignored: set[str], what: str) -> None:
     for key in sorted((set(got) | set(want)) - ignored):
-        if not _same(got.get(key), want.get(key)):
+        if not _same(key, got.get(key), want.get(key)):
             g, w = json.dumps(got.get(key))[:80], json.dumps(want.get(key))[:80]
             raise LineageError(f"{what} {key} is {g}, the base model has {w}")
 

@@ -208,6 +208,10 @@ def test_lineage_accepts_the_base_and_catches_each_substitution(built_models, tm
     assert lineage_mismatch(ck, base) is None
     (ck / "generation_config.json").write_text(json.dumps({**gen, "eos_token_id": [eos, 5]}))
     assert "eos_token_id" in lineage_mismatch(ck, base)
+    ck = _copy(base, tmp_path / "listed")  # only token ids may be spelt as a one-element list
+    cfg = json.loads((ck / "config.json").read_text())
+    (ck / "config.json").write_text(json.dumps({**cfg, "num_hidden_layers": [cfg["num_hidden_layers"]]}))
+    assert "num_hidden_layers" in lineage_mismatch(ck, base)
     ck = _copy(base, tmp_path / "code")
     (ck / "modeling_evil.py").write_text("")
     assert "code file" in lineage_mismatch(ck, base)
