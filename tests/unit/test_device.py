@@ -7,6 +7,7 @@ the executor's GPU slots, the harness's evaluation device, the cache key, and th
 
 from __future__ import annotations
 
+import importlib.util
 import threading
 import time
 from pathlib import Path
@@ -33,9 +34,46 @@ def test_the_cpu_trains_in_fp32_and_a_gpu_in_bf16_without_use_cpu():
     assert cfg.use_cpu is True and cfg.bf16 is False and cfg.use_vllm is False
 
 
-def test_vllm_generation_needs_a_gpu():
-    with pytest.raises(ValueError, match="needs device cuda"):
-        trl_config(SPEC, "out", max_steps=2, device="cpu", vllm=True)
+def test_vllm_generation_on_the_cpu_needs_the_cpu_build_of_vllm(monkeypatch):
+    from inner_loop.runners import vllm_cpu
+
+    for build, what in (("gpu", "a GPU build"), (None, "missing")):
+        monkeypatch.setattr(vllm_cpu, "build", lambda b=build: b)
+        with pytest.raises(ValueError, match=f"needs vLLM's CPU build .*the vLLM here is {what}"):
+            trl_config(SPEC, "out", max_steps=2, device="cpu", vllm=True)
+    monkeypatch.setattr(vllm_cpu, "build", lambda: "cpu")
+    cfg = trl_config(SPEC, "out", max_steps=2, device="cpu", vllm=True)
+    assert (cfg.use_vllm, cfg.vllm_mode, cfg.use_cpu) == (True, "colocate", True)
+
+
+def test_the_vllm_build_is_read_from_the_installed_distributions(monkeypatch):
+    from importlib import metadata
+
+    from inner_loop.runners import vllm_cpu
+
+    def installed(dists):
+        def version(name):
+            if name not in dists:
+                raise metadata.PackageNotFoundError(name)
+            return dists[name]
+        return version
+
+    for dists, build in (({}, None), ({"vllm-cpu": "0.32.0"}, "cpu"), ({"vllm": "0.11.0+cpu"}, "cpu"),
+                         ({"vllm": "0.11.0"}, "gpu"), ({"vllm": "0.11.0+cu128"}, "gpu")):
+        monkeypatch.setattr(metadata, "version", installed(dists))
+        assert vllm_cpu.build() == build, dists
+
+
+def test_vllm_on_the_cpu_refuses_heads_its_kernels_cannot_take(tmp_path):
+    import json
+
+    from inner_loop.runners import vllm_cpu
+
+    (tmp_path / "config.json").write_text(json.dumps({"head_dim": 16, "hidden_size": 64, "num_attention_heads": 4}))
+    with pytest.raises(ValueError, match=r"takes head sizes \[32, 64\]; this model's is 16 .*inner_vllm=false"):
+        vllm_cpu.check_model(tmp_path, sizes=(32, 64))
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 1024, "num_attention_heads": 16}))
+    vllm_cpu.check_model(tmp_path, sizes=(32, 64))   # 64 dims, from hidden_size / heads
 
 
 def test_auto_is_the_cpu_here_and_cuda_without_a_gpu_is_a_clear_error(monkeypatch):
@@ -117,16 +155,30 @@ def test_a_gpu_result_is_never_a_cache_hit_for_a_cpu_job():
     assert key(device="auto") == key(device=here), "auto is keyed as the device it resolves to"
 
 
-def test_inner_vllm_needs_a_gpu_and_vllm(tmp_path):
+def test_inner_vllm_needs_a_vllm_build_for_its_device(tmp_path, monkeypatch):
+    from agent_trainer import cli
+    from inner_loop.runners import vllm_cpu
+
+    on_cpu = compose_config(["hardware.inner_vllm=true", f"runs_dir={tmp_path}"])
+    validate(on_cpu)   # the config alone is fine: vLLM's CPU build can run it
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else real(name, *a))
+    monkeypatch.setattr(vllm_cpu, "build", lambda: "gpu")
+    with pytest.raises(ConfigError, match="needs vLLM's CPU build"):
+        cli.start_run(on_cpu)
+    monkeypatch.setattr(vllm_cpu, "build", lambda: "cpu")
+    cli.start_run(on_cpu)
+    monkeypatch.setattr(vllm_cpu, "build", lambda: None)
+    with pytest.raises(ConfigError, match="vllm is not installed"):
+        cli.start_run(on_cpu)
+
+
+def test_inner_vllm_needs_vllm(tmp_path):
     from agent_trainer import cli
 
-    with pytest.raises(ConfigError, match="needs hardware.device=cuda"):
-        validate(compose_config(["hardware.inner_vllm=true"]))
     gpu1 = compose_config(["hardware=gpu1", f"runs_dir={tmp_path}"])
     assert gpu1.hardware.inner_vllm is True
     validate(gpu1)   # the config is right; whether this machine can run it is checked at start-up
-    import importlib.util
-
     if importlib.util.find_spec("vllm") is None:
         with pytest.raises(ConfigError, match="vllm is not installed"):
             cli.start_run(gpu1)

