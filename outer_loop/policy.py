@@ -412,6 +412,24 @@ class AgentPolicy:
         self.version += 1
         return dict(self.module.last_stats, samples=float(len(samples)), **focus)
 
+    @torch.no_grad()
+    def merged_weights(self):
+        """(name, tensor) of the base model's weights with the LoRA folded in, under the base model's own
+        (transformers) names: what a vLLM engine of the same base loads (``VLLMBackend.load_weights``).
+
+        Computed as W + delta (PEFT's ``get_delta_weight``), not by merging in place and back, which would
+        leave rounding in the frozen weights after every update."""
+        from peft.tuners.lora import LoraLayer
+
+        base = self.model.get_base_model()
+        deltas = {f"{name}.weight": sum(m.get_delta_weight(a) for a in m.active_adapters if a in m.lora_A)
+                  for name, m in base.named_modules() if isinstance(m, LoraLayer)}
+        for name, param in base.named_parameters():
+            if "lora_" in name:
+                continue
+            name = name.replace(".base_layer.", ".")
+            yield name, (param + deltas[name]) if name in deltas else param
+
     # --- checkpoints ---------------------------------------------------------------------
     def save(self, directory: str | Path) -> None:
         """Write the adapter, the optimizer state and the version into ``directory``."""

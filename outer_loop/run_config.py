@@ -170,9 +170,10 @@ def set_agent_threads(cfg: DictConfig) -> int:
 
 def build_trainer(cfg: DictConfig, run_dir: Path, *, tracker=None, resume: bool = False) -> Trainer:
     """The ``Trainer`` that ``at-train`` runs."""
-    if str(cfg.agent.backend) != "local":
-        raise ValueError(f"at-train updates a local agent's LoRA; agent.backend={cfg.agent.backend} cannot be "
-                         f"trained here (use agent=tiny_local, or a local model_path)")
+    if str(cfg.agent.backend) not in ("local", "vllm"):
+        raise ValueError(f"at-train updates the LoRA of an agent whose weights it holds; agent.backend="
+                         f"{cfg.agent.backend} serves someone else's (use agent=tiny_local, agent=vllm, or a local "
+                         f"model_path)")
     from outer_loop.train import prepare_resume
 
     settings = train_settings(cfg)
@@ -181,4 +182,16 @@ def build_trainer(cfg: DictConfig, run_dir: Path, *, tracker=None, resume: bool 
     ledger = make_ledger(cfg, run_dir)
     return Trainer(settings, run_dir, agent_dir(cfg), ledger=ledger, tracker=tracker,
                    executor=make_executor(cfg), state=state, model_name=str(cfg.agent.model),
-                   steering=steering_factory(cfg, run_dir, ledger))
+                   steering=steering_factory(cfg, run_dir, ledger), sampler=make_sampler(cfg))
+
+
+def make_sampler(cfg: DictConfig):
+    """``agent=vllm``: a vLLM engine of the agent's base model, in this process, that samples the turns; the
+    policy (transformers + LoRA) is trained as with ``agent=tiny_local`` and its weights are copied into the
+    engine after each update. None for ``agent=tiny_local`` (the policy's own model samples)."""
+    if str(cfg.agent.backend) != "vllm":
+        return None
+    from outer_loop.backends import make_backend
+
+    return make_backend({"kind": "vllm", "model": str(cfg.agent.model), "model_path": str(agent_dir(cfg)),
+                         "trainable": True})

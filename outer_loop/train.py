@@ -167,10 +167,13 @@ class Trainer:
 
     def __init__(self, settings: TrainSettings, run_dir: str | Path, agent_dir: str | Path, *, ledger=None,
                  tracker=None, executor=None, state: StepState | None = None, progress: bool = True,
-                 model_name: str | None = None, steering=None):
+                 model_name: str | None = None, steering=None, sampler=None):
         """``state``: from ``prepare_resume`` to continue a run (open the ledger after that call);
         ``model_name``: the agent's name in the ledger's price table (default: the folder's name);
-        ``steering``: a callable giving each episode its strategy layer (``outer_loop.steering.make_steering``)."""
+        ``steering``: a callable giving each episode its strategy layer (``outer_loop.steering.make_steering``);
+        ``sampler``: a backend that samples the agent's turns instead of the policy's own model (``agent=vllm``:
+        a ``VLLMBackend(trainable=True)`` of the same base), given the policy's weights at the start and after
+        every update (``load_weights``)."""
         self.steering = steering
         from outer_loop.backends.local import LocalBackend
 
@@ -196,7 +199,19 @@ class Trainer:
         else:
             self.policy = AgentPolicy.from_pretrained(agent_dir, settings.policy, seed=settings.seed)
         self.model_name = model_name or Path(agent_dir).name.split("-seed")[0]
-        self.backend = LocalBackend(self.policy.model, self.policy.tokenizer, device="cpu", model_name=self.model_name)
+        self.backend = sampler or LocalBackend(self.policy.model, self.policy.tokenizer, device="cpu",
+                                               model_name=self.model_name)
+        self.sync_sampler()
+
+    def close(self) -> None:
+        """Stop a separate sampler's engine (vLLM); the local backend has nothing to stop."""
+        if hasattr(self.backend, "load_weights") and hasattr(self.backend, "close"):
+            self.backend.close()
+
+    def sync_sampler(self) -> None:
+        """Give a separate sampler (vLLM) the policy's current weights; the local backend shares them already."""
+        if hasattr(self.backend, "load_weights"):
+            self.backend.load_weights(self.policy.merged_weights())
 
     # --- one step --------------------------------------------------------------------------
     def _tasks_for(self, step: int) -> list:
@@ -317,6 +332,8 @@ class Trainer:
         fresh = self.samples(results, tasks)
         samples = self.with_replay(fresh)
         update = self.policy.update(samples) if fresh else {"skipped": 1.0}
+        if fresh:
+            self.sync_sampler()
         update["replayed"] = float(len(samples) - len(fresh))
         t3 = time.time()
         # jobs: what the step waited for jobs beyond the sampling; jobs_busy: time inside job batches

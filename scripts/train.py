@@ -72,6 +72,7 @@ def run(cfg: DictConfig) -> float | None:
         marker.write_text(json.dumps({"mlflow_run_id": tracker.run_id, "run_id": run_dir.name}))
     if previous is not None:
         print(f"at-train: resuming {run_dir}")
+    trainer = None
     try:
         trainer = build_trainer(cfg, run_dir, tracker=tracker, resume=previous is not None)
         rows = trainer.fit()
@@ -79,6 +80,9 @@ def run(cfg: DictConfig) -> float | None:
     except BaseException as e:
         tracker.end("KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED")
         raise
+    finally:
+        if trainer is not None:
+            trainer.close()
     tracker.end()
     cli.print_kv(summary)
     return summary.get("reward_last3")

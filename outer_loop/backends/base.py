@@ -42,7 +42,8 @@ class Generation:
     completion_tokens: int = 0
     token_ids: list[int] | None = None
     logprobs: list[float] | None = None
-    # Token ids of the rendered prompt (context) the completion was sampled from; local backends only.
+    # Token ids of the rendered prompt (context) the completion was sampled from; local and vllm backends
+    # (what the RL update needs).
     prompt_ids: list[int] | None = None
     finish_reason: str = "stop"
     raw: Any = None

@@ -47,14 +47,40 @@ def _check_cpu_head_size(model_path) -> None:
         raise BackendError(f"{problem}. Use kind: local (transformers) on the CPU, or vllm on a GPU")
 
 
+def _in_process_engine() -> dict:
+    """vllm.LLM kwargs for an engine in this process (TRL's colocate mode does the same), so that its
+    model's weights can be replaced (``load_weights``): a one-rank torch.distributed group of its own."""
+    import os
+    import socket
+
+    from vllm.platforms import current_platform
+
+    if not os.environ.get("MASTER_PORT"):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            os.environ["MASTER_PORT"] = str(sock.getsockname()[1])
+    for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
+        os.environ.setdefault(key, value)
+    if current_platform.is_cpu():
+        from inner_loop.runners import vllm_cpu
+
+        vllm_cpu.prepare()   # linear layers on the live weights that load_weights replaces
+    return {"distributed_executor_backend": "external_launcher"}
+
+
 class VLLMBackend(AgentBackend):
-    """One ``vllm.LLM`` per backend; ``engine_kwargs`` go to ``vllm.LLM`` unchanged."""
+    """One ``vllm.LLM`` per backend; ``engine_kwargs`` go to ``vllm.LLM`` unchanged.
+
+    ``trainable=True`` (at-train) keeps the engine in this process: ``load_weights`` then replaces its
+    weights with the policy's after each update (``AgentPolicy.merged_weights``: the LoRA folded in)."""
 
     def __init__(self, *, model_path: str, model_name: str | None = None, dtype: str = "auto",
                  gpu_memory_utilization: float = 0.5, max_model_len: int | None = None,
-                 chat_template_kwargs: dict[str, Any] | None = None, **engine_kwargs: Any):
+                 chat_template_kwargs: dict[str, Any] | None = None, trainable: bool = False, **engine_kwargs: Any):
         vllm = import_vllm()
         _check_cpu_head_size(model_path)
+        if trainable:
+            engine_kwargs = {**_in_process_engine(), **engine_kwargs}
         kwargs = dict(model=str(model_path), dtype=dtype, gpu_memory_utilization=gpu_memory_utilization,
                       logprobs_mode="processed_logprobs", **engine_kwargs)
         if max_model_len:
@@ -64,6 +90,11 @@ class VLLMBackend(AgentBackend):
         except TypeError as e:  # an older vllm without logprobs_mode, or a misspelt engine kwarg
             raise BackendError(f"vllm.LLM rejected its arguments ({e}); vllm >= 0.10 is needed for "
                                f"logprobs_mode, and engine kwargs must be vllm.LLM parameters") from None
+        if trainable:
+            import logging
+
+            # vLLM's CPU worker swaps torch.set_num_threads for a warning, which at-train's jobs then print each step.
+            logging.getLogger("vllm.v1.worker.cpu_worker").setLevel(logging.ERROR)
         self._vllm = vllm
         self.tokenizer = self.llm.get_tokenizer()
         self.model_name = model_name or str(model_path).rstrip("/").rsplit("/", 1)[-1]
@@ -89,7 +120,22 @@ class VLLMBackend(AgentBackend):
         content, calls = parse_tool_calls(raw)
         finish = "length" if comp.finish_reason == "length" else ("tool_calls" if calls else "stop")
         return Generation(text=content, tool_calls=calls, prompt_tokens=len(prompt_ids), completion_tokens=len(ids),
-                          token_ids=ids, logprobs=logprobs, finish_reason=finish, raw=raw)
+                          token_ids=ids, logprobs=logprobs, prompt_ids=list(prompt_ids), finish_reason=finish,
+                          raw=raw)
+
+    def load_weights(self, weights) -> int:
+        """Replace the engine's weights with ``weights`` ((HF name, tensor) pairs, e.g. the policy's after an
+        update); returns how many. Needs ``trainable=True`` (an engine in this process)."""
+        try:
+            model = self.llm.llm_engine.model_executor.driver_worker.model_runner.model
+        except AttributeError:
+            raise BackendError("load_weights needs the engine in this process: VLLMBackend(trainable=True)") from None
+        n = 0
+        for name, tensor in weights:
+            model.load_weights([(name, tensor)])
+            n += 1
+        self.llm.reset_prefix_cache()   # cached prefixes hold the old weights' keys and values
+        return n
 
     def close(self) -> None:
         llm = self.__dict__.pop("llm", None)

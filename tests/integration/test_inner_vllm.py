@@ -37,7 +37,7 @@ def test_a_grpo_job_generates_with_vllm_from_the_weights_it_trains(built_models,
 
     from evaluation.tasks import TaskSpec
     from inner_loop.job import run_job
-    from inner_loop.runners.vllm_cpu import build
+    from agent_trainer.config import vllm_build as build
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu" and build() != "cpu":

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from agent_trainer import config as at_config
 from agent_trainer.config import ConfigError, compose_config, validate
 from inner_loop import executor as ex
 from inner_loop.cache import cache_key, outcome_settings
@@ -35,21 +36,17 @@ def test_the_cpu_trains_in_fp32_and_a_gpu_in_bf16_without_use_cpu():
 
 
 def test_vllm_generation_on_the_cpu_needs_the_cpu_build_of_vllm(monkeypatch):
-    from inner_loop.runners import vllm_cpu
-
     for build, what in (("gpu", "a GPU build"), (None, "missing")):
-        monkeypatch.setattr(vllm_cpu, "build", lambda b=build: b)
+        monkeypatch.setattr(at_config, "vllm_build", lambda b=build: b)
         with pytest.raises(ValueError, match=f"needs vLLM's CPU build .*the vLLM here is {what}"):
             trl_config(SPEC, "out", max_steps=2, device="cpu", vllm=True)
-    monkeypatch.setattr(vllm_cpu, "build", lambda: "cpu")
+    monkeypatch.setattr(at_config, "vllm_build", lambda: "cpu")
     cfg = trl_config(SPEC, "out", max_steps=2, device="cpu", vllm=True)
     assert (cfg.use_vllm, cfg.vllm_mode, cfg.use_cpu) == (True, "colocate", True)
 
 
 def test_the_vllm_build_is_read_from_the_installed_distributions(monkeypatch):
     from importlib import metadata
-
-    from inner_loop.runners import vllm_cpu
 
     def installed(dists):
         def version(name):
@@ -61,7 +58,7 @@ def test_the_vllm_build_is_read_from_the_installed_distributions(monkeypatch):
     for dists, build in (({}, None), ({"vllm-cpu": "0.32.0"}, "cpu"), ({"vllm": "0.11.0+cpu"}, "cpu"),
                          ({"vllm": "0.11.0"}, "gpu"), ({"vllm": "0.11.0+cu128"}, "gpu")):
         monkeypatch.setattr(metadata, "version", installed(dists))
-        assert vllm_cpu.build() == build, dists
+        assert at_config.vllm_build() == build, dists
 
 
 def test_vllm_on_the_cpu_refuses_heads_its_kernels_cannot_take(tmp_path):
@@ -157,18 +154,17 @@ def test_a_gpu_result_is_never_a_cache_hit_for_a_cpu_job():
 
 def test_inner_vllm_needs_a_vllm_build_for_its_device(tmp_path, monkeypatch):
     from agent_trainer import cli
-    from inner_loop.runners import vllm_cpu
 
     on_cpu = compose_config(["hardware.inner_vllm=true", f"runs_dir={tmp_path}"])
     validate(on_cpu)   # the config alone is fine: vLLM's CPU build can run it
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else real(name, *a))
-    monkeypatch.setattr(vllm_cpu, "build", lambda: "gpu")
+    monkeypatch.setattr(at_config, "vllm_build", lambda: "gpu")
     with pytest.raises(ConfigError, match="needs vLLM's CPU build"):
         cli.start_run(on_cpu)
-    monkeypatch.setattr(vllm_cpu, "build", lambda: "cpu")
+    monkeypatch.setattr(at_config, "vllm_build", lambda: "cpu")
     cli.start_run(on_cpu)
-    monkeypatch.setattr(vllm_cpu, "build", lambda: None)
+    monkeypatch.setattr(at_config, "vllm_build", lambda: None)
     with pytest.raises(ConfigError, match="vllm is not installed"):
         cli.start_run(on_cpu)
 
