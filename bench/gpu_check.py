@@ -287,7 +287,7 @@ def outer_update(device: str, tiny: bool) -> dict:
     import torch
     from peft import LoraConfig, get_peft_model
 
-    from outer_loop.policy import AgentPolicy, PolicyConfig, TurnSample
+    from outer_loop.policy import AgentPolicy, PolicyConfig, TurnSample, device_kwargs
 
     model, tok = BUILT["model"], BUILT["tok"]
     r = 8 if tiny else 64
@@ -295,8 +295,7 @@ def outer_update(device: str, tiny: bool) -> dict:
     peft_model = get_peft_model(model, LoraConfig(r=r, lora_alpha=2 * r, target_modules="all-linear",
                                                   task_type="CAUSAL_LM"))
     gpu = device.startswith("cuda")
-    kwargs = {"accelerator": "gpu" if gpu else "cpu", "devices": 1, "precision": "bf16-mixed" if gpu else "32-true"}
-    policy = AgentPolicy(peft_model, tok, cfg, trainer_kwargs=kwargs)
+    policy = AgentPolicy(peft_model, tok, cfg, trainer_kwargs=device_kwargs("cuda" if gpu else "cpu"))
     rng = random.Random(0)
     n, ctx, comp = (4, 48, 16) if tiny else (16, 1024, 256)
     vocab = min(len(tok), model.config.vocab_size)

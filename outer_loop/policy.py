@@ -227,10 +227,11 @@ def focus_samples(model, samples: list[TurnSample], frac: float, pad_id: int, mi
     from dataclasses import replace
 
     per_sample: list[torch.Tensor] = []
+    device = next(model.parameters()).device
     for i in range(0, len(samples), micro_batch_size):
         chunk = samples[i: i + micro_batch_size]
-        batch = collate(chunk, pad_id)
-        ent = token_entropies(model, batch)
+        batch = {k: v.to(device) for k, v in collate(chunk, pad_id).items()}
+        ent = token_entropies(model, batch).cpu()
         for r, s in enumerate(chunk):
             start = len(s.context_ids)
             per_sample.append(ent[r, start: start + len(s.completion_ids)])
@@ -342,8 +343,20 @@ class PolicyModule(L.LightningModule):
                            for k, v in self._acc.items()}
 
 
+def device_kwargs(device: str) -> dict:
+    """Lightning ``Trainer`` kwargs of the policy's update on ``device`` (``cpu`` or ``cuda``): one GPU in bf16
+    mixed precision where it has bf16 (fp32 weights and optimizer state, as the CPU's)."""
+    if device == "cpu":
+        return {"accelerator": "cpu", "devices": 1}
+    return {"accelerator": "gpu", "devices": 1,
+            "precision": "bf16-mixed" if torch.cuda.is_bf16_supported() else "32-true"}
+
+
 class AgentPolicy:
-    """The agent model with its LoRA adapter, the Lightning update, and checkpointing."""
+    """The agent model with its LoRA adapter, the Lightning update, and checkpointing.
+
+    ``trainer_kwargs`` go to Lightning's ``Trainer`` (``device_kwargs``); with a GPU accelerator the model
+    lives on the GPU between updates too, where the local backend samples from it."""
 
     def __init__(self, model, tokenizer, config: PolicyConfig, trainer_kwargs: dict | None = None):
         self.model = model
@@ -351,6 +364,8 @@ class AgentPolicy:
         self.config = config
         self.module = PolicyModule(model, config)
         self.trainer_kwargs = dict(trainer_kwargs or {})
+        self.device = torch.device("cuda" if self.trainer_kwargs.get("accelerator") in ("gpu", "cuda") else "cpu")
+        self.model.to(self.device)
         self.version = 0  # number of updates applied
 
     @classmethod
@@ -408,7 +423,7 @@ class AgentPolicy:
         self.model.train()
         self.module._acc = {}
         L.Trainer(**kwargs).fit(self.module, train_dataloaders=loader)
-        self.model.eval()
+        self.model.to(self.device).eval()   # Lightning's teardown leaves the model on the CPU
         self.version += 1
         return dict(self.module.last_stats, samples=float(len(samples)), **focus)
 

@@ -182,7 +182,18 @@ def build_trainer(cfg: DictConfig, run_dir: Path, *, tracker=None, resume: bool 
     ledger = make_ledger(cfg, run_dir)
     return Trainer(settings, run_dir, agent_dir(cfg), ledger=ledger, tracker=tracker,
                    executor=make_executor(cfg), state=state, model_name=str(cfg.agent.model),
-                   steering=steering_factory(cfg, run_dir, ledger), sampler=make_sampler(cfg))
+                   steering=steering_factory(cfg, run_dir, ledger), sampler=make_sampler(cfg),
+                   agent_device=policy_device(cfg))
+
+
+def policy_device(cfg: DictConfig) -> str:
+    """``hardware.agent_device`` resolved: ``auto`` is ``cuda`` when this process sees a GPU."""
+    device = str(cfg.hardware.agent_device)
+    if device == "auto":
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
 
 
 def make_sampler(cfg: DictConfig):

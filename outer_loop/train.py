@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from outer_loop.episode import Episode, EpisodeResult, EpisodeSettings, reward_metrics
-from outer_loop.policy import AgentPolicy, PolicyConfig, TurnSample, group_advantages, merge_turns
+from outer_loop.policy import AgentPolicy, PolicyConfig, TurnSample, device_kwargs, group_advantages, merge_turns
 from outer_loop.strategy import run_metrics
 
 CKPT_DIR = "checkpoints"
@@ -167,13 +167,14 @@ class Trainer:
 
     def __init__(self, settings: TrainSettings, run_dir: str | Path, agent_dir: str | Path, *, ledger=None,
                  tracker=None, executor=None, state: StepState | None = None, progress: bool = True,
-                 model_name: str | None = None, steering=None, sampler=None):
+                 model_name: str | None = None, steering=None, sampler=None, agent_device: str = "cpu"):
         """``state``: from ``prepare_resume`` to continue a run (open the ledger after that call);
         ``model_name``: the agent's name in the ledger's price table (default: the folder's name);
         ``steering``: a callable giving each episode its strategy layer (``outer_loop.steering.make_steering``);
         ``sampler``: a backend that samples the agent's turns instead of the policy's own model (``agent=vllm``:
         a ``VLLMBackend(trainable=True)`` of the same base), given the policy's weights at the start and after
-        every update (``load_weights``)."""
+        every update (``load_weights``); ``agent_device``: where the policy samples and is updated (``cpu``,
+        ``cuda``: ``hardware.agent_device``)."""
         self.steering = steering
         from outer_loop.backends.local import LocalBackend
 
@@ -191,15 +192,18 @@ class Trainer:
         self.state = state or StepState()
         self.replay: list[TurnSample] = []   # rollouts kept for reuse while <= max_steps_off_policy old
         ckpt = last_complete_step(self.run_dir) if state is not None else None
+        device_kw = device_kwargs(agent_device)
         if ckpt is not None:
-            self.policy = AgentPolicy.from_pretrained(agent_dir, settings.policy, adapter_dir=ckpt / "adapter")
+            self.policy = AgentPolicy.from_pretrained(agent_dir, settings.policy, adapter_dir=ckpt / "adapter",
+                                                      trainer_kwargs=device_kw)
             self.policy.load_state(ckpt)
             if (ckpt / REPLAY_FILE).exists():
                 self.replay = [TurnSample(**d) for d in json.loads((ckpt / REPLAY_FILE).read_text())]
         else:
-            self.policy = AgentPolicy.from_pretrained(agent_dir, settings.policy, seed=settings.seed)
+            self.policy = AgentPolicy.from_pretrained(agent_dir, settings.policy, seed=settings.seed,
+                                                      trainer_kwargs=device_kw)
         self.model_name = model_name or Path(agent_dir).name.split("-seed")[0]
-        self.backend = sampler or LocalBackend(self.policy.model, self.policy.tokenizer, device="cpu",
+        self.backend = sampler or LocalBackend(self.policy.model, self.policy.tokenizer, device=agent_device,
                                                model_name=self.model_name)
         self.sync_sampler()
 

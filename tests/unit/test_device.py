@@ -190,3 +190,10 @@ def test_cuda_on_a_machine_without_a_gpu_stops_at_start_up(tmp_path, monkeypatch
     with pytest.raises(ConfigError, match="torch sees no GPU on this machine"):
         cli.start_run(compose_config(["hardware=gpu_node", f"runs_dir={tmp_path}"]))
     cli.start_run(compose_config(["hardware=slurm", f"runs_dir={tmp_path}"]))  # SLURM jobs get their GPUs on the nodes
+    with pytest.raises(ConfigError, match="hardware.agent_device=cuda but torch sees no GPU in this process"):
+        cli.start_run(compose_config(["hardware.agent_device=cuda", f"runs_dir={tmp_path}"]))
+    from outer_loop.run_config import policy_device
+
+    assert policy_device(compose_config(["hardware.agent_device=auto"])) == "cpu"
+    assert [compose_config([f"hardware={h}"]).hardware.agent_device for h in ("cpu", "gpu1", "gpu_node", "slurm")] == \
+        ["cpu", "cuda", "cuda", "cpu"]   # a SLURM or Ray head node may have no GPU

@@ -290,3 +290,31 @@ def test_a_fresh_adapter_is_drawn_from_the_seed(built_agent):
     c = AgentPolicy.from_pretrained(built_agent, PolicyConfig(lora_r=4), seed=8).trainable_state()
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert any(not torch.equal(a[k], c[k]) for k in a if "lora_A" in k)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_the_policy_is_updated_on_its_device_and_stays_there(device):
+    """hardware.agent_device: Lightning trains on that device (bf16 mixed on a GPU) and the model is back there
+    after the update (Lightning's teardown moves it to the CPU), where the local backend samples from it."""
+    from outer_loop.policy import device_kwargs
+
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=8, tie_word_embeddings=True)
+    model = get_peft_model(Qwen3ForCausalLM(cfg), LoraConfig(r=4, lora_alpha=8, target_modules="all-linear",
+                                                             task_type="CAUSAL_LM"))
+    pol = AgentPolicy(model, types.SimpleNamespace(pad_token_id=0),
+                      PolicyConfig(lr=1e-2, micro_batch_size=4, focus_top_frac=0.5), trainer_kwargs=device_kwargs(device))
+    assert next(pol.model.parameters()).device.type == device
+    samples = []
+    for i, a in enumerate([1.0, -1.0, 1.0, -1.0]):
+        ctx, comp = [1, 2, 3 + i], [10 + i, 20, 30]
+        batch = {k: v.to(device) for k, v in collate([TurnSample(ctx, comp, [0.0] * 3, 0.0)], 0).items()}
+        with torch.no_grad():
+            samples.append(TurnSample(ctx, comp, token_logprobs(pol.model, batch)[0, len(ctx):].tolist(), a))
+    before = pol.trainable_state()
+    stats = pol.update(samples)
+    assert stats["ratio_mean"] == pytest.approx(1.0, abs=1e-2) and stats["tokens"] > 0
+    assert all(p.device.type == device for p in pol.model.parameters()), "the model is back on its device"
+    assert any(not torch.equal(before[k], v.to(before[k].device)) for k, v in pol.trainable_state().items())
+    assert all(t.device.type == device for _, t in pol.merged_weights())
