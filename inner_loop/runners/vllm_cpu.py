@@ -10,7 +10,7 @@ copy. :func:`prepare` routes 2-D weights to vLLM's own fallback of that dispatch
 on the live weight), so every copy reaches the kernels. Generation is then as fast as the transformers model's
 matmuls, plus vLLM's batching and paged KV cache; the check that the copies arrive is TRL's logged
 ``sampling/sampling_logp_difference`` (vLLM's log-probs of the sampled tokens against the trainer's): it stays
-~0.01 with the copies and grows to ~0.5 in a few steps without them (tests/integration/test_inner_vllm.py).
+~0.01 with the copies and grows to ~0.5 in a few steps without them (tests/integration/test_vllm_training.py).
 
 vLLM's CPU attention kernels take head sizes from 32 (the project's tiny models have 16): :func:`check_model`
 refuses other sizes with a message before any engine starts (``agent=vllm`` does the same).
