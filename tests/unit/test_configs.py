@@ -189,3 +189,8 @@ def test_agent_threads_leave_the_parallel_jobs_their_cores(composer):
     assert agent_threads(composer(["hardware=cpu_parallel"]), cores=8) == 6
     assert agent_threads(composer(["hardware=cpu_parallel", "hardware.agent_threads=3"]), cores=2) == 3
     assert agent_threads(composer(["hardware=slurm"]), cores=8) == 8            # jobs run on other machines
+
+
+def test_agent_tiny_is_the_tiny_local_agent(composer):
+    """``agent=tiny`` (the name in the issues and DESIGN.md) is an alias of ``agent=tiny_local``."""
+    assert composer(["agent=tiny"]).agent == composer(["agent=tiny_local"]).agent
