@@ -139,6 +139,7 @@ def execution_plan(cfg: DictConfig) -> dict[str, Any]:
     n_jobs = settings.tasks_per_step * settings.group_size * int(cfg.budget.max_jobs_per_episode)
     batch = [dict(job_dir=f"<episode {i}>/job", task=task, **settings.job_kwargs) for i in range(n_jobs)]
     return {"device": str(cfg.hardware.device), "gpus_per_job": int(cfg.hardware.gpus_per_job),
+            "inner_vllm": bool(cfg.hardware.inner_vllm), "agent": f"{cfg.agent.backend} on {cfg.hardware.agent_device}",
             "jobs_per_step_max": n_jobs, "job_cache": bool(cfg.inner.cache), "warm_workers": bool(cfg.inner.warm_workers),
             **executor.plan(batch)}
 

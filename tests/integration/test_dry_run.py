@@ -45,6 +45,12 @@ def test_every_hardware_option_passes_a_dry_run(tmp_path, hardware):
 def test_gpu_node_runs_one_job_per_gpu(tmp_path):
     plan = _plan(tmp_path, "hardware=gpu_node")
     assert (plan["executor"], plan["max_parallel"], plan["gpus_per_job"]) == ("local_parallel", 8, 1)
+    assert plan["agent"] == "local on cuda" and plan["inner_vllm"] is False
+
+
+def test_gpu1_plans_vllm_for_the_agent_and_the_grpo_jobs(tmp_path):
+    plan = _plan(tmp_path, "hardware=gpu1", "agent=vllm")
+    assert (plan["agent"], plan["inner_vllm"], plan["max_parallel"]) == ("vllm on cuda", True, 1)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("submitit") is None, reason="submitit not installed (.[slurm])")
