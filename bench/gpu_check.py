@@ -224,8 +224,8 @@ def _inner_grpo(device: str, tiny: bool, folder: Path, use_vllm: bool = False) -
            "step_completion_tokens_per_s": round(per_step_tokens / mean, 1), "train_seconds": round(total, 2),
            "vllm": use_vllm}
     if use_vllm:   # vLLM's log-probs of the sampled tokens against the trainer's: small when the weights reach vLLM
-        diffs = [h[k] for h in trainer.state.log_history for k in ("sampling/sampling_logp_difference/mean",) if k in h]
-        out["vllm_logp_diff_mean_per_step"] = [round(d, 4) for d in diffs]
+        key = "sampling/sampling_logp_difference/mean"
+        out["vllm_logp_diff_mean_per_step"] = [round(h[key], 4) for h in trainer.state.log_history if key in h]
     return out
 
 

@@ -181,9 +181,10 @@ def build_trainer(cfg: DictConfig, run_dir: Path, *, tracker=None, resume: bool 
     set_agent_threads(cfg)
     state = prepare_resume(run_dir) if resume else None  # before the ledger is opened: it may truncate it
     ledger = make_ledger(cfg, run_dir)
-    return Trainer(settings, run_dir, agent_dir(cfg), ledger=ledger, tracker=tracker,
+    agent = agent_dir(cfg)
+    return Trainer(settings, run_dir, agent, ledger=ledger, tracker=tracker,
                    executor=make_executor(cfg), state=state, model_name=str(cfg.agent.model),
-                   steering=steering_factory(cfg, run_dir, ledger), sampler=make_sampler(cfg),
+                   steering=steering_factory(cfg, run_dir, ledger), sampler=make_sampler(cfg, agent),
                    agent_device=policy_device(cfg))
 
 
@@ -197,13 +198,13 @@ def policy_device(cfg: DictConfig) -> str:
     return device
 
 
-def make_sampler(cfg: DictConfig):
-    """``agent=vllm``: a vLLM engine of the agent's base model, in this process, that samples the turns; the
-    policy (transformers + LoRA) is trained as with ``agent=tiny_local`` and its weights are copied into the
-    engine after each update. None for ``agent=tiny_local`` (the policy's own model samples)."""
+def make_sampler(cfg: DictConfig, agent: Path):
+    """``agent=vllm``: a vLLM engine of the agent's base model (the folder ``agent``, the policy's), in this
+    process, that samples the turns; the policy (transformers + LoRA) is trained as with ``agent=tiny_local``
+    and its weights are copied into the engine after each update. None for ``agent=tiny_local`` (the
+    policy's own model samples)."""
     if str(cfg.agent.backend) != "vllm":
         return None
     from outer_loop.backends import make_backend
 
-    return make_backend({"kind": "vllm", "model": str(cfg.agent.model), "model_path": str(agent_dir(cfg)),
-                         "trainable": True})
+    return make_backend({"kind": "vllm", "model": str(cfg.agent.model), "model_path": str(agent), "trainable": True})

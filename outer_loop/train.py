@@ -208,9 +208,8 @@ class Trainer:
         self.sync_sampler()
 
     def close(self) -> None:
-        """Stop a separate sampler's engine (vLLM); the local backend has nothing to stop."""
-        if hasattr(self.backend, "load_weights") and hasattr(self.backend, "close"):
-            self.backend.close()
+        """Stop a separate sampler's engine (vLLM); the local backend's ``close`` is the base class's no-op."""
+        self.backend.close()
 
     def sync_sampler(self) -> None:
         """Give a separate sampler (vLLM) the policy's current weights; the local backend shares them already."""

