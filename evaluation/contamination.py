@@ -4,9 +4,15 @@
     >>> r = find_overlap("calc_chain", 200, [("data.jsonl line 1", "calc: 11-3-3="), ("reward.py", source)])
     >>> r.flagged, r.hits, r.to_dict()          # counts and where; never the hidden items themselves
 
-Texts are compared as *normalised tokens*: Unicode NFKC, lower case, then words/numbers (``\\w+``)
-and single punctuation marks, whitespace dropped. So ``"CALC: 11 - 3 - 3 ="`` and
-``"calc: 11-3-3="`` are the same eight tokens. A hidden item (its prompt) is hit by a text when:
+Texts are compared as *folded tokens* (``fold``, then words/numbers ``\\w+`` and single punctuation
+marks, whitespace dropped). Folding undoes the disguises a text can wear and a model still reads:
+compatibility forms (NFKC: fullwidth digits, ligatures, math letters), invisible characters
+(Unicode format characters such as U+200B, U+2060, U+FEFF, soft hyphens, bidi marks and tags;
+combining marks and variation selectors; Hangul fillers and the Braille blank), every kind of
+space, case (``casefold``), digits of every script (``٣`` is ``3``), and look-alike letters from other scripts (Unicode TR39 confusables:
+Cyrillic ``а`` and Greek ``ο`` become Latin ``a`` and ``o``). So ``"CALC: 11 - 3 - 3 ="``,
+``"calc: 1\u200b1-3-3="`` and ``"саlс: 11-3-3="`` are the same eight tokens as ``"calc: 11-3-3="``.
+A hidden item (its prompt) is hit by a text when:
 
 - ``exact``: the text's tokens equal the item's tokens (a data row whose prompt is a hidden prompt);
 - ``contained``: the item has at most ``NGRAM`` tokens and its whole token sequence occurs inside
@@ -44,11 +50,68 @@ MIN_HITS = 1
 TEMPLATE_SAMPLE = 2000
 MAX_LISTED = 20
 _TOKEN = re.compile(r"\w+|[^\w\s]")
+# Invisible characters outside the categories folded away (Cf, Mn, Me): Hangul fillers, Braille blank.
+_INVISIBLE = frozenset("\u115f\u1160\u3164\uffa0\u2800")
+_DROP = frozenset(("Cf", "Mn", "Me"))
+_SPACE = frozenset(("Zs", "Zl", "Zp", "Cc"))
+
+
+@functools.lru_cache(maxsize=1)
+def _skeleton_map() -> dict[int, str]:
+    """Look-alike non-ASCII characters (Unicode TR39 confusables, as shipped by ``confusable_homoglyphs``) -> ASCII.
+
+    Characters confusable with each other form groups; a non-ASCII member maps to the group's
+    smallest ASCII letter, else its smallest printable ASCII character (Cyrillic ``а`` -> ``a``,
+    Greek ``Ο`` -> ``O``), else to the group's smallest character. ASCII itself is never remapped:
+    ``l`` and ``1`` stay apart, so folding never merges two items a model reads differently
+    (a test holds that clean rows of every family stay clean)."""
+    import json
+    from importlib.resources import files
+
+    table = json.loads((files("confusable_homoglyphs") / "confusables.json").read_text(encoding="utf-8"))
+    parent: dict[str, str] = {}
+
+    def find(x: str) -> str:
+        parent.setdefault(x, x)
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for char, homoglyphs in table.items():
+        for h in homoglyphs:
+            if len(char) == 1 and len(h["c"]) == 1:
+                a, b = find(char), find(h["c"])
+                if a != b:
+                    parent[a] = b
+    groups: dict[str, list[str]] = {}
+    for ch in list(parent):
+        groups.setdefault(find(ch), []).append(ch)
+    out: dict[int, str] = {}
+    for members in groups.values():
+        ascii_ = [m for m in members if m.isascii() and m.isprintable()]
+        rep = min([m for m in ascii_ if m.isalpha()] or ascii_ or members)
+        out.update({ord(m): rep for m in members if m != rep and not m.isascii()})
+    return out
+
+
+def fold(text: str) -> str:
+    """``text`` with its disguises undone (see the module docstring): what two texts are compared as."""
+    chars = []
+    for ch in unicodedata.normalize("NFKD", text):
+        cat = unicodedata.category(ch)
+        if cat in _DROP or ch in _INVISIBLE:
+            continue
+        chars.append(" " if cat in _SPACE else str(unicodedata.decimal(ch)) if cat == "Nd" else ch)
+    # Look-alikes before and after case folding: capital Cyrillic Т looks like T, its small т does not look like t.
+    skeleton = _skeleton_map()
+    folded = unicodedata.normalize("NFKC", "".join(chars)).translate(skeleton).casefold()
+    return folded.translate(skeleton).casefold()
 
 
 def tokens(text: str) -> tuple[str, ...]:
-    """Normalised tokens of ``text``: NFKC, lower case, words/numbers and single punctuation marks."""
-    return tuple(_TOKEN.findall(unicodedata.normalize("NFKC", text).lower()))
+    """Folded tokens of ``text`` (``fold``): words/numbers and single punctuation marks."""
+    return tuple(_TOKEN.findall(fold(text)))
 
 
 def _ngrams(toks: tuple[str, ...], n: int) -> set[tuple[str, ...]]:
@@ -72,6 +135,9 @@ class ContaminationReport:
 
     def summary(self) -> str:
         """One line for logs and result details."""
+        if self.kinds.get("undeclared"):
+            return ("the model trained on rows that are not the job's declared data: "
+                    + "; ".join(s["source"] for s in self.sources if s["kind"] == "undeclared")[:300])
         if not self.flagged:
             return f"no overlap with the {self.n} hidden {self.family} items ({self.texts_checked} texts checked)"
         where = ", ".join(sorted({s["source"] for s in self.sources}))[:300]

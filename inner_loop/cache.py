@@ -7,7 +7,7 @@
 
 The key (sha256, ``cache_key``) covers everything that decides a job's numbers:
 - the job's files: ``inner_loop.job.job_hash`` (job.yaml, its data and reward files) and every other
-  file of the job folder (helper modules a reward imports), by relative name and content, except
+  file of the job folder, by relative name and content, except
   its ``output/`` folder and the run's output folder;
 - the task spec (family, version, budget, hidden-eval size) and the hidden-eval size used;
 - the base model: sha256 of its weights (``evaluation.hidden_eval.checkpoint_hash``), its

@@ -1,16 +1,27 @@
-"""Contamination check of a job: every text the agent wrote for it, against the task's hidden set.
+"""Contamination check of a job: what the model trains on, against the task's hidden set.
 
-    >>> from inner_loop.contamination import check_job
-    >>> report = check_job(spec, job_dir, family="calc_chain", hidden_n=200)
-    >>> report.flagged, report.summary()
+    >>> from inner_loop.contamination import check_job, check_trained
+    >>> report = check_job(spec, job_dir, family="calc_chain", hidden_n=200)      # before training
+    >>> after = check_trained(spec, job_dir, output_dir, "calc_chain", 200)       # after training
+    >>> report.flagged or after.flagged
 
-What the agent provides as data: every string value of every row of every data file the job's
-stages use (prompt, answer, chosen, rejected, extra columns; each checked on its own), the line
-itself when it is not JSON, and the source of every reward file (a table of hidden answers in
-``reward.py`` counts too). Library sources are
-not checked: family generators never return hidden items (``evaluation.families.base``).
-The matching rules and the threshold are ``evaluation.contamination``'s; ``inner_loop.job.run_job``
-runs this in the harness before training, and a flagged job scores as its baseline.
+Before training (``check_job``), every text the agent wrote for the job: each string value of every
+row of every data file the job's stages use (prompt, answer, chosen, rejected, extra columns), each
+row *rendered as the model reads it* (``inner_loop.data.rendered_texts``: ``prompt + answer``, so a
+hidden prompt split across the two fields is whole again), all of a row's string values joined in
+order (a split over three or more fields), the line itself when it is not JSON, and the source of
+every reward file (a table of hidden answers in ``reward.py`` counts too). Library sources are not
+checked: family generators never return hidden items (``evaluation.families.base``).
+
+After training (``check_trained``), the rows the job's process recorded as trained on
+(``inner_loop.data.TRAINED_ROWS``, one file per stage): for a stage whose rows are deterministic
+(library sources and the data file), they must equal the rows the harness builds itself from the
+job's declared data, else rows came from somewhere else (``kinds["undeclared"]``); a stage that
+sampled rows (self-generated sources, DPO pairs) has its rendered rows checked against the hidden
+set. A missing or oversized record counts as undeclared rows.
+
+The matching rules (folding, tokens, thresholds) are ``evaluation.contamination``'s;
+``inner_loop.job.run_job`` runs both, and a flagged job scores as its baseline.
 """
 
 from __future__ import annotations
@@ -20,6 +31,23 @@ from pathlib import Path
 from typing import Iterator
 
 from evaluation.contamination import ContaminationReport, find_overlap
+from inner_loop.data import TRAINED_FIELDS, TRAINED_ROWS, build_rows, rendered_texts
+
+MAX_RECORD_BYTES = 512 * 2**20
+
+
+def row_texts(where: str, row: object) -> Iterator[tuple[str, str]]:
+    """``(where, text)`` for one parsed row: its string values, its rendered texts, all its strings joined."""
+    fields = row.items() if isinstance(row, dict) else [("value", row)]
+    strings = [(str(k)[:40], v) for k, v in fields if isinstance(v, str)]
+    for key, value in strings:
+        yield f"{where} {key}", value
+    if isinstance(row, dict):
+        for text in rendered_texts(row):
+            yield f"{where} as trained", text
+    if len(strings) > 1:
+        yield f"{where} joined", "".join(v for _, v in strings)
+
 
 def agent_texts(spec, job_dir: str | Path) -> Iterator[tuple[str, str]]:
     """``(where, text)`` for every data row and reward file the job's stages use."""
@@ -36,13 +64,10 @@ def agent_texts(spec, job_dir: str | Path) -> Iterator[tuple[str, str]]:
         for n, line in enumerate(text.splitlines(), start=1):
             try:
                 row = json.loads(line)
-            except ValueError:
+            except (ValueError, RecursionError):
                 yield f"{name} line {n}", line
                 continue
-            fields = row.items() if isinstance(row, dict) else [("value", row)]
-            for key, value in fields:
-                if isinstance(value, str):
-                    yield f"{name} line {n} {str(key)[:40]}", value
+            yield from row_texts(f"{name} line {n}", row)
     for name in reward_files:
         try:
             yield name, (job_dir / name).read_text(encoding="utf-8", errors="replace")
@@ -53,3 +78,57 @@ def agent_texts(spec, job_dir: str | Path) -> Iterator[tuple[str, str]]:
 def check_job(spec, job_dir: str | Path, family: str, hidden_n: int) -> ContaminationReport:
     """The job's agent-provided texts checked against the first ``hidden_n`` hidden items of ``family``."""
     return find_overlap(family, hidden_n, agent_texts(spec, job_dir))
+
+
+def _stage_dirs(spec, output_dir: Path) -> list[Path]:
+    n = len(spec.stage_specs())
+    return [output_dir] if n == 1 else [output_dir / f"stage_{i + 1}" for i in range(n)]
+
+
+def _read_record(path: Path) -> list[dict] | None:
+    """The recorded rows, or None when the record is missing, oversized or not rows."""
+    try:
+        if path.stat().st_size > MAX_RECORD_BYTES:
+            return None
+        rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    except (OSError, ValueError, RecursionError):
+        return None
+    return rows if all(isinstance(r, dict) for r in rows) else None
+
+
+def _sampled(view) -> bool:
+    """True when a stage's rows depend on the model's samples (the harness cannot rebuild them)."""
+    return view.algorithm == "dpo" or any(s.self_generated is not None for s in view.data.sources)
+
+
+def check_trained(spec, job_dir: str | Path, output_dir: str | Path, family: str, hidden_n: int,
+                  stages_run: int | None = None) -> ContaminationReport:
+    """The rows the job's process trained on (its records), against the declared data and the hidden set.
+
+    ``stages_run``: how many stages started (``result.json``'s ``ran``); later ones have no record."""
+    views = spec.stage_specs()
+    dirs = _stage_dirs(spec, Path(output_dir))[: len(views) if stages_run is None else stages_run]
+    undeclared: list[dict] = []
+    sampled_texts: list[tuple[str, str]] = []
+    for i, (view, folder) in enumerate(zip(views, dirs), start=1):
+        record = _read_record(folder / TRAINED_ROWS)
+        if record is None:
+            undeclared.append({"source": f"stage {i}", "kind": "undeclared", "item": -1})
+            continue
+        if _sampled(view):
+            for n, row in enumerate(record, start=1):
+                for text in rendered_texts(row):
+                    sampled_texts.append((f"stage {i} trained row {n}", text))
+            continue
+        declared = [{k: r[k] for k in TRAINED_FIELDS if isinstance(r.get(k), str)}
+                    for r in build_rows(view, job_dir, default_family=family)]
+        if record != declared:
+            changed = sum(a != b for a, b in zip(record, declared)) + abs(len(record) - len(declared))
+            undeclared.append({"source": f"stage {i}: {changed} of {len(record)} trained rows are not the job's "
+                                         "declared rows", "kind": "undeclared", "item": -1})
+    report = find_overlap(family, hidden_n, sampled_texts)
+    if undeclared:
+        report.kinds["undeclared"] = len(undeclared)
+        report.sources = undeclared + report.sources
+        report.flagged = True
+    return report

@@ -180,6 +180,24 @@ def build_rows(spec, job_dir: str | Path, default_family: str | None = None,
     return build_rows_with_origins(spec, job_dir, default_family, generated)[0]
 
 
+# The training fields of a row as the model sees them, in the trainer's record of what it trained on
+# (``TRAINED_ROWS``, one JSON object per row, written by ``inner_loop.runners.stages``).
+TRAINED_FIELDS = ("prompt", "answer", "chosen", "rejected")
+TRAINED_ROWS = "trained_rows.jsonl"
+
+
+def rendered_texts(row: dict) -> list[str]:
+    """The texts a row trains the model on, as it reads them: ``prompt + answer`` (SFT's sequence, and GRPO's
+    prompt with the completion its reward pays for) and DPO's ``prompt + chosen`` / ``prompt + rejected``."""
+    prompt = row.get("prompt") if isinstance(row.get("prompt"), str) else ""
+    return [prompt + row[k] for k in ("answer", "chosen", "rejected") if isinstance(row.get(k), str)]
+
+
+def trained_record(rows: list[dict]) -> list[dict]:
+    """The training fields of ``rows`` (what ``TRAINED_ROWS`` holds per row)."""
+    return [{k: r[k] for k in TRAINED_FIELDS if isinstance(r.get(k), str)} for r in rows]
+
+
 def data_source_label(origins) -> str:
     """One word for the origins of the rows a stage trained on: the origin, or ``mixed`` for several."""
     kinds = set(origins)

@@ -144,7 +144,14 @@ def job_hash(job_dir: Path, spec=None) -> str:
     h = hashlib.sha256()
     for name in names:
         p = Path(job_dir) / name
-        h.update(name.encode() + b"\0" + (p.read_bytes() if p.is_file() else b"<missing>") + b"\0")
+        h.update(name.encode() + b"\0")
+        if p.is_file():
+            with open(p, "rb") as f:  # in chunks: a job file may be large before the validation refuses it
+                for chunk in iter(lambda: f.read(1 << 20), b""):
+                    h.update(chunk)
+        else:
+            h.update(b"<missing>")
+        h.update(b"\0")
     return h.hexdigest()
 
 
@@ -292,13 +299,13 @@ def run_job(job_dir: str | Path, task: TaskSpec | str | Path, *, cache_dir: str 
         if warm and wrap is None:
             prestart_warm_worker(job_dir)
         report = validate_job(job_dir, task, dry_run=dry_run, cache_dir=cache_dir, model_dir=model_dir,
-                              cost_model=cost_model, sandbox=policy)
+                              cost_model=cost_model, sandbox=policy, output_dir=out)
     res.seconds["validate"] = round(time.monotonic() - t_start, 3)
     res.findings = [asdict(f) for f in report.findings]
     est = report.estimated_cost
     res.estimated_usd = est.usd if est else None
     if not report.ok:
-        over = est is not None and est.usd > task.budget.max_usd
+        over = est is not None and report.over_budget
         res.status = "over_budget" if over else "invalid"
         res.detail = (f"estimated ${est.usd:.4f} is over the task's ${task.budget.max_usd} cap; not run" if over
                       else f"{len(report.errors)} validation error(s); nothing was trained")
@@ -355,6 +362,7 @@ def run_job(job_dir: str | Path, task: TaskSpec | str | Path, *, cache_dir: str 
 
     model_out = out / "model"
     if res.status in ("ok", "timeout") and st.get("model_dir") and model_out.is_dir():
+        _check_trained(res, spec, job_dir, out, task.family, hidden_n)
         with HARNESS_LOCK:
             _score(res, model_out, base_dir, cache_dir, eval_device(device, gpus))
     return _finish(res, out, t_start, price_per_hour, tracker, log)
@@ -373,6 +381,16 @@ def prestart_warm_worker(job_dir: Path) -> None:
         return
     if not (spec.uses_agent_code or spec.uses_agent_data):
         warm_context()
+
+
+def _check_trained(res: JobResult, spec, job_dir: Path, out: Path, family: str, hidden_n: int) -> None:
+    """Flag the job when the rows its process trained on are not its declared rows or hold hidden items."""
+    from inner_loop.contamination import check_trained
+
+    after = check_trained(spec, job_dir, out, family, hidden_n, stages_run=len(res.ran.get("stages", [])) or None)
+    if after.flagged:
+        res.flagged = True
+        res.contamination = {**res.contamination, "trained": after.to_dict()}
 
 
 def _score(res: JobResult, checkpoint: Path, base_dir: Path, cache_dir, device: str = "cpu") -> None:

@@ -44,6 +44,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from evaluation.families import FAMILIES, MAX_AGENT_SEED
+from inner_loop.jobfiles import MAX_JOB_YAML_BYTES
+from inner_loop.jobfiles import REWARD_FILE as REWARD_FILE_NAME
 from inner_loop.rewards import LIBRARY
 
 JOB_FILE = "job.yaml"
@@ -209,6 +211,9 @@ class RewardSpec(_Strict):
         v = _job_relative(v, "reward.file")
         if not v.endswith(".py"):
             raise ValueError(f"reward.file must be a Python file, got {v!r}; name it like reward.py")
+        if not REWARD_FILE_NAME.match(v):
+            raise ValueError(f"reward.file must be named reward*.py at the top of the job folder, got {v!r}; "
+                             "name it reward.py (or e.g. reward_sft.py)")
         return v
 
     @model_validator(mode="after")
@@ -425,9 +430,13 @@ def describe_errors(e: ValidationError) -> list[tuple[str, str]]:
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that rejects duplicate keys (PyYAML keeps the last one silently) and deep nesting."""
+    """SafeLoader that rejects duplicate keys (PyYAML keeps the last one silently), deep nesting and more
+    than ``max_nodes`` values *as expanded*: an alias stands for a whole subtree, so a few hundred bytes of
+    anchors could expand to billions of items. With the size cap (``MAX_JOB_YAML_BYTES``) parsing stays
+    short and what it returns stays small."""
 
     max_depth = 64  # a job is ~4 levels deep; PyYAML takes seconds to hit its recursion limit at ~1,000
+    max_nodes = 20_000  # an example job has ~60
 
     def compose_node(self, parent, index):
         self._depth = getattr(self, "_depth", 0) + 1
@@ -438,6 +447,23 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             return super().compose_node(parent, index)
         finally:
             self._depth -= 1
+
+    def compose_document(self):
+        node = super().compose_document()
+        sizes: dict[int, int] = {}
+
+        def expanded(n) -> int:  # values under n with every alias expanded (memoised: linear in nodes)
+            if id(n) not in sizes:
+                sizes[id(n)] = 0  # an alias cycle counts once
+                kids = [x for kv in n.value for x in kv] if isinstance(n, yaml.MappingNode) else (
+                    n.value if isinstance(n, yaml.SequenceNode) else [])
+                sizes[id(n)] = min(1 + sum(expanded(k) for k in kids), self.max_nodes + 1)
+            return sizes[id(n)]
+
+        if node is not None and expanded(node) > self.max_nodes:
+            raise yaml.composer.ComposerError(None, None, f"more than {self.max_nodes} values (an alias counts as all it repeats)",
+                                              node.start_mark)
+        return node
 
     def fetch_flow_collection_start(self, token_class):
         # The scanner reads a whole flow collection ahead (quadratic in its depth) before composing.
@@ -462,7 +488,15 @@ def read_job_yaml(path: str | Path) -> object:
     """Parse a job.yaml safely; raises ``JobSpecError`` (a ValueError) with the line for bad YAML."""
     path = Path(path)
     try:
-        return yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)  # noqa: S506 (safe loader)
+        with open(path, "rb") as f:  # never more than the cap into memory
+            data = f.read(MAX_JOB_YAML_BYTES + 1)
+    except OSError as e:
+        raise JobSpecError(f"{path.name} cannot be read: {e.strerror or e}") from None
+    if len(data) > MAX_JOB_YAML_BYTES:
+        raise JobSpecError(f"{path.name} is over {MAX_JOB_YAML_BYTES // 1024} KB; a job is a short file (data belongs "
+                           "in data.jsonl or library sources)")
+    try:
+        return yaml.load(data.decode("utf-8"), Loader=_UniqueKeyLoader)  # noqa: S506 (safe loader)
     except UnicodeDecodeError:
         raise JobSpecError(f"{path.name} is not UTF-8 text") from None
     except RecursionError:

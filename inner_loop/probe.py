@@ -8,10 +8,11 @@ Called by ``inner_loop.validate.validate_job(..., dry_run=True)``; it adds findi
   and completion length; score them with the job's rewards *in a child process* (the rewards
   may be agent code); warn when the weighted reward has no spread.
 
-The child process (``inner_loop.rewards._score_main``) gets a clean environment (no harness
-secrets), the job folder as working directory, a wall timeout, CPU-time and file-size limits,
-and is killed with its whole process group on timeout. It is NOT a sandbox: it runs library
-rewards only; agent-written ones run in the sandboxed reward host (``inner_loop.reward_proxy``).
+Library rewards are scored in a child process (this module's ``main``), started through
+``inner_loop.isolation``: an isolated interpreter in a private temporary folder that never sees the
+job folder, a clean environment, CPU-time and file-size limits, a wall timeout, killed with its
+whole process group. Agent-written rewards run in the sandboxed reward host
+(``inner_loop.reward_proxy``) instead.
 """
 
 from __future__ import annotations
@@ -19,19 +20,16 @@ from __future__ import annotations
 import json
 import math
 import os
-import signal
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+from inner_loop import isolation
+
 SAMPLE_PROMPTS = 4  # GRPO prompts sampled in the dry run
 SAMPLES_PER_PROMPT = 4  # one greedy + three sampled
 SFT_ROWS = 8
-# The child limits itself before any agent code is imported: CPU seconds (argv[3]) and 64 MB files.
-_CHILD = ("import resource, sys; cpu = int(sys.argv[3]); resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu)); "
-          "resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 20, 64 << 20)); "
-          "from inner_loop.rewards import _score_main; sys.exit(_score_main(sys.argv[1], sys.argv[2]))")
+CHILD_FILE_BYTES = 64 << 20  # the scoring child writes one small result file
 
 
 def _loaders(models):
@@ -124,15 +122,6 @@ def _sample(spec, tokenizer, model, prompts):
     return texts, ids
 
 
-def _child_env(home: str) -> dict[str, str]:
-    """Only what Python needs: no API keys or other harness secrets reach agent code."""
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": home, "LANG": "C.UTF-8",
-           "PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": "1", "TMPDIR": home}
-    if os.environ.get("PYTHONPATH"):
-        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
-    return env
-
-
 def score_in_child(reward_spec, job_dir: Path, request: dict, timeout_s: float, sandbox=None) -> dict:
     """Run the job's rewards on ``request`` in a child process; returns the child's result or ``{"crash": why}``.
 
@@ -144,21 +133,24 @@ def score_in_child(reward_spec, job_dir: Path, request: dict, timeout_s: float, 
 
         return score_with_host(reward_spec, job_dir, request, timeout_s, SandboxPolicy.coerce(sandbox))
     with tempfile.TemporaryDirectory(prefix="reward-probe-") as tmp:
-        req, res = Path(tmp) / "request.json", Path(tmp) / "result.json"
-        req.write_text(json.dumps(dict(request, reward=reward_spec.model_dump(), job_dir=str(job_dir.resolve()))))
-        cpu = str(int(timeout_s) + 5)
-        proc = subprocess.Popen([sys.executable, "-c", _CHILD, str(req), str(res), cpu], cwd=job_dir,
-                                env=_child_env(tmp), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                start_new_session=True)
-        try:
-            _, err = proc.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-            return {"crash": f"the reward functions did not finish within {timeout_s:g} s on "
-                             f"{len(request['completions'])} completions"}
+        req, res, err_path = Path(tmp) / "request.json", Path(tmp) / "result.json", Path(tmp) / "stderr.txt"
+        req.write_text(json.dumps(dict(request, reward=reward_spec.model_dump())))
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": tmp, "TMPDIR": tmp, "LANG": "C.UTF-8",
+               "OMP_NUM_THREADS": "1"}
+        cpu = int(timeout_s) + 5
+        with open(err_path, "wb") as err:
+            proc = isolation.start(isolation.python_module("inner_loop.probe", str(req), str(res)), cwd=tmp, env=env,
+                                   agent_dirs=[job_dir], stderr=err,
+                                   limits={"RLIMIT_CPU": cpu, "RLIMIT_FSIZE": CHILD_FILE_BYTES})
+            try:
+                proc.wait(timeout=timeout_s)
+            except isolation.TimeoutExpired:
+                isolation.kill_group(proc.pid)
+                proc.wait()
+                return {"crash": f"the reward functions did not finish within {timeout_s:g} s on "
+                                 f"{len(request['completions'])} completions"}
         if not res.is_file():
-            tail = " ".join((err or "").strip().splitlines()[-3:])[-600:]
+            tail = " ".join(err_path.read_text(errors="replace").strip().splitlines()[-3:])[-600:]
             return {"crash": f"the reward process exited with code {proc.returncode} without a result: {tail}"}
         return json.loads(res.read_text())
 
@@ -228,3 +220,46 @@ def dry_run(report, spec, job_dir: Path, rows: list[dict], *, cache_dir=None, mo
             _probe_grpo(report, spec, tokenizer, model, rows, Path(job_dir), reward_timeout_s, sandbox)
     finally:
         torch.set_num_threads(threads)
+
+
+# --- the scoring child (library rewards only) ----------------------------------------------------
+
+
+def score_main(request_path: str, result_path: str) -> int:
+    """Score the request's completions with its (library) rewards; writes ``{"values", "errors"}`` or ``load_error``."""
+    import types
+
+    from inner_loop.jobspec import RewardSpec
+    from inner_loop.rewards import LIBRARY, RewardError, checked
+
+    request = json.loads(Path(request_path).read_text())
+    result: dict = {"values": {}, "errors": {}}
+    funcs = []
+    try:
+        for f in RewardSpec.model_validate(request["reward"]).functions:
+            if f.source != "library":
+                raise RewardError(f"reward {f.name!r} is agent code; it runs in the reward host, not here")
+            funcs.append((f.name, checked(f.name, LIBRARY[f.name].fn)))
+    except Exception as e:
+        result["load_error"] = str(e) if isinstance(e, RewardError) else f"{type(e).__name__}: {e}"
+        funcs = []
+    state = types.SimpleNamespace(global_step=0, max_steps=request.get("max_steps", 1), epoch=0.0)
+    for name, fn in funcs:
+        try:
+            result["values"][name] = fn(prompts=request["prompts"], completions=request["completions"],
+                                        completion_ids=request.get("completion_ids"), trainer_state=state,
+                                        log_extra=lambda *a, **k: None, log_metric=lambda *a, **k: None,
+                                        **request["columns"])
+        except Exception as e:
+            result["errors"][name] = (str(e) if isinstance(e, RewardError) else f"{type(e).__name__}: {e}")[-800:]
+    Path(result_path).write_text(json.dumps(result))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    return score_main(argv[0], argv[1])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

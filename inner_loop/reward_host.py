@@ -1,6 +1,6 @@
 """Reward host: runs a job's ``reward.py`` alone in its own (sandboxed) process and answers calls.
 
-    python -I reward_host.py --fd 3        # started by inner_loop.reward_proxy, never by hand
+    python -I reward_host.py --fd 3 --cwd JOB_DIR     # started by inner_loop.reward_proxy, never by hand
 
 The harness starts this file inside its own bubblewrap sandbox (``inner_loop.sandbox``), mounted
 alone at ``/sandbox/reward_host.py``: no project package is importable, no file is writable, the
@@ -21,6 +21,7 @@ import argparse
 import json
 import math
 import numbers
+import os
 import socket
 import struct
 import sys
@@ -125,7 +126,10 @@ def serve(sock):
 def main(argv=None):
     p = argparse.ArgumentParser(prog="reward_host.py")
     p.add_argument("--fd", type=int, required=True, help="the inherited socket to the trainer or the probe")
+    p.add_argument("--cwd", default=None, help="the folder the reward code runs in (the job folder)")
     a = p.parse_args(argv)
+    if a.cwd:
+        os.chdir(a.cwd)  # after start-up: the interpreter (-I) never imports from this folder
     sock = socket.socket(fileno=a.fd)
     try:
         serve(sock)

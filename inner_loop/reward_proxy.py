@@ -19,15 +19,15 @@ import json
 import os
 import signal
 import socket
-import subprocess
 import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
+from inner_loop import isolation
 from inner_loop.reward_host import recv, send
-from inner_loop.rewards import LIBRARY, RewardError, _checked, set_file_function_loader
+from inner_loop.rewards import LIBRARY, RewardError, checked, set_file_function_loader
 from inner_loop.sandbox import SandboxPolicy, reward_host_argv
 
 
@@ -44,7 +44,7 @@ class RewardHost:
 
     def __init__(self, policy: SandboxPolicy, job_dir: str | Path, log_path: str | Path, deadline_s: float):
         self.policy, self.job_dir, self.log_path, self.deadline_s = policy, Path(job_dir), Path(log_path), deadline_s
-        self.proc: subprocess.Popen | None = None
+        self.proc = None  # the host's Popen (inner_loop.isolation.start)
         self.child_fd: int | None = None
         self.sandbox_pid: int | None = None  # the sandbox's first process (its PID namespace's init)
 
@@ -55,15 +55,15 @@ class RewardHost:
         info_r, info_w = os.pipe() if sandboxed else (None, None)
         argv = reward_host_argv(self.policy, job_dir=self.job_dir, fd=theirs.fileno(), deadline_s=self.deadline_s,
                                 sandboxed=sandboxed, info_fd=info_w)
-        # Unsafe mode only (no bwrap): the same scrubbed environment, the job folder as working directory.
+        # Unsafe mode only (no bwrap): the same scrubbed environment (bwrap sets its own inside).
         env = {} if sandboxed else {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(self.log_path.parent),
-                                    "LANG": "C.UTF-8", "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1"}
+                                    "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1"}
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             fds = (theirs.fileno(),) if info_w is None else (theirs.fileno(), info_w)
-            self.proc = subprocess.Popen(argv, pass_fds=fds, stdin=subprocess.DEVNULL, stdout=log,
-                                         stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                                         cwd=None if sandboxed else self.job_dir)
+            self.proc = isolation.start(argv, cwd=self.log_path.parent, env=env, agent_dirs=[self.job_dir],
+                                        harness_dirs=[self.log_path.parent], stdout=log, stderr=isolation.STDOUT,
+                                        pass_fds=fds)
         theirs.close()
         if info_w is not None:
             os.close(info_w)
@@ -83,10 +83,7 @@ class RewardHost:
         self.release_fd()
         if self.proc is not None:
             if self.proc.poll() is None:
-                try:
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+                isolation.kill_group(self.proc.pid)
             self.proc.wait()
         if self.sandbox_pid is not None:
             # Its PID namespace dies with it; wait until it is gone, so that no process of the agent's
@@ -253,7 +250,7 @@ def score_with_host(reward_spec, job_dir: str | Path, request: dict, timeout_s: 
                 for f in reward_spec.functions:
                     fn = LIBRARY[f.name].fn if f.source == "library" else channel.function(
                         Path(job_dir) / reward_spec.file, f.name)
-                    funcs.append((f.name, _checked(f.name, fn)))
+                    funcs.append((f.name, checked(f.name, fn)))
                 for name, fn in funcs:
                     try:
                         result["values"][name] = fn(prompts=request["prompts"], completions=request["completions"],
@@ -270,7 +267,7 @@ def score_with_host(reward_spec, job_dir: str | Path, request: dict, timeout_s: 
                                      f"{len(request['completions'])} completions"}
                 try:
                     code = host.proc.wait(timeout=5)
-                except subprocess.TimeoutExpired:
+                except isolation.TimeoutExpired:
                     code = None
                 tail = " ".join(_tail(Path(tmp) / "reward.log").splitlines()[-3:])[-600:]
                 return {"crash": f"the reward process exited with code {code} without a result: {tail}"}

@@ -13,21 +13,20 @@ NaN and ignores it). A job names rewards in ``job.yaml``::
     >>> [(name, info.description) for name, info in LIBRARY.items()]   # what the agent reads
     >>> funcs = resolve_rewards(job_spec, job_dir)   # [(name, callable, weight)] for GRPOTrainer
 
-Security: ``resolve_rewards`` imports the job's ``reward.py`` (functions with ``source: file``),
-which runs agent-written code in the calling process. Call it only inside the job's own process
-(the inner run, or the validation probe's child process started by ``score_in_child``); never in
-the harness process. This module is not a sandbox: it adds no isolation of its own.
+Security: every reward value passes ``checked`` (a plain finite float within ``MAX_ABS_REWARD``,
+or None). ``resolve_rewards`` imports the job's ``reward.py`` (``source: file``) in the calling
+process unless a loader is installed (``set_file_function_loader``): the job's process installs
+the reward host's (``inner_loop.reward_proxy``), so agent code runs only in that sandboxed host.
+This module is not a sandbox: it adds no isolation of its own.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib.util
-import json
 import math
 import numbers
 import re
-import traceback
 import types
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +36,8 @@ from evaluation.families import FAMILIES, extract_answer, get_family, normalize
 from evaluation.families.base import label_match as _label_score
 
 RewardFn = Callable[..., list]
+# The largest reward value a function may return (library rewards lie in [-1, 1]).
+MAX_ABS_REWARD = 1e4
 _NUMBER = re.compile(r"^[+-]?\d+(?:\.\d+)?")
 
 
@@ -199,8 +200,26 @@ def describe_library() -> list[dict[str, str]]:
 # --- resolving a job's rewards ----------------------------------------------------------------
 
 
-def _checked(name: str, fn: RewardFn) -> RewardFn:
-    """Wrap ``fn`` so that a wrong-length or non-numeric result fails with the reward's name."""
+def plain_reward(value: Any) -> float | None:
+    """``value`` as a plain float (None stays None); ``RewardError`` for anything else.
+
+    Only ``int``/``float`` themselves and other real numbers whose ``float()`` is a plain float pass,
+    then the *converted* value must be finite and within ``MAX_ABS_REWARD``: a float subclass can
+    report one value to ``math.isfinite`` and another (1e308) to ``float()``, and a huge finite
+    reward summed over functions becomes inf, which zeroes GRPO's advantages for the rest of a run."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise RewardError(f"returned {value!r:.60}; each value must be a finite float or None")
+    x = float(value)
+    if type(x) is not float or not math.isfinite(x) or abs(x) > MAX_ABS_REWARD:
+        raise RewardError(f"returned {x!r:.60}; each value must be a finite float or None, "
+                          f"between -{MAX_ABS_REWARD:g} and {MAX_ABS_REWARD:g}")
+    return x
+
+
+def checked(name: str, fn: RewardFn) -> RewardFn:
+    """Wrap ``fn`` so that a wrong-length or non-numeric result fails with the reward's name (``plain_reward``)."""
 
     @functools.wraps(fn)
     def wrapper(prompts, completions, **kwargs):
@@ -210,12 +229,10 @@ def _checked(name: str, fn: RewardFn) -> RewardFn:
         if len(values) != len(completions):
             raise RewardError(f"reward {name!r} returned {len(values)} values for {len(completions)} completions; "
                               "return one value per completion")
-        out = []
-        for v in values:
-            if v is not None and (isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v)):
-                raise RewardError(f"reward {name!r} returned {v!r}; each value must be a finite float or None")
-            out.append(None if v is None else float(v))
-        return out
+        try:
+            return [plain_reward(v) for v in values]
+        except RewardError as e:
+            raise RewardError(f"reward {name!r} {e}") from None
 
     wrapper.__name__ = name  # TRL logs rewards/<__name__>
     return wrapper
@@ -269,34 +286,5 @@ def resolve_rewards(spec, job_dir: str | Path) -> list[tuple[str, RewardFn, floa
             if not callable(fn):
                 raise RewardError(f"reward file {reward.file} defines no function {f.name!r}; "
                                   f"define def {f.name}(prompts, completions, **kwargs) -> list[float]")
-        out.append((f.name, _checked(f.name, fn), float(f.weight)))
+        out.append((f.name, checked(f.name, fn), float(f.weight)))
     return out
-
-
-# --- child process entry for the validation probe ---------------------------------------------
-
-
-def _score_main(request_path: str, result_path: str) -> int:
-    """Score completions with a job's rewards; the validation probe runs this in a child process."""
-    request = json.loads(Path(request_path).read_text())
-    result: dict[str, Any] = {"values": {}, "errors": {}}
-    try:
-        from inner_loop.jobspec import RewardSpec
-
-        funcs = resolve_rewards(RewardSpec.model_validate(request["reward"]), request["job_dir"])
-    except Exception as e:
-        result["load_error"] = str(e) if isinstance(e, RewardError) else f"{type(e).__name__}: {e}"
-        funcs = []
-    columns = request["columns"]
-    state = types.SimpleNamespace(global_step=0, max_steps=request.get("max_steps", 1), epoch=0.0)
-    for name, fn, _ in funcs:
-        try:
-            result["values"][name] = fn(prompts=request["prompts"], completions=request["completions"],
-                                        completion_ids=request.get("completion_ids"), trainer_state=state,
-                                        log_extra=lambda *a, **k: None, log_metric=lambda *a, **k: None, **columns)
-        except Exception as e:
-            tail = traceback.format_exception(e)[-3:] if not isinstance(e, RewardError) else [str(e)]
-            result["errors"][name] = "".join(tail).strip()[-800:]
-    Path(result_path).write_text(json.dumps(result))
-    return 0
-

@@ -9,9 +9,9 @@
 A job with agent-written code (``reward.py``) or data (``data.jsonl``) runs in up to two sandboxes,
 each a fresh bubblewrap (``bwrap``) container started by the harness:
 
-1. the *trainer* (``python -m inner_loop.worker``): harness code only, on the agent's data; it
-   reads the job folder, the declared base model and the harness's own packages, and writes only
-   the job's output folder, where it saves the checkpoint;
+1. the *trainer* (``inner_loop.worker``, an isolated interpreter working in the output folder):
+   harness code only, on the agent's data; it reads the job folder, the declared base model and
+   the harness's own packages, and writes only the job's output folder (the checkpoint there);
 2. the *reward host* (``inner_loop/reward_host.py``, mounted alone): the agent's ``reward.py``,
    called over a socket with prompts and completions, answering with numbers. It cannot write
    any file, and runs as an unprivileged uid of its own, so the agent's code never shares a
@@ -53,22 +53,18 @@ import math
 import os
 import re
 import shutil
-import subprocess
 import sys
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Callable
+
+from inner_loop.isolation import TimeoutExpired, python_file, run_check, scrub_env
 
 GiB = 2**30
 # Agent code runs as SANDBOX_UID_BASE + a per-job offset when the harness is root: a uid no file
 # belongs to, with a process count of its own (RLIMIT_NPROC is per uid and ignored for root).
 SANDBOX_UID_BASE = 3_000_000
 _uid_counter = itertools.count()
-SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|COOKIE|SESSION", re.I)
-SAFE_ENV = ("PATH", "HOME", "TMPDIR", "LANG", "LC_ALL", "PYTHONDONTWRITEBYTECODE", "PYTHONUNBUFFERED",
-            "PYTHONHASHSEED", "PYTHONPATH", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE",
-            "HF_HOME", "TOKENIZERS_PARALLELISM", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
-            "CUDA_VISIBLE_DEVICES")
 # Harness modules the trainer never needs: they read hidden sets, baselines or score checkpoints.
 MASKED_MODULES = ("hidden_eval.py", "baselines.py", "contamination.py", "lineage.py", "staged_reward.py")
 REWARD_HOST_FILE = Path(__file__).with_name("reward_host.py")
@@ -159,9 +155,9 @@ def bwrap_problem(bwrap: str = "bwrap") -> str | None:
     if exe is None:
         return f"bubblewrap ({bwrap}) is not installed (apt-get install bubblewrap)"
     try:
-        p = subprocess.run([exe, "--ro-bind", "/", "/", "--unshare-net", "--unshare-pid", "--die-with-parent",
-                            "--proc", "/proc", "--dev", "/dev", "true"], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired) as e:
+        p = run_check([exe, "--ro-bind", "/", "/", "--unshare-net", "--unshare-pid", "--die-with-parent",
+                       "--proc", "/proc", "--dev", "/dev", "true"], timeout_s=30)
+    except (OSError, TimeoutExpired) as e:
         return f"bubblewrap ({exe}) could not be started: {e}"
     if p.returncode != 0:
         return f"bubblewrap ({exe}) cannot create a sandbox here: {p.stderr.strip()[-300:]}"
@@ -169,11 +165,6 @@ def bwrap_problem(bwrap: str = "bwrap") -> str | None:
 
 
 # --- pieces of a command line ------------------------------------------------------------------
-
-
-def scrub_env(env: dict[str, str]) -> dict[str, str]:
-    """Only whitelisted names, and never one that looks like a credential."""
-    return {k: v for k, v in env.items() if k in SAFE_ENV and not SECRET_NAME.search(k)}
 
 
 def _user_tasks(uid: int) -> int:
@@ -313,7 +304,7 @@ def trainer_wrapper(policy: SandboxPolicy, *, job_dir: Path, output_dir: Path, m
         m.bind(dev, dev=True)
     env = child_env(home, threads, gpus)
     base = [*_namespaces(policy), *(["--cap-drop", "ALL"] if os.geteuid() == 0 else []), *m.args,
-            *m.chmod_parents(), *_env_args(env), "--chdir", str(job_dir)]
+            *m.chmod_parents(), *_env_args(env), "--chdir", str(output_dir)]
     limits = trainer_limits(policy, deadline_s, threads)
 
     def wrap(argv: list[str]) -> list[str]:
@@ -344,9 +335,11 @@ def reward_host_argv(policy: SandboxPolicy, *, job_dir: Path, fd: int, deadline_
     uid = sandbox_uid() if sandboxed else None
     limits = reward_limits(policy, deadline_s, uid)
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8",
-           "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1", "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1"}
+           "OMP_NUM_THREADS": "1"}
+    # The host (an isolated interpreter: nothing is imported from the job folder) moves into the job
+    # folder itself before it runs the agent's code, so that code may read its own files by name.
     if not sandboxed:
-        return _launch(limits, None, [sys.executable, "-I", str(REWARD_HOST_FILE), "--fd", str(fd)])
+        return _launch(limits, None, python_file(REWARD_HOST_FILE, "--fd", str(fd), "--cwd", str(job_dir)))
     m = _Mounts()
     m.system()
     m.bind(REWARD_HOST_FILE, REWARD_HOST_IN_SANDBOX)
@@ -357,22 +350,6 @@ def reward_host_argv(policy: SandboxPolicy, *, job_dir: Path, fd: int, deadline_
         m.bind(job_dir)
     caps = ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"] if uid is not None else []
     info = ["--info-fd", str(info_fd)] if info_fd is not None else []
-    return [*_namespaces(policy), *caps, *info, *m.args, *m.chmod_parents(), *_env_args(env),
-            "--chdir", str(job_dir) if readable else "/tmp", "--",
-            *_launch(limits, uid, [sys.executable, "-I", REWARD_HOST_IN_SANDBOX, "--fd", str(fd)])]
-
-
-def job_file_problems(job_dir: str | Path, names: list[str]) -> list[tuple[str, str]]:
-    """``(file, problem)`` for job files that are links or lead outside the job folder.
-
-    The harness reads these files itself (validation, contamination check, hashing), outside any
-    sandbox: a ``data.jsonl`` linked to a harness file would be read, and quoted in findings."""
-    root = Path(job_dir).resolve()
-    out = []
-    for name in dict.fromkeys(names):
-        p = Path(job_dir) / name
-        if p.is_symlink():
-            out.append((name, f"{name} is a symbolic link; the job folder must hold the file itself"))
-        elif p.exists() and root not in p.resolve().parents:
-            out.append((name, f"{name} leads outside the job folder; the job folder must hold the file itself"))
-    return out
+    return [*_namespaces(policy), *caps, *info, *m.args, *m.chmod_parents(), *_env_args(env), "--chdir", "/tmp", "--",
+            *_launch(limits, uid, python_file(REWARD_HOST_IN_SANDBOX, "--fd", str(fd),
+                                              "--cwd", str(job_dir) if readable else "/tmp"))]

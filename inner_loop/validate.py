@@ -38,7 +38,8 @@ from evaluation.tasks import TaskSpec, TaskSpecError, load_task
 from inner_loop.cost import KNOWN_BASE_MODELS, CostEstimate, CostModel, estimate_job
 from inner_loop.data import DataFileError, build_rows_with_origins
 from inner_loop.jobspec import DPO_IGNORED, GRPO_ONLY, JOB_FILE, JobSpec, error_field, read_job_yaml
-from inner_loop.sandbox import SandboxPolicy, job_file_problems
+from inner_loop.jobfiles import (MAX_REWARD_FILE_BYTES, job_file_problems, job_folder_problems, oversized)
+from inner_loop.sandbox import SandboxPolicy
 
 Severity = Literal["error", "warning"]
 
@@ -61,11 +62,18 @@ class ValidationReport:
     findings: list[Finding] = field(default_factory=list)
     estimated_cost: CostEstimate | None = None
     probe: dict = field(default_factory=dict)
+    # The estimate is over the task's USD cap; with no other error the job is ``over_budget``, not ``invalid``.
+    over_usd: bool = False
 
     @property
     def ok(self) -> bool:
         """True when no finding is an error (warnings do not block a job)."""
         return not self.errors
+
+    @property
+    def over_budget(self) -> bool:
+        """True when the USD estimate is over the cap and every error is a budget error."""
+        return self.over_usd and all(f.field in ("stages", "hyperparameters.max_steps") for f in self.errors)
 
     @property
     def errors(self) -> list[Finding]:
@@ -302,6 +310,10 @@ def _check_reward_file(report: ValidationReport, reward, job_dir: Path, at: str 
         report.add(f"{at}.file", f"reward file {reward.file!r} not found in the job folder",
                    f"write {reward.file} defining {', '.join(wanted)}, or use library rewards")
         return False
+    too_big = oversized(path, MAX_REWARD_FILE_BYTES)
+    if too_big:
+        report.add(f"{at}.file", too_big, "keep reward code short; data belongs in data.jsonl")
+        return False
     try:
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=reward.file)
     except (SyntaxError, ValueError, UnicodeDecodeError) as e:
@@ -411,7 +423,7 @@ def _load_spec(report: ValidationReport, job_dir: Path) -> JobSpec | None:
 def validate_job(job_dir: str | Path, task: TaskSpec | str | Path, *, dry_run: bool = True,
                  cache_dir: str | Path | None = None, cost_model: CostModel | None = None,
                  model_dir: str | Path | None = None, reward_timeout_s: float = 30.0,
-                 sandbox=None) -> ValidationReport:
+                 sandbox=None, output_dir: str | Path | None = None) -> ValidationReport:
     """Validate a job folder for a task; never raises on bad input (every problem is a finding).
 
     ``sandbox`` (``inner_loop.sandbox.SandboxPolicy``, a bool or None for the default) decides whether
@@ -420,6 +432,7 @@ def validate_job(job_dir: str | Path, task: TaskSpec | str | Path, *, dry_run: b
     ``dry_run`` loads the base model (``inner_loop.models``, cached under ``cache_dir``) and probes
     the first rows; ``model_dir`` uses that model folder instead of resolving ``base_model``.
     ``cost_model`` prices the job (default ``CostModel()``: this CPU, $0.10 per hour).
+    ``output_dir``: the harness's output folder when it lies inside the job folder (not scanned).
     """
     job_dir = Path(job_dir)
     report = ValidationReport(job_dir=str(job_dir))
@@ -437,6 +450,8 @@ def validate_job(job_dir: str | Path, task: TaskSpec | str | Path, *, dry_run: b
             report.add("sandbox", refusal, "use library rewards and data sources only")
         if _check_links(report, job_dir, spec.agent_files()):
             return report
+        if _check_files(report, job_dir, spec, output_dir):
+            return report
         _check_task(report, spec, spec_task)
         reward_ok = _check_reward_files(report, spec, job_dir)
         stage_rows = _check_data(report, spec, job_dir, spec_task)
@@ -453,6 +468,18 @@ def validate_job(job_dir: str | Path, task: TaskSpec | str | Path, *, dry_run: b
                    "report this to the harness maintainers; the job itself may be fine")
         report.probe["internal_traceback"] = traceback.format_exc()[-2000:]
     return report
+
+
+def _check_files(report: ValidationReport, job_dir: Path, spec: JobSpec, output_dir) -> bool:
+    """Findings for job folder entries that could act as code (``inner_loop.jobfiles``); True when there are any."""
+    reward_files = [n for n in spec.agent_files() if n.endswith(".py")]
+    problems = job_folder_problems(job_dir, reward_files, skip=[output_dir] if output_dir else [])
+    for path, message in problems[:10]:
+        report.add("files", message, f"remove {path}: a job folder holds job.yaml, data files (.jsonl) and its "
+                   "reward*.py files only")
+    if len(problems) > 10:
+        report.add("files", f"{len(problems) - 10} more such entries", "remove them all")
+    return bool(problems)
 
 
 def _check_links(report: ValidationReport, job_dir: Path, names: list[str]) -> bool:
@@ -484,6 +511,7 @@ def _check_budget(report: ValidationReport, task: TaskSpec, cost: CostEstimate, 
         report.add(where, f"estimated {cost.seconds:.0f} s is close to the "
                    f"{budget.max_seconds:.0f} s budget; a slow machine may time out", "leave some margin", "warning")
     if cost.usd > budget.max_usd:
+        report.over_usd = True
         report.add(where, f"estimated ${cost.usd:.4f} is over the task's ${budget.max_usd} "
                    "budget", "train fewer steps or use a smaller base model")
 

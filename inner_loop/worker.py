@@ -19,10 +19,10 @@ never imports agent code itself; it reads back only files this process writes un
 Exit status 0 when a final status was written; anything else (killed, out of memory) makes the
 harness report ``crashed`` with the tail of this process's log.
 
-The parent side is ``run_worker``: it starts this module with a clean environment (no harness
-secrets, hub access off), the job folder as working directory, a file-size limit and its own
-process group; it draws a tqdm bar from ``train_log.jsonl`` and kills the whole group at the
-hard deadline. What it does NOT cover (the sandbox's job, ``wrap=``, ``inner_loop.sandbox``):
+The parent side is ``run_worker``: it starts this module through ``inner_loop.isolation`` (an
+isolated interpreter that never imports from the job folder, a clean environment with hub access
+off, a fresh ``OUT_DIR/.home`` as working folder, a file-size limit, its own process group); it
+draws a tqdm bar from ``train_log.jsonl`` and kills the whole group at the hard deadline. What it does NOT cover (the sandbox's job, ``wrap=``, ``inner_loop.sandbox``):
 file-system and network isolation; without a sandbox the child can read what the harness user can read.
 """
 
@@ -31,10 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -42,6 +39,8 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
+
+from inner_loop import isolation
 
 STATUS_FILE = "train_status.json"
 WORKER_LOG = "worker.log"
@@ -143,21 +142,17 @@ def child_env(home: Path, threads: int | None, gpus: str | None = None) -> dict[
     ``gpus``: the job's ``CUDA_VISIBLE_DEVICES`` (``""`` hides every GPU; None: none set, so the
     process sees what the machine has)."""
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "TMPDIR": str(home),
-           "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1",
-           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+           "LANG": "C.UTF-8", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
            "HF_HOME": str(home / "hf"), "TOKENIZERS_PARALLELISM": "false"}
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
     if gpus is not None:
         env["CUDA_VISIBLE_DEVICES"] = gpus
-    if os.environ.get("PYTHONPATH"):
-        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
     return env
 
 
-def _limits() -> None:  # runs in the child before exec
-    resource.setrlimit(resource.RLIMIT_FSIZE, (MAX_FILE_BYTES, MAX_FILE_BYTES))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+# rlimits of the training process (the sandbox's launcher sets its own, tighter ones, inside).
+LIMITS = {"RLIMIT_FSIZE": MAX_FILE_BYTES}
 
 
 def read_status(output_dir: Path) -> dict:
@@ -176,71 +171,15 @@ def _log_tail(output_dir: Path, chars: int = ERROR_TAIL_CHARS) -> str:
 
 
 # --- warm workers ------------------------------------------------------------------------------
-# A fresh interpreter pays ~10 s importing torch/transformers/TRL before a job's first step. Warm
-# workers are forked from a multiprocessing *forkserver* that imported those libraries once (and
-# ran no torch op, so no thread pool is forked): each job still gets its own new process, its own
-# process group, a scrubbed environment and the same limits; nothing of one job survives into the
-# next. The forkserver itself is started with a scrubbed environment, so no harness secret is in
-# the memory a job is forked from. Jobs carrying agent-written code or data use the cold path
-# (a fresh interpreter), the one a sandbox can wrap.
+# Jobs without agent-written code or data may fork from a forkserver that pre-imported TRL
+# (``inner_loop.isolation.forkserver``), saving a fresh interpreter's ~10 s of imports. Jobs carrying
+# agent files take the cold path (a fresh isolated interpreter), the one a sandbox can wrap.
 PRELOAD = ["inner_loop.worker_preload"]
-_warm_ctx = None
 
 
 def warm_context():
-    """The forkserver context (started on first use, with a scrubbed environment)."""
-    global _warm_ctx
-    if _warm_ctx is None:
-        import multiprocessing
-        from multiprocessing import forkserver
-
-        ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(PRELOAD)
-        saved = dict(os.environ)
-        try:
-            os.environ.clear()
-            os.environ.update(child_env(Path(tempfile.gettempdir()), None))
-            forkserver.ensure_running()
-        finally:
-            os.environ.clear()
-            os.environ.update(saved)
-        _warm_ctx = ctx
-    return _warm_ctx
-
-
-def _warm_entry(job_dir: str, model: str, family: str, output_dir: str, max_steps: int, max_seconds: float,
-                threads: int | None, env: dict[str, str], log_path: str, device: str = "cpu",
-                vllm: bool = False) -> None:
-    """Body of a warm job process: the same set-up a cold child gets, then ``run``."""
-    os.setsid()  # its own process group, so the harness can kill everything it starts
-    _limits()
-    os.environ.clear()
-    os.environ.update(env)
-    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.chdir(job_dir)
-    run(Path(job_dir), Path(model), family, Path(output_dir), max_steps, max_seconds, threads, device=device, vllm=vllm)
-
-
-class _WarmProc:
-    """A warm job process with the bits of ``Popen``'s interface ``run_worker`` uses."""
-
-    def __init__(self, ctx, args):
-        self.p = ctx.Process(target=_warm_entry, args=args, daemon=False)
-        self.p.start()
-        self.pid = self.p.pid
-
-    def poll(self):
-        return self.p.exitcode
-
-    def wait(self):
-        self.p.join()
-        return self.p.exitcode
-
-    @property
-    def returncode(self):
-        return self.p.exitcode
+    """The warm workers' forkserver (started on first use, with a scrubbed environment)."""
+    return isolation.forkserver(PRELOAD, child_env(Path(tempfile.gettempdir()), None))
 
 
 def job_gpus(device: str, gpus: str | None) -> str | None:
@@ -259,23 +198,26 @@ def run_worker(job_dir: Path, model: Path, family: str, output_dir: Path, *, max
     """Run the job's training process and wait for it, killing its process group at ``deadline_s``.
 
     ``warm=True`` forks it from the pre-imported forkserver (no ``wrap`` then: a sandbox needs the
-    cold path, ``python -m inner_loop.worker``). ``reward_host`` (``inner_loop.reward_proxy.RewardHost``)
+    cold path, a fresh isolated interpreter). ``reward_host`` (``inner_loop.reward_proxy.RewardHost``)
     is started first, the child talks to it through an inherited socket, and it is killed at the end.
     ``device`` (``cpu`` | ``cuda`` | ``auto``), ``gpus`` (``job_gpus``) and ``vllm``: where the child trains."""
     from tqdm.auto import tqdm
 
+    from inner_loop.data import TRAINED_ROWS
     from inner_loop.runners.train import MODEL_DIR, TRAIN_LOG
 
     output_dir.mkdir(parents=True, exist_ok=True)
-    for stale in (STATUS_FILE, TRAIN_LOG):
+    for stale in (STATUS_FILE, TRAIN_LOG, TRAINED_ROWS):
         (output_dir / stale).unlink(missing_ok=True)
     # A model left by an earlier run in this folder must never be scored as this run's.
     shutil.rmtree(output_dir / MODEL_DIR, ignore_errors=True)
-    home = output_dir / ".home"
-    home.mkdir(exist_ok=True)
-    argv = [sys.executable, "-m", "inner_loop.worker", str(Path(job_dir).resolve()), "--model",
-            str(Path(model).resolve()), "--family", family, "--output", str(output_dir.resolve()),
-            "--max-steps", str(max_steps), "--max-seconds", str(max_seconds)]
+    home = output_dir / ".home"  # the process's working folder, HOME and TMPDIR: fresh for every run
+    shutil.rmtree(home, ignore_errors=True)
+    home.mkdir()
+    job_dir = Path(job_dir).resolve()
+    argv = isolation.python_module("inner_loop.worker", str(job_dir), "--model", str(Path(model).resolve()),
+                                   "--family", family, "--output", str(output_dir.resolve()),
+                                   "--max-steps", str(max_steps), "--max-seconds", str(max_seconds))
     if threads:
         argv += ["--threads", str(threads)]
     if device != "cpu":
@@ -296,14 +238,17 @@ def run_worker(job_dir: Path, model: Path, family: str, output_dir: Path, *, max
     if warm and wrap is not None:
         raise ValueError("a sandboxed job (wrap=...) cannot run in a warm worker; use warm=False")
     with open(output_dir / WORKER_LOG, "wb") as log:
+        # The job's process works in its own home folder, never in the job folder (inner_loop.isolation).
         if warm:
-            proc = _WarmProc(warm_context(), (str(Path(job_dir).resolve()), str(Path(model).resolve()), family,
-                                               str(output_dir.resolve()), max_steps, max_seconds, threads,
-                                               env, str((output_dir / WORKER_LOG).resolve()), device, vllm))
+            proc = isolation.WarmProcess(
+                warm_context(), run, (job_dir, Path(model).resolve(), family, output_dir.resolve(), max_steps,
+                                      max_seconds, threads), {"device": device, "vllm": vllm},
+                cwd=home, env=env, log_path=(output_dir / WORKER_LOG).resolve(), agent_dirs=[job_dir],
+                harness_dirs=[output_dir], limits=LIMITS)
         else:
-            proc = subprocess.Popen(argv, cwd=job_dir, env=env, stdin=subprocess.DEVNULL,
-                                    stdout=log, stderr=subprocess.STDOUT, preexec_fn=_limits, start_new_session=True,
-                                    pass_fds=() if reward_fd is None else (reward_fd,))
+            proc = isolation.start(argv, cwd=home, env=env, agent_dirs=[job_dir], harness_dirs=[output_dir],
+                                   limits=LIMITS, stdout=log,
+                                   stderr=isolation.STDOUT, pass_fds=() if reward_fd is None else (reward_fd,))
             if reward_host is not None:
                 reward_host.release_fd()
         offset = 0
@@ -311,7 +256,7 @@ def run_worker(job_dir: Path, model: Path, family: str, output_dir: Path, *, max
             while proc.poll() is None:
                 if time.monotonic() - t0 > deadline_s:
                     # The whole group: TRL or agent code may have started processes of their own.
-                    _kill_group(proc.pid)
+                    isolation.kill_group(proc.pid)
                     proc.wait()
                     killed = True
                     break
@@ -320,7 +265,7 @@ def run_worker(job_dir: Path, model: Path, family: str, output_dir: Path, *, max
             _advance(bar, output_dir, offset)
         finally:
             if proc.poll() is None:  # the harness itself is being interrupted: leave no orphan
-                _kill_group(proc.pid)
+                isolation.kill_group(proc.pid)
                 proc.wait()
             if reward_host is not None:
                 reward_host.close()
@@ -334,16 +279,6 @@ def run_worker(job_dir: Path, model: Path, family: str, output_dir: Path, *, max
                   "before it finished (out of memory?)", "error": _log_tail(output_dir)}
     return WorkerRun(status=status, wall_seconds=round(time.monotonic() - t0, 3), killed=killed,
                      returncode=proc.returncode)
-
-
-def _kill_group(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:  # a warm process killed before its setsid: kill it alone
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def _advance(bar, output_dir: Path, offset: int) -> int:

@@ -10,8 +10,9 @@ held-out flag) and ``GUIDE.md`` (the ``job.yaml`` schema generated from ``inner_
 field descriptions, the reward library, the workflow). The agent writes its job files next to them.
 
 What the path rules cover: relative paths only, no ``..`` step, no path that resolves (symlinks
-followed) outside the workspace, no writes through a symlink, size limits per file and per
-workspace. What they do not cover: they confine the *tools*; agent-written code runs only in the
+followed) outside the workspace, no writes through a symlink, no name that could act as Python code
+(``inner_loop.jobfiles``: ``*.py`` other than ``reward*.py``, ``.pth``, bytecode, package folders),
+size limits per file and per workspace. What they do not cover: they confine the *tools*; agent-written code runs only in the
 inner job's sandbox (``inner_loop``), never in this process.
 """
 
@@ -21,6 +22,8 @@ import json
 import shutil
 from pathlib import Path, PurePosixPath
 from typing import Any
+
+from inner_loop.jobfiles import code_name_problem
 
 TASK_FILE = "task.json"
 GUIDE_FILE = "GUIDE.md"
@@ -91,6 +94,9 @@ class Workspace:
         target = self.resolve(path, for_write=True)
         if target == self.root or target.is_dir():
             raise WorkspaceError(f"{path!r} is a folder; give a file name such as {path.rstrip('/')}/job.yaml")
+        code = code_name_problem(self.relative(target))
+        if code:
+            raise WorkspaceError(f"{path!r} is refused: {code}. Write job.yaml, data files (.jsonl) and reward.py")
         data = content.encode("utf-8")
         if len(data) > self.max_file_bytes:
             raise WorkspaceError(f"{path}: {len(data)} bytes is over the {self.max_file_bytes}-byte file limit; "

@@ -228,13 +228,11 @@ def build_all(seed: int = 0, cache_dir: str | os.PathLike | None = None, force: 
     in_pool = [n for n in todo if n in _BUILTIN] if parallel and len(todo) > 1 and cores > 1 else []
     futures = {}
     if in_pool:
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
+        from inner_loop.isolation import spawn_pool
 
         here = any(n not in in_pool for n in todo)        # this process builds something meanwhile
         workers = max(1, min(len(in_pool), cores - 1 if here else cores))
-        # spawn, not fork: forking a process that already runs torch threads can deadlock.
-        pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+        pool = spawn_pool(workers)
         futures = {n: pool.submit(_build_worker, n, seed, cache_dir, force, progress) for n in in_pool}
     try:
         for name in todo:

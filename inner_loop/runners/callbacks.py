@@ -10,7 +10,7 @@ preparation are not the job's fault. The worker's parent also kills the whole pr
 ``max_seconds * 1.5 + margin`` of wall time, so a step that never ends (or reward code that
 sleeps) cannot outrun the budget by much.
 
-Divergence is declared when the loss or the gradient norm (every logged step) or any trainable
+Divergence is declared when the loss, the gradient norm or a reward statistic (every logged step) or any trainable
 weight is NaN/inf, or when the model's cross-entropy on a fixed probe of training answers
 (``probe_loss``, logged) exceeds twice that of a uniform guess (``2 ln V``). The weights and the
 probe are checked after the first step, every ``check_every`` steps (10) and after the last one:
@@ -132,10 +132,15 @@ class BudgetGuard(TrainerCallback):
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         logs = logs or {}
-        for key in ("loss", "grad_norm"):
-            if not _finite(logs.get(key)):
-                self._stop(control, "diverged", f"{key} is {logs[key]} at step {state.global_step}; "
-                                                "lower learning_rate")
+        # The loss, the gradient norm and every reward statistic (GRPO logs reward, reward_std and
+        # rewards/<name>/mean): an inf reward zeroes the advantages and the run would go on learning nothing.
+        keys = [k for k in logs if k in ("loss", "grad_norm") or k.startswith("reward")]
+        for key in keys:
+            value = logs.get(key)
+            if not _finite(value) and (key in ("loss", "grad_norm") or isinstance(value, (int, float))):
+                hint = "check the reward functions' values" if key.startswith("reward") else "lower learning_rate"
+                self._stop(control, "diverged", f"{key} is {logs[key]} at step {state.global_step}; {hint}")
+                break
         return control
 
 

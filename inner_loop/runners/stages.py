@@ -13,8 +13,10 @@ A single-stage job is a job with one stage. Each stage:
    stage's starting model and filtered by the reward (``inner_loop.selfgen.rejection_sample``);
    a ``dpo`` stage turns its prompts into (best, worst) pairs of that model's samples
    (``inner_loop.selfgen.preference_pairs``) and adds the agent's own pairs from ``data.file``;
-2. appends its entry to ``ran`` (``algorithm``, ``peft``, ``data_source`` of the rows it really
-   trains on, ``steps`` 0) and reports it through ``on_update`` before training starts;
+2. writes the rows it trains on to ``trained_rows.jsonl`` (``inner_loop.data.TRAINED_ROWS``: the harness
+   checks them against the job's declared data and the hidden set after training), appends its
+   entry to ``ran`` (``algorithm``, ``peft``, ``data_source`` of the rows it really trains on,
+   ``steps`` 0) and reports it through ``on_update`` before training starts;
 3. trains (``inner_loop.runners.train``) and sets its ``steps``.
 
 ``ran`` is what the harness copies into ``result.json``: the record of what ran, never what the
@@ -45,7 +47,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from inner_loop.data import build_rows_with_origins, data_source_label, source_items
+from inner_loop.data import (TRAINED_ROWS, build_rows_with_origins, data_source_label, source_items,
+                             trained_record)
 from inner_loop.jobspec import JobSpec
 from inner_loop.runners.callbacks import StepLog
 from inner_loop.runners.config import planned_steps
@@ -125,6 +128,14 @@ def _pairs(spec, rows, origins, model, tokenizer, ranking, deadline):
     return [r for _, r in labelled], [o for o, _ in labelled], st
 
 
+def _write_rows(path: Path, rows: list[dict]) -> None:
+    """The rows this stage trains on, as the harness checks them after training (``inner_loop.contamination``)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        for row in trained_record(rows):
+            f.write(json.dumps(row) + "\n")
+
+
 def _write_json(path: Path, data) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
@@ -168,6 +179,7 @@ def run_stages(spec: JobSpec, job_dir: str | Path, model_path: str | Path, famil
         gen_s = sum(g.seconds for g in gen)
         if gen:
             _write_json(stage_out / GENERATION_FILE, [g.as_dict() for g in gen])
+        _write_rows(stage_out / TRAINED_ROWS, rows)
         entry = {"algorithm": view.algorithm, "peft": "lora" if view.peft else "full", "data_source": source,
                  "steps": 0}
         ran["stages"].append(entry)

@@ -21,6 +21,7 @@ import pickle
 import shutil
 import socket
 import subprocess
+import sysconfig
 import threading
 from pathlib import Path
 
@@ -174,6 +175,12 @@ ATTACKS = {
     "write_outside": ("open({root!r} + '/planted.txt', 'w').write('x')", "FileNotFoundError"),
     "write_job_folder": ("open('reward.py', 'w').write('x')", "OSError"),
     "write_repo": ("open({repo!r} + '/evaluation/families/base.py', 'a').write('x')", "FileNotFoundError"),
+    # an import hook for the trainer: a .pth or sitecustomize in the interpreter's site-packages
+    "import_hook_pth": ("import site\nopen(site.getsitepackages()[0] + '/zz_redteam.pth', 'w').write('import os')",
+                        ("OSError", "PermissionError")),
+    "import_hook_sitecustomize": ("import sysconfig\n"
+                                  "open(sysconfig.get_paths()['purelib'] + '/sitecustomize.py', 'w').write('x')",
+                                  ("OSError", "PermissionError")),
     # the network, even loopback
     "network_loopback": ("import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=3)",
                          "ConnectionRefusedError"),
@@ -228,6 +235,7 @@ def test_reward_code_attack_is_blocked(name, harness, tmp_path):
     assert "BLOCKED" in text and any(e.replace("{{", "{") in text for e in evidence), text[:3000]
     assert not accepted, "nothing connected to the harness's loopback listener"
     assert not (harness["root"] / "planted.txt").exists()
+    assert not (Path(sysconfig.get_paths()["purelib"]) / "zz_redteam.pth").exists()
     if name == "secret_env":
         assert "AT_TEST" not in text and "OPENAI" not in text, "secret names do not even exist in the sandbox"
 

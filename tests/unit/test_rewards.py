@@ -7,7 +7,9 @@ import pytest
 from inner_loop.jobspec import RewardSpec
 from inner_loop.rewards import (
     LIBRARY,
+    MAX_ABS_REWARD,
     RewardError,
+    checked,
     describe_library,
     exact_match,
     format_ok,
@@ -130,3 +132,42 @@ def test_bad_reward_results_are_reported_by_name(tmp_path, body, match):
     (_, fn, _), = resolve_rewards(spec, tmp_path)
     with pytest.raises(RewardError, match=match):
         fn(prompts=["p", "p"], completions=["a", "b"])
+
+
+class _Liar(float):
+    """A float that tells math.isfinite 0.5 and float() 1e308."""
+
+    def __float__(self):
+        return 1e308
+
+
+@pytest.mark.parametrize("value", [_Liar(0.5), float("inf"), float("nan"), 1e5, -1e300, True, "1.0", [1.0]])
+def test_reward_values_must_be_plain_finite_bounded_floats(value):
+    fn = checked("r", lambda prompts, completions, **kw: [value] * len(completions))
+    with pytest.raises(RewardError, match="finite float or None"):
+        fn(prompts=["p"], completions=["c"])
+
+
+def test_plain_numbers_pass_as_floats():
+    import numpy as np
+
+    fn = checked("r", lambda prompts, completions, **kw: [1, 0.5, None, np.float64(-2.0), MAX_ABS_REWARD])
+    assert fn(prompts=["p"] * 5, completions=["c"] * 5) == [1.0, 0.5, None, -2.0, MAX_ABS_REWARD]
+    assert all(type(v) is float for v in fn(prompts=["p"] * 5, completions=["c"] * 5) if v is not None)
+
+
+@pytest.mark.parametrize("logs", [{"reward": float("inf")}, {"rewards/mine/mean": float("nan")},
+                                  {"reward_std": float("-inf")}, {"loss": float("nan")}])
+def test_a_non_finite_reward_or_loss_ends_the_run_as_diverged(logs):
+    from types import SimpleNamespace
+
+    from inner_loop.runners.callbacks import BudgetGuard
+
+    guard = BudgetGuard(10, 60.0)
+    control = SimpleNamespace(should_training_stop=False)
+    guard.on_log(None, SimpleNamespace(global_step=3), control, logs={"reward": 0.5, **logs})
+    assert guard.stop_reason == "diverged" and control.should_training_stop, guard.detail
+    ok = BudgetGuard(10, 60.0)
+    ok.on_log(None, SimpleNamespace(global_step=3), SimpleNamespace(should_training_stop=False),
+              logs={"reward": 0.5, "loss": 0.1, "rewards/mine/mean": 0.2, "completions/mean_length": 3.0})
+    assert ok.stop_reason is None

@@ -21,7 +21,8 @@ from evaluation.families import FAMILIES, get_family
 from evaluation.hidden_eval import hidden_set
 from evaluation.lineage import lineage_mismatch
 from inner_loop.jobspec import JobSpec
-from inner_loop.sandbox import (REWARD_HOST_IN_SANDBOX, SandboxPolicy, bwrap_problem, job_file_problems,
+from inner_loop.jobfiles import job_file_problems
+from inner_loop.sandbox import (REWARD_HOST_IN_SANDBOX, SandboxPolicy, bwrap_problem,
                                 reward_host_argv, scrub_env, trainer_wrapper)
 
 needs_bwrap = pytest.mark.skipif(bwrap_problem() is not None, reason=f"bubblewrap unusable: {bwrap_problem()}")
@@ -63,7 +64,8 @@ def test_policy_from_values_and_config():
 def test_scrub_env_drops_secrets_and_unknown_names():
     env = {"PATH": "/bin", "HOME": "/h", "OPENAI_API_KEY": "sk-1", "HF_TOKEN": "t", "AWS_SECRET_ACCESS_KEY": "s",
            "MLFLOW_TRACKING_URI": "sqlite:///x", "PYTHONPATH": "/p", "OMP_NUM_THREADS": "1"}
-    assert scrub_env(env) == {"PATH": "/bin", "HOME": "/h", "PYTHONPATH": "/p", "OMP_NUM_THREADS": "1"}
+    # PYTHONPATH too: children run isolated (-I), and a path there could point into a job folder.
+    assert scrub_env(env) == {"PATH": "/bin", "HOME": "/h", "OMP_NUM_THREADS": "1"}
 
 
 def test_trainer_command_line_mounts_only_what_the_job_needs(tmp_path):
