@@ -17,6 +17,8 @@ to ``main``::
 What ``main`` adds to Hydra:
 - ``task=<path>.json`` (any file) becomes ``task.spec_path=<path>``; ``task=<name>`` selects
   ``configs/task/<name>.yaml``, else ``examples/tasks/<name>.json``.
+- ``model=<name>`` without a ``configs/model/<name>.yaml`` becomes ``model.name=<name>`` (a model
+  added by configuration: ``+base_models.<name>.path=<folder>``).
 - A positional argument (``at-job examples/jobs/sft_full``) becomes ``<positional>=<value>``.
 - The config is composed and validated before Hydra starts, so a bad override or an impossible
   combination ends with ONE line on stderr and exit code 2, never a traceback. Errors the command
@@ -28,6 +30,7 @@ What ``main`` adds to Hydra:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import platform
@@ -43,6 +46,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from agent_trainer.config import CONFIG_DIR, ConfigError, check_installed, compose_config, validate
 from agent_trainer.paths import PROJECT_ROOT, resolve_path
+from agent_trainer.registry import BASE_MODELS_ENV, INCLUDE_PATH_ENV
 from agent_trainer.tracking import TrackingError
 
 TASKS_DIR = PROJECT_ROOT / "examples" / "tasks"
@@ -120,6 +124,8 @@ def rewrite_args(argv: Sequence[str], positional: str | None = None) -> list[str
         key, _, value = arg.partition("=")
         if key.lstrip("+~") == "task" and value:
             arg = _task_override(value)
+        elif key == "model" and value and "," not in value and not (CONFIG_DIR / "model" / f"{value}.yaml").is_file():
+            arg = f"model.name={value}"  # a model from base_models (configuration), not a configs/model option
         out.append(arg)
     return out
 
@@ -224,8 +230,11 @@ def run_dir(cfg: DictConfig) -> Path:
 
 
 def start_run(cfg: DictConfig) -> Path:
-    """Validate ``cfg``, fix its run_id, create the run folder with the resolved config and versions.json."""
-    validate(cfg)
+    """Validate ``cfg``, fix its run_id, create the run folder with the resolved config and versions.json.
+
+    Also exports the configured registry entries (``task.include_path``, ``base_models``) to this
+    process's environment, where the registries and every child process find them."""
+    export_registries(validate(cfg))
     if not cfg.get("dry_run"):
         check_installed(cfg)
     folder = run_dir(cfg).resolve()
@@ -239,6 +248,18 @@ def start_run(cfg: DictConfig) -> Path:
     if cfg.get("dry_run"):
         print(f"dry run: resolved config written to {folder / 'config.resolved.yaml'}")
     return folder
+
+
+def export_registries(obj) -> None:
+    """``task.include_path`` and ``base_models`` of a validated config into ``agent_trainer.registry``'s variables."""
+    include = [str(resolve_path(p).resolve()) for p in obj.task.include_path]
+    models = {name: {**dataclasses.asdict(e), "path": str(resolve_path(e.path).resolve())}
+              for name, e in obj.base_models.items()}
+    for var, value in ((INCLUDE_PATH_ENV, os.pathsep.join(include)), (BASE_MODELS_ENV, json.dumps(models) if models else "")):
+        if value:
+            os.environ[var] = value
+        else:
+            os.environ.pop(var, None)
 
 
 class _writable:

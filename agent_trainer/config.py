@@ -29,7 +29,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
-from agent_trainer.paths import PROJECT_ROOT
+from agent_trainer.paths import PROJECT_ROOT, resolve_path
 
 CONFIG_DIR = PROJECT_ROOT / "configs"
 
@@ -116,6 +116,8 @@ class TaskConfig:
     spec_path: str = doc(MISSING, "task spec JSON, e.g. examples/tasks/calc_chain_v1_fast.json")
     train_families: list[str] = doc([], "families the outer loop samples training episodes from; [] = the spec's")
     held_out_families: list[str] = doc([], "families scored every outer.heldout_every steps, never trained on")
+    include_path: list[str] = doc([], "folders of data-defined task families (*.yaml cards with their JSONL; "
+                                      "evaluation.families.data_family), searched besides the built-in ones")
     spec_pattern: str = doc("examples/tasks/{family}_v1_fast.json",
                             "task spec file of a family for the outer loop ({family} is replaced)")
 
@@ -226,6 +228,17 @@ class ModelConfig:
 
 
 @dataclass
+class BaseModelEntry:
+    """A Hugging Face causal-LM folder as a base model (``base_models.<name>``), used like a built-in one."""
+
+    path: str = doc(MISSING, "the model folder: config.json, *.safetensors, tokenizer files")
+    stands_for: str = doc("", "what it is, for tables and logs (e.g. SmolLM2-135M-Instruct)")
+    dtype: str = doc("float32", "how the harness loads it for evaluation: float32 | bfloat16 | float16")
+    cost_factor: Optional[float] = doc(None, "seconds per training step relative to tiny-s on this machine (the "
+                                             "validation's cost estimate); null = priced like the slowest known model")
+
+
+@dataclass
 class Intervention:
     """A message put into the agent's conversation after a job's result (outer_loop.steering)."""
 
@@ -300,15 +313,20 @@ class Config:
     outer: OuterConfig = doc(OuterConfig, "outer RL loop")
     inner: InnerConfig = doc(InnerConfig, "inner job defaults")
     model: ModelConfig = doc(ModelConfig, "base model of single-model commands (at-eval)")
+    base_models: dict[str, Any] = doc({}, "more base models by name, each a BaseModelEntry: "
+                                          "+base_models.<name>.path=<folder> (then usable in model=, job.yaml and "
+                                          "task specs)")
     strategy: StrategyConfig = doc(StrategyConfig, "strategy intervention")
     tracking: TrackingConfig = doc(TrackingConfig, "MLflow")
 
 
 @dataclass
 class ModelsCommand(Config):
-    """``at-models``: build the tiny models."""
+    """``at-models``: build the tiny models (``at-models``) or import the real ones (``at-models import``)."""
 
-    force: bool = doc(False, "rebuild models that are already in the cache")
+    action: str = doc("build", "build: the tiny models and the tiny agent; import: the real models shipped as GGUF "
+                               "wheels (SmolLM2-135M-Instruct), converted to safetensors")
+    force: bool = doc(False, "rebuild (re-import) models that are already in the cache")
 
 
 @dataclass
@@ -317,6 +335,8 @@ class EvalCommand(Config):
 
     table: bool = doc(False, "print the whole baseline table instead of one score")
     checkpoint: Optional[str] = doc(None, "a trained model folder to score against the base model's baseline; null = the base model")
+    prompt_format: Optional[str] = doc(None, "raw | chat (evaluation.prompts); null = the task spec's")
+    table_models: list[str] = doc([], "table: these base models only; [] = every base model on disk")
 
 
 @dataclass
@@ -457,11 +477,38 @@ def validate(cfg: DictConfig) -> Config:
     for key in ("max_usd_per_episode", "max_tokens_per_episode", "max_usd_per_run", "max_tokens_per_run"):
         value = getattr(b, key)
         _check(value is None or value > 0, f"budget.{key} must be > 0 or null (no cap), got {value}")
+    _check(getattr(obj, "prompt_format", None) in (None, "raw", "chat"),
+           f"prompt_format must be raw or chat, got {getattr(obj, 'prompt_format', None)!r}")
+    _check(getattr(obj, "action", "build") in ("build", "import"),
+           f"at-models takes build or import, got {getattr(obj, 'action', None)!r}")
     _check(obj.inner.timeout_s is None or obj.inner.timeout_s > 0, "inner.timeout_s must be > 0 or null")
     _check(obj.inner.eval_batch_size >= 1, "inner.eval_batch_size must be >= 1")
     _check(obj.inner.eval_size is None or obj.inner.eval_size >= 1, "inner.eval_size must be >= 1 or null")
+    obj.base_models = {name: _base_model_entry(name, entry) for name, entry in obj.base_models.items()}
+    for folder in t.include_path:
+        _check(resolve_path(folder).is_dir(), f"task.include_path: {folder} is not a folder (it holds data families' "
+                                              "*.yaml cards and their rows)")
+    for name, entry in obj.base_models.items():
+        _check(entry.dtype in ("float32", "bfloat16", "float16"),
+               f"base_models.{name}.dtype must be float32, bfloat16 or float16, got {entry.dtype!r}")
+        _check(entry.cost_factor is None or entry.cost_factor > 0, f"base_models.{name}.cost_factor must be > 0")
     _check_strategy(obj.strategy)
     return obj
+
+
+def _base_model_entry(name: str, entry: Any) -> BaseModelEntry:
+    """``base_models.<name>`` as a ``BaseModelEntry``; unknown keys and a missing path are ``ConfigError``."""
+    _check(isinstance(entry, dict), f"base_models.{name} must be a mapping with a path, e.g. "
+                                    f"+base_models.{name}.path=/models/{name}")
+    known = {f.name for f in fields(BaseModelEntry)}
+    unknown = sorted(set(entry) - known)
+    _check(not unknown, f"base_models.{name}: unknown key(s) {unknown}; known: {sorted(known)}")
+    _check(isinstance(entry.get("path"), str) and bool(entry["path"]),
+           f"base_models.{name}.path is missing: +base_models.{name}.path=<model folder>")
+    try:
+        return BaseModelEntry(**{k: v for k, v in entry.items()})
+    except TypeError as e:
+        raise ConfigError(f"base_models.{name}: {e}") from None
 
 
 def vllm_build() -> str | None:

@@ -24,13 +24,15 @@ from pathlib import Path
 from agent_trainer.paths import cache_dir as default_cache_dir
 from evaluation.families import family_names, get_family
 from evaluation.hidden_eval import checkpoint_hash, score_checkpoint
+from evaluation.prompts import RAW, PromptFormat, for_family
 
 BASELINES_FILE = "baselines.json"
 
 
-def _key(model_path, family: str, n: int) -> str:
+def _key(model_path, family: str, n: int, fmt: PromptFormat = RAW) -> str:
     fam = get_family(family)
-    return f"{checkpoint_hash(model_path)}/{fam.name}/v{fam.version}/n{n}"
+    key = f"{checkpoint_hash(model_path)}/{fam.name}/v{fam.version}/n{n}"
+    return key if fmt.kind == "raw" else f"{key}/{fmt.key}"
 
 
 @contextmanager
@@ -61,23 +63,24 @@ def _write(cache: Path, data: dict) -> None:
     os.replace(tmp, cache / BASELINES_FILE)
 
 
-def lookup_baseline(model_path, family: str, n: int = 200, cache_dir=None) -> float | None:
-    """The cached baseline, or None when it has not been computed (never computes)."""
-    entry = _read(default_cache_dir(cache_dir)).get(_key(model_path, family, n))
+def lookup_baseline(model_path, family: str, n: int = 200, cache_dir=None, fmt: PromptFormat = RAW) -> float | None:
+    """The cached baseline (in prompt format ``fmt``), or None when it has not been computed (never computes)."""
+    entry = _read(default_cache_dir(cache_dir)).get(_key(model_path, family, n, fmt))
     return None if entry is None else float(entry["score"])
 
 
-def get_baseline(model_path, family: str, n: int = 200, cache_dir=None, device: str = "cpu") -> float:
-    """The hidden-eval score of ``model_path`` on ``family``: from the cache, else computed (on ``device``:
-    greedy decoding in fp32, so the device does not enter the key) and stored."""
+def get_baseline(model_path, family: str, n: int = 200, cache_dir=None, device: str = "cpu",
+                 fmt: PromptFormat = RAW) -> float:
+    """The hidden-eval score of ``model_path`` on ``family`` in prompt format ``fmt``: from the cache, else
+    computed (on ``device``: greedy decoding in fp32, so the device does not enter the key) and stored."""
     cache = default_cache_dir(cache_dir)
-    key = _key(model_path, family, n)
+    key = _key(model_path, family, n, fmt)
     # Holding the lock while scoring means two processes never score the same key twice.
     with _locked(cache):
         data = _read(cache)
         if key in data:
             return float(data[key]["score"])
-        result = score_checkpoint(model_path, family, n=n, device=device)
+        result = score_checkpoint(model_path, family, n=n, device=device, fmt=fmt)
         data = _read(cache)
         data[key] = {"score": result.score, "seconds": result.seconds, "model": str(model_path),
                      "computed_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
@@ -103,9 +106,11 @@ class BaselineTable:
 
 
 def baseline_table(models: dict[str, str | os.PathLike], families: list[str] | None = None, n: int = 200,
-                   cache_dir=None) -> BaselineTable:
-    """Baselines (cached) of each named model folder on each family (default: all families)."""
+                   cache_dir=None, kind: str = "raw") -> BaselineTable:
+    """Baselines (cached) of each named model folder on each family (default: all families), in prompt
+    format ``kind`` (chat: each family's instruction as the system prompt, ``evaluation.prompts.for_family``)."""
     table = BaselineTable(n=n)
     for name, path in models.items():
-        table.scores[name] = {f: get_baseline(path, f, n=n, cache_dir=cache_dir) for f in families or family_names()}
+        table.scores[name] = {f: get_baseline(path, f, n=n, cache_dir=cache_dir, fmt=for_family(f, kind))
+                              for f in families or family_names()}
     return table

@@ -4,9 +4,10 @@
     >>> r = score_checkpoint("runs/x/checkpoint", "calc_chain", n=200)
     >>> r.score, r.seconds, r.samples[0]
 
-The model is fed each hidden ``prompt`` exactly as the family writes it and must continue with
-the answer and then its eos token (the format the tiny base models are pretrained on). Decoding
-is greedy, left-padded, at most the family's ``max_new_tokens``; the family's scorer grades it.
+The model is fed each hidden ``prompt`` in the task's prompt format (``evaluation.prompts``: ``raw``,
+exactly as the family writes it, the format the tiny base models are pretrained on; or ``chat``,
+through the model's chat template) and must continue with the answer and then its eos token.
+Decoding is greedy, left-padded, at most the family's ``max_new_tokens``; the family's scorer grades it.
 
 This is the only module that reads hidden sets. It never imports ``inner_loop``: checkpoints are
 loaded with ``AutoModelForCausalLM.from_pretrained`` / ``AutoTokenizer.from_pretrained``.
@@ -23,6 +24,7 @@ from pathlib import Path
 import torch
 
 from evaluation.families import HIDDEN_SEED_BASE, Example, TaskFamily, get_family
+from evaluation.prompts import RAW, PromptFormat, render
 
 SAMPLES_KEPT = 5
 # Below this size a CPU model decodes fastest on one thread: the per-token matrices are too small
@@ -115,9 +117,11 @@ def generate_completions(model, tokenizer, prompts: list[str], max_new_tokens: i
     return out
 
 
-def score_examples(model, tokenizer, family: TaskFamily, examples: list[Example], batch_size: int = 64) -> tuple[float, list[dict]]:
-    """Mean score of the model on ``examples`` and a few (prompt, completion, answer) samples."""
-    completions = generate_completions(model, tokenizer, [e.prompt for e in examples], family.max_new_tokens, batch_size)
+def score_examples(model, tokenizer, family: TaskFamily, examples: list[Example], batch_size: int = 64,
+                   fmt: PromptFormat = RAW) -> tuple[float, list[dict]]:
+    """Mean score of the model on ``examples`` (prompts rendered in ``fmt``) and a few (prompt, completion, answer) samples."""
+    prompts = [render(tokenizer, e.prompt, fmt) for e in examples]
+    completions = generate_completions(model, tokenizer, prompts, family.max_new_tokens, batch_size)
     scores = [family.score_one(c, e.answer) for c, e in zip(completions, examples)]
     samples = [{"prompt": e.prompt, "completion": c, "answer": e.answer, "score": s}
                for e, c, s in list(zip(examples, completions, scores))[:SAMPLES_KEPT]]
@@ -125,11 +129,11 @@ def score_examples(model, tokenizer, family: TaskFamily, examples: list[Example]
 
 
 def score_model(model, tokenizer, family: str | TaskFamily, n: int = 200, batch_size: int = 64,
-                model_hash: str = "in-memory") -> EvalResult:
-    """Score an in-memory model on the first ``n`` hidden items of ``family``."""
+                model_hash: str = "in-memory", fmt: PromptFormat = RAW) -> EvalResult:
+    """Score an in-memory model on the first ``n`` hidden items of ``family`` (prompts in format ``fmt``)."""
     fam = get_family(family) if isinstance(family, str) else family
     t0 = time.perf_counter()
-    score, samples = score_examples(model, tokenizer, fam, hidden_set(fam.name, n), batch_size)
+    score, samples = score_examples(model, tokenizer, fam, hidden_set(fam.name, n), batch_size, fmt)
     return EvalResult(fam.name, fam.version, n, score, round(time.perf_counter() - t0, 3), model_hash, samples)
 
 
@@ -146,8 +150,10 @@ def load_checkpoint(path: str | Path, device: str = "cpu"):
     return model, tokenizer
 
 
-def score_checkpoint(path: str | Path, family_name: str, n: int = 200, batch_size: int = 64, device: str = "cpu") -> EvalResult:
-    """Load a checkpoint and score it on the first ``n`` hidden items of ``family_name``."""
+def score_checkpoint(path: str | Path, family_name: str, n: int = 200, batch_size: int = 64, device: str = "cpu",
+                     fmt: PromptFormat = RAW) -> EvalResult:
+    """Load a checkpoint and score it on the first ``n`` hidden items of ``family_name`` (prompts in ``fmt``)."""
     get_family(family_name)  # fail on an unknown name before loading weights
     model, tokenizer = load_checkpoint(path, device)
-    return score_model(model, tokenizer, family_name, n=n, batch_size=batch_size, model_hash=checkpoint_hash(path))
+    return score_model(model, tokenizer, family_name, n=n, batch_size=batch_size, model_hash=checkpoint_hash(path),
+                       fmt=fmt)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -41,6 +42,10 @@ class TaskSpec(BaseModel):
     budget: InnerBudget = Field(default_factory=InnerBudget)
     hidden_eval_size: int = Field(200, ge=1, le=5000)
     held_out: bool | None = Field(None, description="defaults to the family's own flag")
+    prompt_format: Literal["raw", "chat"] = Field("raw", description="how models see prompts: raw (the family's "
+                                                  "text) or chat (the model's chat template); evaluation.prompts")
+    system_prompt: str | None = Field(None, description="chat: the system message; null = the instruction + "
+                                                        "'Answer with the answer only.', '' = none")
 
     @model_validator(mode="after")
     def _check_family(self) -> "TaskSpec":

@@ -21,7 +21,9 @@ from __future__ import annotations
 import os
 import queue
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Callable
+
+from agent_trainer.registry import Registry
 
 
 def gpu_ids(value: str) -> list[str]:
@@ -123,7 +125,26 @@ class LocalParallelExecutor:
             return list(pool.map(on_gpus, reqs))
 
 
-EXECUTORS = ("sequential", "local_parallel", "submitit_local", "slurm", "ray")
+def _submitit(cluster: str):
+    def make(**options):
+        from inner_loop.launchers import SubmititExecutor
+
+        return SubmititExecutor, {**options, "cluster": cluster}
+    return make
+
+
+def _ray(**options):
+    from inner_loop.launchers import RayExecutor
+
+    return RayExecutor, options
+
+
+# kind -> options -> (executor class, its options); no engine is imported before ``run``.
+EXECUTORS: Registry[Callable[..., tuple[type, dict]]] = Registry("executor", hint="set hardware.executor")
+for _kind, _make in (("sequential", lambda **o: (SequentialExecutor, o)),
+                     ("local_parallel", lambda **o: (LocalParallelExecutor, o)),
+                     ("submitit_local", _submitit("local")), ("slurm", _submitit("slurm")), ("ray", _ray)):
+    EXECUTORS.register(_kind, _make)
 
 
 def make_executor(kind: str = "sequential", max_parallel: int = 1, **options: Any):
@@ -135,14 +156,6 @@ def make_executor(kind: str = "sequential", max_parallel: int = 1, **options: An
     ``init_kwargs`` (``ray.init`` keywords). Options an executor does not take are ignored."""
     import inspect
 
-    from inner_loop import launchers
-
-    if kind not in EXECUTORS:
-        raise ValueError(f"unknown executor {kind!r}; use one of: {', '.join(EXECUTORS)}")
-    if kind in ("submitit_local", "slurm"):
-        cls, options = launchers.SubmititExecutor, {**options, "cluster": "local" if kind == "submitit_local" else "slurm"}
-    else:
-        cls = {"sequential": SequentialExecutor, "local_parallel": LocalParallelExecutor,
-               "ray": launchers.RayExecutor}[kind]
+    cls, options = EXECUTORS[kind](**options)
     accepted = inspect.signature(cls.__init__).parameters
     return cls(max_parallel=max_parallel, **{k: v for k, v in options.items() if k in accepted})

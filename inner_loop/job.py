@@ -45,6 +45,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Callable
 
+from evaluation.prompts import for_task
 from evaluation.tasks import TaskSpec, load_task
 
 RESULT_FILE = "result.json"
@@ -202,10 +203,11 @@ def _base_model_dir(name: str, cache_dir) -> Path:
     return Path(resolve_model(name, cache_dir=cache_dir))
 
 
-def _baseline(base_dir: Path, family: str, n: int, cache_dir, device: str = "cpu") -> float:
+def _baseline(base_dir: Path, family: str, n: int, cache_dir, device: str = "cpu", fmt=None) -> float:
     from evaluation.baselines import get_baseline
+    from evaluation.prompts import RAW
 
-    return float(get_baseline(base_dir, family, n, cache_dir=cache_dir, device=device))
+    return float(get_baseline(base_dir, family, n, cache_dir=cache_dir, device=device, fmt=fmt or RAW))
 
 
 def job_train_seconds(res: JobResult) -> float:
@@ -341,7 +343,7 @@ def run_job(job_dir: str | Path, task: TaskSpec | str | Path, *, cache_dir: str 
         run = run_worker(job_dir, base_dir, task.family, out, max_steps=task.budget.max_steps,
                          max_seconds=task.budget.max_seconds, deadline_s=deadline, threads=threads,
                          progress=progress, wrap=wrap, warm=warm and wrap is None and not agent_files,
-                         reward_host=reward_host, device=device, gpus=gpus, vllm=vllm)
+                         reward_host=reward_host, device=device, gpus=gpus, vllm=vllm, fmt=for_task(task))
     finally:
         if reward_host is not None:
             reward_host.close()
@@ -364,7 +366,7 @@ def run_job(job_dir: str | Path, task: TaskSpec | str | Path, *, cache_dir: str 
     if res.status in ("ok", "timeout") and st.get("model_dir") and model_out.is_dir():
         _check_trained(res, spec, job_dir, out, task.family, hidden_n)
         with HARNESS_LOCK:
-            _score(res, model_out, base_dir, cache_dir, eval_device(device, gpus))
+            _score(res, model_out, base_dir, cache_dir, eval_device(device, gpus), for_task(task))
     return _finish(res, out, t_start, price_per_hour, tracker, log)
 
 
@@ -393,12 +395,13 @@ def _check_trained(res: JobResult, spec, job_dir: Path, out: Path, family: str, 
         res.contamination = {**res.contamination, "trained": after.to_dict()}
 
 
-def _score(res: JobResult, checkpoint: Path, base_dir: Path, cache_dir, device: str = "cpu") -> None:
+def _score(res: JobResult, checkpoint: Path, base_dir: Path, cache_dir, device: str = "cpu", fmt=None) -> None:
     """Hidden score, baseline and uplift of a saved checkpoint (in this, the harness, process).
 
     The checkpoint is loaded only after its lineage check; a flagged job is not scored at all: its
     hidden score is its baseline (uplift 0)."""
     from evaluation.hidden_eval import score_checkpoint
+    from evaluation.prompts import RAW
 
     why = architecture_mismatch(checkpoint, base_dir)
     if why:
@@ -406,9 +409,9 @@ def _score(res: JobResult, checkpoint: Path, base_dir: Path, cache_dir, device: 
         return
     t0 = time.monotonic()
     try:
-        res.baseline = _baseline(base_dir, res.family, res.hidden_n, cache_dir, device)
-        res.hidden_score = (res.baseline if res.flagged
-                            else float(score_checkpoint(checkpoint, res.family, res.hidden_n, device=device).score))
+        res.baseline = _baseline(base_dir, res.family, res.hidden_n, cache_dir, device, fmt)
+        res.hidden_score = (res.baseline if res.flagged else float(
+            score_checkpoint(checkpoint, res.family, res.hidden_n, device=device, fmt=fmt or RAW).score))
     except Exception as e:  # a checkpoint the harness cannot read is the job's failure, not the harness's
         res.status, res.detail = "crashed", f"the hidden evaluation could not score the model: {type(e).__name__}: {e}"
         res.hidden_score = res.baseline = None

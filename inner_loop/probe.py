@@ -2,8 +2,8 @@
 
 Called by ``inner_loop.validate.validate_job(..., dry_run=True)``; it adds findings to a report.
 
-- SFT: tokenize the first batch as ``prompt + answer + eos`` (loss on the answer only, like TRL's
-  completion-only loss), check the prompt tokens are a prefix, compute the first loss.
+- SFT: tokenize the first batch as the trainer does (``runners.train.sft_ids``: the prompt's tokens,
+  then the answer's and eos; loss on the answer only), compute the first loss.
 - GRPO: for the first prompts, one greedy and a few sampled completions at the job's temperature
   and completion length; score them with the job's rewards *in a child process* (the rewards
   may be agent code); warn when the weighted reward has no spread.
@@ -56,30 +56,13 @@ def _load_base(report, spec, cache_dir, model_dir):
     return tokenizer, model
 
 
-def _encode_sft(tokenizer, rows):
-    """(input_ids, labels) lists, labels -100 on the prompt; and rows whose prompt is not a token prefix."""
-    ids, labels, shifted = [], [], []
-    for row in rows:
-        p = tokenizer(row["prompt"], add_special_tokens=False)["input_ids"]
-        full = tokenizer(row["prompt"] + row["answer"], add_special_tokens=False)["input_ids"]
-        full = full + [tokenizer.eos_token_id]
-        if full[: len(p)] != p:
-            shifted.append(row["prompt"])
-        ids.append(full)
-        labels.append([-100] * len(p) + full[len(p):])
-    return ids, labels, shifted
-
-
 def _probe_sft(report, spec, tokenizer, model, rows) -> None:
     import torch
 
+    from inner_loop.runners.train import sft_ids
+
     batch = rows[: min(SFT_ROWS, spec.hyperparameters.batch_size)]
-    ids, labels, shifted = _encode_sft(tokenizer, batch)
-    if shifted:
-        report.add("data", f"in {len(shifted)} of the first {len(batch)} rows the prompt's tokens are not a prefix "
-                   f"of prompt+answer (e.g. {shifted[0]!r}): the answer boundary is blurred",
-                   "write prompts exactly like the task's (ending in '=') and answers without a leading space",
-                   "warning")
+    ids, labels = map(list, zip(*sft_ids(tokenizer, [r["prompt"] for r in batch], [r["answer"] for r in batch])))
     longest = max(map(len, ids))
     limit = getattr(model.config, "max_position_embeddings", 1024)
     if longest > limit:
@@ -201,14 +184,22 @@ def _probe_grpo(report, spec, tokenizer, model, rows, job_dir: Path, timeout_s: 
 
 
 def dry_run(report, spec, job_dir: Path, rows: list[dict], *, cache_dir=None, model_dir=None,
-            reward_timeout_s: float = 30.0, sandbox=None) -> None:
-    """Probe the job on its base model; adds findings and ``report.probe`` entries."""
+            reward_timeout_s: float = 30.0, sandbox=None, fmt=None) -> None:
+    """Probe the job on its base model, its prompts in the task's format ``fmt`` (``evaluation.prompts``);
+    adds findings and ``report.probe`` entries."""
+    from evaluation.prompts import RAW, PromptFormatError, render
+
     loaded = _load_base(report, spec, cache_dir, model_dir)
     if loaded is None:
         return
     import torch
 
     tokenizer, model = loaded
+    try:
+        rows = [{**r, "prompt": render(tokenizer, r["prompt"], fmt or RAW)} for r in rows]
+    except PromptFormatError as e:
+        report.add("base_model", f"base model {spec.base_model!r}: {e}", "pick a model with a chat template")
+        return
     report.probe["model_parameters"] = sum(p.numel() for p in model.parameters())
     # One thread: the probe's tensors are tiny, and on a busy shared machine two threads were ~30x slower.
     threads = torch.get_num_threads()

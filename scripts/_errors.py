@@ -6,6 +6,7 @@ import sys
 
 # (module, class): raised for things a user can fix (bad spec, unknown family, missing weights).
 USER_ERROR_CLASSES = (
+    ("agent_trainer.registry", "UnknownName"),
     ("evaluation.tasks", "TaskSpecError"),
     ("evaluation.families", "FamilyError"),
     ("evaluation.hidden_eval", "EvalError"),

@@ -3,6 +3,7 @@
     at-eval model=tiny-s task=examples/tasks/calc_chain_v1_fast.json
     at-eval model=tiny-s checkpoint=runs/<run_id>/job/checkpoint     # a trained model vs its base
     at-eval table=true                                              # the whole baseline table
+    at-eval model=smollm2-135m prompt_format=chat                   # through the model's chat template
     at-eval inner.eval_size=50 tracking=off
 
 Writes ``eval.json`` into the run folder and logs the scores to MLflow (unless tracking=off).
@@ -35,10 +36,15 @@ def run(cfg: DictConfig) -> float | None:
     from evaluation.tasks import load_task
     from inner_loop.models import resolve_model
 
+    from evaluation.prompts import for_task
+
     spec = load_task(resolve_path(cfg.task.spec_path))
+    if cfg.prompt_format is not None:
+        spec = spec.model_copy(update={"prompt_format": cfg.prompt_format})
+    fmt = for_task(spec)
     n = int(cfg.inner.eval_size or spec.hidden_eval_size)
     if cfg.table:
-        return _table(cfg, folder, n)
+        return _table(cfg, folder, n, fmt)
 
     from evaluation.hidden_eval import score_checkpoint
 
@@ -48,11 +54,11 @@ def run(cfg: DictConfig) -> float | None:
     with Tracker.from_config(cfg, run_name=f"eval-{cfg.run_id}", tags={"command": "at-eval"}) as tr:
         tr.log_config(cfg)
         result = score_checkpoint(target, spec.family, n=n, batch_size=int(cfg.inner.eval_batch_size),
-                                  device=_device(str(cfg.hardware.device)))
-        baseline = float(baselines.get_baseline(base, spec.family, n, cache_dir=cfg.cache_dir))
+                                  device=_device(str(cfg.hardware.device)), fmt=fmt)
+        baseline = float(baselines.get_baseline(base, spec.family, n, cache_dir=cfg.cache_dir, fmt=fmt))
         summary = {
             "task": spec.name, "family": spec.family, "model": cfg.model.name, "checkpoint": str(target),
-            "n": n, "hidden_score": float(result.score), "baseline": baseline,
+            "prompt_format": fmt.kind, "n": n, "hidden_score": float(result.score), "baseline": baseline,
             "uplift": float(result.score) - baseline,
         }
         (folder / "eval.json").write_text(json.dumps(summary, indent=2) + "\n")
@@ -63,13 +69,13 @@ def run(cfg: DictConfig) -> float | None:
     return summary["hidden_score"]
 
 
-def _table(cfg: DictConfig, folder, n: int) -> None:
-    """Baselines of every base model on disk on every family (cached; computed on first use)."""
+def _table(cfg: DictConfig, folder, n: int, fmt) -> None:
+    """Baselines of every base model on disk (or ``table_models``) on every family, in format ``fmt`` (cached)."""
     from evaluation.baselines import baseline_table
     from inner_loop.models import BASE_MODELS, ModelNotFoundError, resolve_model
 
     models, missing = {}, []
-    for name in BASE_MODELS:
+    for name in list(cfg.table_models) or BASE_MODELS:
         try:
             models[name] = resolve_model(name, cache_dir=cfg.cache_dir, build_missing=False)
         except ModelNotFoundError:
@@ -77,8 +83,8 @@ def _table(cfg: DictConfig, folder, n: int) -> None:
     if not models:
         raise cli.UserError("no base model is on disk yet; build the tiny ones with at-models")
     with Tracker.from_config(cfg, run_name=f"baselines-{cfg.run_id}", tags={"command": "at-eval table"}) as tr:
-        table = baseline_table(models, n=n, cache_dir=cfg.cache_dir)
-        text = f"hidden-eval baselines (n={n}; untrained base models)\n{table.markdown}"
+        table = baseline_table(models, n=n, cache_dir=cfg.cache_dir, kind=fmt.kind)
+        text = f"hidden-eval baselines (n={n}, prompt format {fmt.kind}; untrained base models)\n{table.markdown}"
         if missing:
             text += f"\nnot on disk (skipped): {', '.join(missing)}"
         (folder / "baselines.md").write_text(text + "\n")

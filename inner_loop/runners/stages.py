@@ -143,11 +143,14 @@ def _write_json(path: Path, data) -> None:
 
 def run_stages(spec: JobSpec, job_dir: str | Path, model_path: str | Path, family: str, output_dir: str | Path, *,
                max_steps: int, max_seconds: float, ran: dict | None = None,
-               on_update: Callable[[dict], None] | None = None, device: str = "cpu", vllm: bool = False) -> dict:
+               on_update: Callable[[dict], None] | None = None, device: str = "cpu", vllm: bool = False,
+               fmt=None) -> dict:
     """Train every stage of ``spec`` in order; returns the final status fields (see the module docstring).
 
     ``device``: ``cpu`` or ``cuda`` (resolved: ``runners.config.resolve_device``), for the training and
-    the self-generated data's sampling; ``vllm``: GRPO stages generate with vLLM (``trl_config``).
+    the self-generated data's sampling; ``vllm``: GRPO stages generate with vLLM (``trl_config``); ``fmt``:
+    the task's prompt format (``evaluation.prompts``): rows train in it (self-generated samples are drawn
+    from the raw prompts).
     ``ran`` (``{"stages": []}``) is filled as stages start and end; ``on_update`` gets
     ``{"planned_steps", "ran"}`` at each of those moments (the worker writes it to its status file).
     """
@@ -189,7 +192,7 @@ def run_stages(spec: JobSpec, job_dir: str | Path, model_path: str | Path, famil
         log = (StepLog(output_dir / TRAIN_LOG, clock=None, append=True, step_offset=used_steps,
                        fields={"stage": i + 1}) if multi else None)
         report = train(view, rows, rewards, current, stage_out, max_steps=steps_left,
-                       max_seconds=max(1.0, budget_s - gen_s), log=log, device=device, vllm=vllm)
+                       max_seconds=max(1.0, budget_s - gen_s), log=log, device=device, vllm=vllm, fmt=fmt)
         entry["steps"] = report.steps
         used_steps += report.steps
         used_s += gen_s + report.seconds

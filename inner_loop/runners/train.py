@@ -126,24 +126,32 @@ def common_prefix_length(ids: list[int], other: list[int]) -> int:
     return next((i for i, (a, b) in enumerate(zip(ids, other)) if a != b), min(len(ids), len(other)))
 
 
-def sft_dataset(rows: list[dict], tokenizer, max_length: int | None):
-    """The SFT rows tokenized in one batch, as TRL's ``SFTTrainer`` would prepare them one by one.
+def sft_ids(tokenizer, prompts: list[str], answers: list[str]) -> list[tuple[list[int], list[int]]]:
+    """``(input_ids, labels)`` per row: the prompt's tokens, then the answer's tokens and eos; loss on answer + eos.
 
-    TRL 1.16 (``SFTTrainer._prepare_dataset``, prompt/completion rows, ``completion_only_loss``)
-    appends eos to the completion, tokenizes prompt and prompt+completion separately, masks their
-    common prefix out of the labels, truncates (``keep_start``) and drops fully masked rows: ~5 s
-    for 8,000 rows in ``datasets.map`` calls, ~0.9 s here with the fast tokenizer's batch call.
-    The trainer gets ``skip_prepare_dataset`` (``trl_config``); a test holds the two equal.
+    Prompt and answer are tokenized apart and joined as token ids, so the model trains on exactly the
+    tokens it reads at inference (the prompt's tokens, then its own continuation), and the loss covers
+    exactly the answer: a real BPE tokenizer would merge across the boundary of ``prompt + answer``
+    (SmolLM2 writes ``=`` and a digit as one token), which blurs TRL's prefix-based mask. For the
+    tiny models' tokenizer (punctuation and digits always split) both ways give the same ids."""
+    eos, eos_id = tokenizer.eos_token, tokenizer.eos_token_id
+    answers = [a[: -len(eos)] if eos and a.endswith(eos) else a for a in answers]
+    p_ids = tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
+    a_ids = tokenizer(answers, add_special_tokens=False)["input_ids"]
+    return [(p + a + [eos_id], [-100] * len(p) + a + [eos_id]) for p, a in zip(p_ids, a_ids)]
+
+
+def sft_dataset(rows: list[dict], tokenizer, max_length: int | None):
+    """The SFT rows tokenized in one batch (``sft_ids``), truncated (``keep_start``), rows without loss dropped.
+
+    What TRL's ``SFTTrainer`` builds from prompt/completion rows with ``completion_only_loss`` (the
+    trainer gets ``skip_prepare_dataset``: ``trl_config``), without its per-row ``datasets.map`` calls
+    (~5 s for 8,000 rows; ~0.9 s here), and with the boundary kept exact for real tokenizers.
     """
     from datasets import Dataset
 
-    eos = tokenizer.eos_token
-    prompts = [r["prompt"] for r in rows]
-    full = [r["prompt"] + (r["answer"] if r["answer"].endswith(eos) else r["answer"] + eos) for r in rows]
     input_ids, labels = [], []
-    for p_ids, ids in zip(tokenizer(prompts)["input_ids"], tokenizer(full)["input_ids"]):
-        n = common_prefix_length(p_ids, ids)
-        lab = [-100] * n + ids[n:]
+    for ids, lab in sft_ids(tokenizer, [r["prompt"] for r in rows], [r["answer"] for r in rows]):
         if max_length is not None:
             ids, lab = ids[:max_length], lab[:max_length]
         if any(t != -100 for t in lab):
@@ -165,12 +173,13 @@ def save_checkpoint(model, tokenizer, path: str | Path) -> Path:
 
 def train(spec: JobSpec, rows: list[dict], rewards: Sequence[tuple[str, Callable, float]], model_path: str | Path,
           output_dir: str | Path, *, max_steps: int, max_seconds: float, callbacks: Sequence = (),
-          log: StepLog | None = None, device: str = "cpu", vllm: bool = False) -> TrainReport:
+          log: StepLog | None = None, device: str = "cpu", vllm: bool = False, fmt=None) -> TrainReport:
     """Train ``model_path`` on ``rows`` as ``spec`` says, within the budget; see the module docstring.
 
     ``log`` replaces the default ``<output_dir>/train_log.jsonl`` (a later stage appends to the job's
     log); its clock is set to this run's budget guard. ``device`` (``cpu`` | ``cuda``) and ``vllm``: see
-    ``runners.config.trl_config`` (the Trainer moves the model to the device).
+    ``runners.config.trl_config`` (the Trainer moves the model to the device). ``fmt``: the prompt format
+    (``evaluation.prompts.PromptFormat``) the rows' prompts are rendered in (None: raw).
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -186,6 +195,10 @@ def train(spec: JobSpec, rows: list[dict], rewards: Sequence[tuple[str, Callable
 
     torch.manual_seed(spec.seed)
     tokenizer = AutoTokenizer.from_pretrained(model_path, local_files_only=True)
+    if fmt is not None and fmt.kind != "raw":
+        from evaluation.prompts import render
+
+        rows = [{**r, "prompt": render(tokenizer, r["prompt"], fmt)} for r in rows]
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32, local_files_only=True)
     guard = BudgetGuard(steps, max_seconds, probe=encode_probe(tokenizer, rows), vocab_size=len(tokenizer))
     step_log = log or StepLog(output_dir / TRAIN_LOG, clock=guard)

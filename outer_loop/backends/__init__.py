@@ -14,16 +14,60 @@ may name a project model instead of ``model_path`` (resolved by ``inner_loop.mod
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from typing import Any, Callable
+
+from agent_trainer.registry import Registry
 
 from outer_loop.backends.base import AgentBackend, BackendError, Generation, parse_tool_calls
-
-KINDS = ("local", "openai", "vllm")
-
 
 # Keys of the agent config that belong to the episode runner or the ledger, not to a backend.
 EPISODE_KEYS = frozenset({"temperature", "max_new_tokens", "max_turns", "usd_per_1m_tokens_in",
                           "usd_per_1m_tokens_out", "seed"})
+
+
+def _local(cfg: dict[str, Any]):
+    from outer_loop.backends.local import LocalBackend
+
+    cfg.pop("base_url", None)
+    cfg.pop("api_key_env", None)
+    name = cfg.pop("model", None)
+    if not cfg.get("model_path"):
+        if not name:
+            raise BackendError("agent backend 'local' needs model (a project model name) or model_path")
+        cfg["model_path"] = _project_model(name)
+    cfg.setdefault("model_name", name)
+    return LocalBackend.from_path
+
+
+def _openai(cfg: dict[str, Any]):
+    from outer_loop.backends.openai_backend import OpenAIBackend
+
+    cfg.pop("model_path", None)
+    return OpenAIBackend
+
+
+def _vllm(cfg: dict[str, Any]):
+    from outer_loop.backends.vllm_backend import VLLMBackend, import_vllm
+
+    cfg.pop("base_url", None)
+    cfg.pop("api_key_env", None)
+    name = cfg.pop("model", None)
+    if not cfg.get("model_path"):
+        if not _is_project_model(name):
+            raise BackendError("agent backend 'vllm' needs model_path: a local folder with the weights "
+                               "(no model hub is reached), or model: a project model (e.g. tiny-agent)")
+        import_vllm()  # before the project model is resolved (and perhaps built) for nothing
+        cfg["model_path"] = _project_model(name)
+    cfg.setdefault("model_name", name)
+    return VLLMBackend
+
+
+# kind -> prepare(cfg): adjusts cfg in place (resolving a project model) and returns the constructor.
+BACKENDS: Registry[Callable[[dict[str, Any]], Callable[..., AgentBackend]]] = Registry(
+    "agent backend", error=BackendError, hint="set backend (or kind) to one of them")
+for _kind, _prepare in (("local", _local), ("openai", _openai), ("vllm", _vllm)):
+    BACKENDS.register(_kind, _prepare)
+KINDS = tuple(BACKENDS)
 
 
 def make_backend(cfg: dict[str, Any]) -> AgentBackend:
@@ -36,39 +80,7 @@ def make_backend(cfg: dict[str, Any]) -> AgentBackend:
     kind = cfg.pop("kind", None) or cfg.pop("backend", None)
     cfg.pop("backend", None)
     kind = getattr(kind, "value", kind)  # an Enum from a structured config
-    if kind == "local":
-        from outer_loop.backends.local import LocalBackend
-
-        cfg.pop("base_url", None)
-        cfg.pop("api_key_env", None)
-        name = cfg.pop("model", None)
-        if not cfg.get("model_path"):
-            if not name:
-                raise BackendError("agent backend 'local' needs model (a project model name) or model_path")
-            cfg["model_path"] = _project_model(name)
-        cfg.setdefault("model_name", name)
-        target = LocalBackend.from_path
-    elif kind == "openai":
-        from outer_loop.backends.openai_backend import OpenAIBackend
-
-        cfg.pop("model_path", None)
-        target = OpenAIBackend
-    elif kind == "vllm":
-        from outer_loop.backends.vllm_backend import VLLMBackend, import_vllm
-
-        cfg.pop("base_url", None)
-        cfg.pop("api_key_env", None)
-        name = cfg.pop("model", None)
-        if not cfg.get("model_path"):
-            if not _is_project_model(name):
-                raise BackendError("agent backend 'vllm' needs model_path: a local folder with the weights "
-                                   "(no model hub is reached), or model: a project model (e.g. tiny-agent)")
-            import_vllm()  # before the project model is resolved (and perhaps built) for nothing
-            cfg["model_path"] = _project_model(name)
-        cfg.setdefault("model_name", name)
-        target = VLLMBackend
-    else:
-        raise BackendError(f"unknown agent backend {kind!r}; set backend (or kind) to one of: {', '.join(KINDS)}")
+    target = BACKENDS[kind](cfg)
     _check_keys(kind, target, cfg)
     return target(**cfg)
 
@@ -102,5 +114,5 @@ def _check_keys(kind: str, target, cfg: dict[str, Any]) -> None:
         raise BackendError(f"agent backend {kind!r} needs {', '.join(missing)} in its config")
 
 
-__all__ = ["AgentBackend", "BackendError", "EPISODE_KEYS", "Generation", "KINDS", "make_backend",
+__all__ = ["AgentBackend", "BackendError", "BACKENDS", "EPISODE_KEYS", "Generation", "KINDS", "make_backend",
            "parse_tool_calls"]

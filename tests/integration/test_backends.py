@@ -53,7 +53,7 @@ def test_parse_tool_calls_is_robust():
 
 
 def test_make_backend_reports_config_mistakes(monkeypatch):
-    with pytest.raises(BackendError, match="one of: local, openai, vllm"):
+    with pytest.raises(BackendError, match="known: local, openai, vllm"):
         make_backend({"backend": "hf"})
     monkeypatch.setenv("AT_TEST_KEY", "k")
     with pytest.raises(BackendError, match="does not take port"):

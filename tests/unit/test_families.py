@@ -52,7 +52,7 @@ def test_seeds_out_of_range_are_refused_with_the_fix(seed):
 def test_bad_sizes_and_names_are_refused():
     with pytest.raises(FamilyError, match="n must be"):
         get_family("calc_chain").training_examples(seed=0, n=0)
-    with pytest.raises(FamilyError, match="known families: .*calc_chain"):
+    with pytest.raises(FamilyError, match="known: .*calc_chain"):
         get_family("calc")
     with pytest.raises(FamilyError, match="version 1"):
         get_family("calc_chain", version=2)

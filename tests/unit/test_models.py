@@ -164,7 +164,7 @@ def test_a_failed_build_leaves_nothing_behind(tmp_path):
 
 
 def test_unknown_and_missing_models_say_what_to_do(tmp_path, monkeypatch):
-    with pytest.raises(ModelNotFoundError, match="known models: tiny-s, tiny-m, qwen3-0.6b"):
+    with pytest.raises(ModelNotFoundError, match="known models: tiny-s, tiny-m, smollm2-135m, qwen3-0.6b"):
         resolve_model("gpt-5")
     monkeypatch.setenv("AGENT_TRAINER_QWEN3_DIR", str(tmp_path / "weights"))
     with pytest.raises(ModelNotFoundError, match="Qwen3-0.6B.*never downloaded|never downloaded.*Qwen3-0.6B"):
