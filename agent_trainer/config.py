@@ -325,7 +325,8 @@ class ModelsCommand(Config):
     """``at-models``: build the tiny models (``at-models``) or import the real ones (``at-models import``)."""
 
     action: str = doc("build", "build: the tiny models and the tiny agent; import: the real models shipped as GGUF "
-                               "wheels (SmolLM2-135M-Instruct), converted to safetensors")
+                               "wheels (SmolLM2-135M-Instruct), converted to safetensors; calibrate: time short "
+                               "SFT/GRPO runs of model.name here and store its cost profile")
     force: bool = doc(False, "rebuild (re-import) models that are already in the cache")
 
 
@@ -479,8 +480,8 @@ def validate(cfg: DictConfig) -> Config:
         _check(value is None or value > 0, f"budget.{key} must be > 0 or null (no cap), got {value}")
     _check(getattr(obj, "prompt_format", None) in (None, "raw", "chat"),
            f"prompt_format must be raw or chat, got {getattr(obj, 'prompt_format', None)!r}")
-    _check(getattr(obj, "action", "build") in ("build", "import"),
-           f"at-models takes build or import, got {getattr(obj, 'action', None)!r}")
+    _check(getattr(obj, "action", "build") in ("build", "import", "calibrate"),
+           f"at-models takes build, import or calibrate, got {getattr(obj, 'action', None)!r}")
     _check(obj.inner.timeout_s is None or obj.inner.timeout_s > 0, "inner.timeout_s must be > 0 or null")
     _check(obj.inner.eval_batch_size >= 1, "inner.eval_batch_size must be >= 1")
     _check(obj.inner.eval_size is None or obj.inner.eval_size >= 1, "inner.eval_size must be >= 1 or null")

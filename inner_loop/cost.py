@@ -15,6 +15,10 @@ tiny-s = 64 hidden / 2 layers, TRL on CPU; figures from the team's FACTS.md)::
 
 A multi-stage job (``estimate_job``) pays the start-up once and every stage's steps and sampling.
 
+On other hardware, or for a model of its own, ``at-models calibrate model=<name>`` times short SFT
+and GRPO runs of the model here and stores its factors per algorithm for this machine
+(``<cache>/cost_profiles.json``); ``CostModel.measured(device)`` (what ``run_job`` uses) reads them.
+
 Calibration points (measured, whole process): GRPO 32 prompts x 8 generations, 75 steps 31 s and
 150 steps ~50 s; GRPO 64 completions/step ~10-13 steps/s; SFT batch 64 ~20-27 steps/s, 150 steps
 22 s, 400 steps 31 s; LoRA adds ~10 % (GRPO) and ~20-40 % (SFT); a fresh process pays ~12-15 s of
@@ -28,8 +32,10 @@ from dataclasses import dataclass, field
 
 # Slowdown per step relative to tiny-s, on the same hardware. A model from configuration brings its
 # own (``base_models.<name>.cost_factor``); without one it is priced like the slowest model here.
-# smollm2-135m: an SFT-LoRA step of batch 16 takes ~2.1 s on 2 cores (tiny-s: 0.022 s by this model).
-DEFAULT_MODEL_FACTORS = {"tiny-s": 1.0, "tiny-m": 1.8, "smollm2-135m": 95.0, "qwen3-0.6b": 1200.0, "qwen3-1.7b": 3500.0}
+# smollm2-135m: an SFT-LoRA step of batch 16 took 8.3 s on 2 cores (tiny-s: 0.022 s by these coefficients;
+# `at-models calibrate model=smollm2-135m` measures it per algorithm and format on any machine).
+DEFAULT_MODEL_FACTORS = {"tiny-s": 1.0, "tiny-m": 1.8, "smollm2-135m": 370.0, "qwen3-0.6b": 1200.0,
+                         "qwen3-1.7b": 3500.0}
 
 
 @dataclass(frozen=True)
@@ -49,6 +55,14 @@ class CostModel:
     sample_token_s: float = 0.0001
     usd_per_hour: float = 0.10
     model_factors: dict = field(default_factory=lambda: dict(DEFAULT_MODEL_FACTORS))
+    # Measured on this machine (``at-models calibrate``): model -> {"sft"|"grpo"|"dpo"[":chat"]: factor}; wins
+    # over model_factors for that algorithm and prompt format (``CostModel.measured`` reads the cache's profile).
+    profile: dict = field(default_factory=dict)
+
+    @classmethod
+    def measured(cls, device: str = "cpu", cache_dir=None, **overrides) -> "CostModel":
+        """The default coefficients with this machine's measured profile (``at-models calibrate``), if any."""
+        return cls(profile=load_profile(machine_key(device), cache_dir), **overrides)
 
 
 @dataclass
@@ -92,8 +106,14 @@ def sampled_tokens(spec) -> int:
     return n
 
 
-def model_factor(model: CostModel, name: str) -> float:
-    """Seconds per step of base model ``name`` relative to tiny-s: the cost model's, the registry entry's, or the largest."""
+def model_factor(model: CostModel, name: str, algorithm: str | None = None, prompt_format: str = "raw") -> float:
+    """Seconds per step of base model ``name`` relative to tiny-s: this machine's measured profile for the
+    algorithm and prompt format (chat prompts are several times longer), the cost model's, the registry
+    entry's (``base_models.<name>.cost_factor``), or the largest."""
+    measured = model.profile.get(name, {})
+    for key in ([f"{algorithm}:{prompt_format}"] if prompt_format != "raw" else []) + [algorithm]:
+        if algorithm and measured.get(key):
+            return float(measured[key])
     if name in model.model_factors:
         return float(model.model_factors[name])
     from inner_loop.models.registry import BASE_MODELS
@@ -104,12 +124,13 @@ def model_factor(model: CostModel, name: str) -> float:
     return float(max(model.model_factors.values()))
 
 
-def estimate_cost(spec, model: CostModel | None = None, steps: int | None = None) -> CostEstimate:
-    """Estimate the cost of a JobSpec; ``steps`` overrides ``hyperparameters.max_steps``."""
+def estimate_cost(spec, model: CostModel | None = None, steps: int | None = None,
+                  prompt_format: str = "raw") -> CostEstimate:
+    """Estimate the cost of a JobSpec; ``steps`` overrides ``hyperparameters.max_steps``; ``prompt_format``: the task's."""
     model = model or CostModel()
     hp = spec.hyperparameters
     steps = hp.max_steps if steps is None else steps
-    factor = model_factor(model, spec.base_model)
+    factor = model_factor(model, spec.base_model, spec.algorithm, prompt_format)
     if spec.algorithm == "grpo":
         step = model.grpo_step_s + hp.batch_size * hp.max_completion_length * model.grpo_token_s
         lora = model.lora_factor_grpo if spec.peft else 1.0
@@ -134,12 +155,13 @@ def estimate_cost(spec, model: CostModel | None = None, steps: int | None = None
                         formula=formula + f", ${model.usd_per_hour}/h", sampling_seconds=round(sampling, 2))
 
 
-def estimate_job(spec, model: CostModel | None = None, steps: list[int] | None = None) -> CostEstimate:
+def estimate_job(spec, model: CostModel | None = None, steps: list[int] | None = None,
+                 prompt_format: str = "raw") -> CostEstimate:
     """Estimate a whole job, stages included (``steps``: per stage); one start-up, every stage's steps and sampling."""
     model = model or CostModel()
     views = spec.stage_specs()
     steps = steps or [v.hyperparameters.max_steps for v in views]
-    parts = [estimate_cost(v, model, n) for v, n in zip(views, steps)]
+    parts = [estimate_cost(v, model, n, prompt_format) for v, n in zip(views, steps)]
     if len(parts) == 1:
         return parts[0]
     total_steps = sum(p.steps for p in parts)
@@ -152,3 +174,62 @@ def estimate_job(spec, model: CostModel | None = None, steps: list[int] | None =
                         steps=total_steps, step_seconds=round(train_s / max(1, total_steps), 5),
                         startup_seconds=model.startup_s, formula=formula + f", ${model.usd_per_hour}/h",
                         sampling_seconds=round(sampling, 2))
+
+
+# --- measured profiles (at-models calibrate) ------------------------------------------------------
+PROFILE_FILE = "cost_profiles.json"
+
+
+def machine_key(device: str = "cpu") -> str:
+    """Which machine a profile belongs to: the device kind, the processor and its core count (and GPU name)."""
+    import os
+    import platform
+
+    key = f"{platform.machine()}-{os.cpu_count()}cpu"
+    if device != "cpu":
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                key += "-" + torch.cuda.get_device_name(0).replace(" ", "_")
+        except ImportError:
+            pass
+    return f"{device}-{key}"
+
+
+def load_profile(machine: str, cache_dir=None) -> dict:
+    """``model -> {algorithm: factor}`` measured on ``machine`` ({} when none was)."""
+    import json
+
+    from agent_trainer.paths import cache_dir as default_cache_dir
+
+    path = default_cache_dir(cache_dir) / PROFILE_FILE
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return {m: {a: float(f) for a, f in per.get("factors", {}).items()} for m, per in data.get(machine, {}).items()}
+
+
+def save_profile(machine: str, model: str, factors: dict, measured: dict, cache_dir=None) -> None:
+    """Record a model's measured factors (and what was measured) for ``machine`` in the cache."""
+    import json
+    import os
+    import tempfile
+    import time
+
+    from agent_trainer.paths import cache_dir as default_cache_dir
+
+    root = default_cache_dir(cache_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / PROFILE_FILE
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        data = {}
+    data.setdefault(machine, {})[model] = {"factors": factors, "measured": measured,
+                                           "at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    fd, tmp = tempfile.mkstemp(prefix=f".{PROFILE_FILE}.", dir=root)
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f, indent=1, sort_keys=True)
+    os.replace(tmp, path)

@@ -283,7 +283,7 @@ def run_job(job_dir: str | Path, task: TaskSpec | str | Path, *, cache_dir: str 
     from inner_loop.worker import job_gpus, run_worker
 
     t_start = time.monotonic()
-    cost_model = cost_model or CostModel()
+    cost_model = cost_model or CostModel.measured(device, cache_dir)
     if price_per_hour is not None:
         cost_model = dataclasses.replace(cost_model, usd_per_hour=price_per_hour)
     price_per_hour = cost_model.usd_per_hour

@@ -434,12 +434,12 @@ def validate_job(job_dir: str | Path, task: TaskSpec | str | Path, *, dry_run: b
 
     ``dry_run`` loads the base model (``inner_loop.models``, cached under ``cache_dir``) and probes
     the first rows; ``model_dir`` uses that model folder instead of resolving ``base_model``.
-    ``cost_model`` prices the job (default ``CostModel()``: this CPU, $0.10 per hour).
+    ``cost_model`` prices the job (default ``CostModel.measured()``: this CPU with its measured profile, $0.10 per hour).
     ``output_dir``: the harness's output folder when it lies inside the job folder (not scanned).
     """
     job_dir = Path(job_dir)
     report = ValidationReport(job_dir=str(job_dir))
-    cost_model = cost_model or CostModel()
+    cost_model = cost_model or CostModel.measured("cpu", cache_dir)
     try:
         spec_task = _resolve_task(task, report)
         if _check_links(report, job_dir, [JOB_FILE]):
@@ -461,7 +461,7 @@ def validate_job(job_dir: str | Path, task: TaskSpec | str | Path, *, dry_run: b
         views = spec.stage_specs()
         steps = [v.effective_max_steps(len(r) if stage_rows else v.rows_per_step())
                  for v, r in zip(views, stage_rows or [None] * len(views))]
-        report.estimated_cost = estimate_job(spec, cost_model, steps=steps)
+        report.estimated_cost = estimate_job(spec, cost_model, steps=steps, prompt_format=spec_task.prompt_format)
         _check_budget(report, spec_task, report.estimated_cost, spec)
         if dry_run and stage_rows and reward_ok and not report.errors:
             _dry_run(report, spec, job_dir, stage_rows, spec_task.family, cache_dir=cache_dir, model_dir=model_dir,

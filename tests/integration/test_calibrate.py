@@ -1,0 +1,57 @@
+"""Cost profiles: measured per model and machine, read by the validation's estimate."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from evaluation.tasks import TaskSpec
+from inner_loop.cost import CostModel, estimate_cost, load_profile, machine_key, save_profile
+from inner_loop.jobspec import load_job
+from inner_loop.validate import validate_job
+
+
+def _job(folder, steps: int, model: str = "smollm2-135m"):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "job.yaml").write_text(yaml.safe_dump({
+        "base_model": model, "algorithm": "sft", "peft": {"r": 16}, "seed": 0,
+        "hyperparameters": {"learning_rate": 1e-4, "batch_size": 16, "max_steps": steps},
+        "data": {"sources": [{"family": "calc_chain", "seed": 1, "size": 2000}]}}))
+    return folder
+
+
+def test_a_job_sized_for_an_hour_on_a_gpu_profile_is_accepted(tmp_path):
+    """The CPU factor prices 20,000 SmolLM2 steps at ~12 hours (over a 2-hour budget); a GPU's measured
+    profile prices them at under an hour, and the same job validates."""
+    task = TaskSpec(name="gpu_task", family="calc_chain", allowed_base_models=["smollm2-135m"],
+                    budget={"max_steps": 20_000, "max_seconds": 7200, "max_usd": 10.0})
+    job = _job(tmp_path / "job", 20_000)
+    cpu = validate_job(job, task, dry_run=False, cost_model=CostModel())
+    assert not cpu.ok and any("budget" in f.message for f in cpu.errors), cpu.to_text()
+    save_profile(machine_key("cuda"), "smollm2-135m", {"sft": 6.0, "grpo": 12.0, "dpo": 6.0},
+                 {"sft": {"seconds_per_step": 0.034}}, cache_dir=tmp_path / "cache")
+    gpu = CostModel.measured("cuda", tmp_path / "cache", usd_per_hour=3.0)
+    assert gpu.profile == {"smollm2-135m": {"sft": 6.0, "grpo": 12.0, "dpo": 6.0}}
+    report = validate_job(job, task, dry_run=False, cost_model=gpu)
+    assert report.ok, report.to_text()
+    assert 1800 < report.estimated_cost.seconds < 3600 and "x6" in report.estimated_cost.formula
+    assert load_profile(machine_key("cpu"), tmp_path / "cache") == {}, "profiles are per machine"
+
+
+@pytest.mark.slow
+def test_calibration_measures_a_model_and_predicts_its_steps(built_models, tmp_path):
+    from inner_loop.calibrate import calibrate
+
+    profile = calibrate("tiny-m", cache_dir=tmp_path / "cache", progress=False)
+    factors = profile["factors"]
+    assert {"sft", "grpo", "dpo", "sft:chat", "grpo:chat", "dpo:chat"} == set(factors), factors
+    assert all(f > 0 for f in factors.values()) and factors["sft:chat"] > factors["sft"], factors
+    stored = json.loads((tmp_path / "cache" / "cost_profiles.json").read_text())[machine_key("cpu")]["tiny-m"]
+    assert stored["factors"] == factors and stored["measured"]["sft"]["steps_timed"] >= 10
+    # The profile gives back the measured seconds per step for the job it timed.
+    measured = profile["measured"]["sft"]["seconds_per_step"]
+    predicted = estimate_cost(load_job(_job(tmp_path / "j", 12, "tiny-m")),
+                              CostModel.measured("cpu", tmp_path / "cache")).step_seconds
+    assert predicted == pytest.approx(measured, rel=0.05)
