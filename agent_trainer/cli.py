@@ -255,7 +255,8 @@ def export_registries(obj) -> None:
     include = [str(resolve_path(p).resolve()) for p in obj.task.include_path]
     models = {name: {**dataclasses.asdict(e), "path": str(resolve_path(e.path).resolve())}
               for name, e in obj.base_models.items()}
-    for var, value in ((INCLUDE_PATH_ENV, os.pathsep.join(include)), (BASE_MODELS_ENV, json.dumps(models) if models else "")):
+    for var, value in ((INCLUDE_PATH_ENV, os.pathsep.join(include)),
+                       (BASE_MODELS_ENV, json.dumps(models) if models else "")):
         if value:
             os.environ[var] = value
         else:

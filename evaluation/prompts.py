@@ -3,7 +3,7 @@
     >>> from evaluation.prompts import PromptFormat, render
     >>> fmt = PromptFormat("chat", system="Evaluate the expression. Answer with the answer only.")
     >>> render(tokenizer, "calc: 11-3-3=", fmt)
-    '<|im_start|>system\\nEvaluate ...<|im_end|>\\n<|im_start|>user\\ncalc: 11-3-3=<|im_end|>\\n<|im_start|>assistant\\n'
+    '<|im_start|>system\\nEvaluate ...<|im_end|>\\n<|im_start|>user\\ncalc: 11-3-3=<|im_end|>\\n<|im_start|>assistant...'
 
 The same rendering serves the hidden evaluation, the baselines (cached per format), and the rows an
 inner job trains on (SFT prompts, GRPO prompts, DPO prompts: ``inner_loop.runners.stages``): a task
@@ -75,5 +75,6 @@ def render(tokenizer, prompt: str, fmt: PromptFormat = RAW) -> str:
         return prompt
     if not getattr(tokenizer, "chat_template", None):
         raise PromptFormatError("the model's tokenizer has no chat template; use prompt_format raw for it")
-    messages = ([{"role": "system", "content": fmt.system}] if fmt.system else []) + [{"role": "user", "content": prompt}]
+    messages = [{"role": "system", "content": fmt.system}] if fmt.system else []
+    messages.append({"role": "user", "content": prompt})
     return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)

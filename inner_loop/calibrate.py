@@ -58,7 +58,8 @@ def _timed_job(name: str, model_dir: Path, job: dict, device: str, folder: Path,
     return (times[last] - times[first]) / max(1, last - first), last - first
 
 
-def calibrate(name: str, cache_dir=None, device: str = "cpu", progress: bool = True, threads: int | None = None) -> dict:
+def calibrate(name: str, cache_dir=None, device: str = "cpu", progress: bool = True,
+              threads: int | None = None) -> dict:
     """Measure model ``name``'s factors here (sft, grpo, and both again in the chat format when its tokenizer
     has a chat template; dpo takes sft's), store them in the cache's profile, return them."""
     from transformers import AutoTokenizer

@@ -126,7 +126,7 @@ def model_factor(model: CostModel, name: str, algorithm: str | None = None, prom
 
 def estimate_cost(spec, model: CostModel | None = None, steps: int | None = None,
                   prompt_format: str = "raw") -> CostEstimate:
-    """Estimate the cost of a JobSpec; ``steps`` overrides ``hyperparameters.max_steps``; ``prompt_format``: the task's."""
+    """Estimate the cost of a JobSpec; ``steps`` overrides ``max_steps``; ``prompt_format``: the task's."""
     model = model or CostModel()
     hp = spec.hyperparameters
     steps = hp.max_steps if steps is None else steps

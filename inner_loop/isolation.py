@@ -11,16 +11,18 @@ outside this file). Every Python child gets:
 
 - the interpreter in isolated mode, ``-I``: neither its working directory nor its script's folder
   is on ``sys.path``, ``PYTHON*`` variables and the user site are ignored; ``-B`` (no ``.pyc``
-  written) and ``-u`` (logs complete up to a kill). The project's code comes from the installed packages and the harness's own code root,
-  *appended* to ``sys.path`` (``python_module``), so nothing there shadows an installed module;
+  written) and ``-u`` (logs complete up to a kill). The project's code comes from the installed
+  packages and the harness's own code root, *appended* to ``sys.path`` (``python_module``), so
+  nothing there shadows an installed module;
 - a working directory outside every folder the agent wrote (``agent_dirs``; ``LaunchError``
   otherwise): a ``torch.py``, ``resource.py``, ``inner_loop/`` package, ``.pth`` or ``__pycache__``
   in a job folder is never on any import path, and relative lookups (a tokenizer or data set
   named like a folder) never land in it. ``inner_loop.jobfiles`` refuses such names up front too;
 - an environment from a whitelist (``SAFE_ENV``; never a name like a key, token or secret);
 - a session and process group of its own (``kill_group`` ends it and everything it started),
-  stdin from ``/dev/null``, no inherited descriptors but ``pass_fds``, rlimits set before exec
-  (no core dumps, plus the caller's ``limits``).
+  death with its parent (a harness killed outright leaves no job training on), stdin from
+  ``/dev/null``, no inherited descriptors but ``pass_fds``, rlimits set before exec (no core dumps,
+  plus the caller's ``limits``).
 
 A wrapper (the bubblewrap prefix of ``inner_loop.sandbox``) may come first; every interpreter in
 the command line must still be ``sys.executable -I``. Warm job processes (``WarmProcess``, forked
@@ -138,6 +140,18 @@ def clean_sys_path(paths: Iterable[str], agent_dirs: Iterable[str | Path] = ()) 
 def _set_limits(limits: dict[str, int]) -> None:  # in the child, before exec
     for name, value in limits.items():
         resource.setrlimit(getattr(resource, name), (value, value))
+    _die_with_parent()
+
+
+def _die_with_parent() -> None:
+    """SIGKILL this process when the process that started it dies (a harness killed by SIGTERM or SIGKILL
+    runs no clean-up; without this its job would train on, orphaned). Linux only; elsewhere a no-op."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 def start(argv: Sequence[str], *, cwd: str | Path, env: dict[str, str], agent_dirs: Iterable[str | Path] = (),
@@ -207,7 +221,7 @@ def _warm_child(target: Callable, args: tuple, kwargs: dict, cwd: str, env: dict
                 limits: dict[str, int], agent_dirs: list[str]) -> None:
     """The set-up a cold child gets, in a forked one, then ``target(*args, **kwargs)``."""
     os.setsid()  # its own process group, so the harness can kill everything it starts
-    _set_limits(limits)
+    _set_limits(limits)  # and dies with the forkserver, which dies with the harness
     os.environ.clear()
     os.environ.update(env)
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)

@@ -22,8 +22,9 @@ harness report ``crashed`` with the tail of this process's log.
 The parent side is ``run_worker``: it starts this module through ``inner_loop.isolation`` (an
 isolated interpreter that never imports from the job folder, a clean environment with hub access
 off, a fresh ``OUT_DIR/.home`` as working folder, a file-size limit, its own process group); it
-draws a tqdm bar from ``train_log.jsonl`` and kills the whole group at the hard deadline. What it does NOT cover (the sandbox's job, ``wrap=``, ``inner_loop.sandbox``):
-file-system and network isolation; without a sandbox the child can read what the harness user can read.
+draws a tqdm bar from ``train_log.jsonl`` and kills the whole group at the hard deadline. What it
+does NOT cover (the sandbox's job, ``wrap=``, ``inner_loop.sandbox``): file-system and network
+isolation; without a sandbox the child can read what the harness user can read.
 """
 
 from __future__ import annotations

@@ -33,6 +33,7 @@ from typing import Any
 
 import yaml
 
+from evaluation.prompts import for_task
 from outer_loop import protocol, strategy
 from outer_loop.evaluator import Evaluation, JobRecord, adopted
 from outer_loop.tools import ToolResult
@@ -116,10 +117,12 @@ def make_steering(s, *, run_dir=None, ledger=None, cache_dir=None, extra_interve
 # --- dev scores -------------------------------------------------------------------------------
 
 
-def dev_score(model_dir: str | Path, family: str, n: int) -> float | None:
-    """Mean score of a saved model on ``n`` public dev items of ``family``; None when it cannot be scored."""
+def dev_score(model_dir: str | Path, family: str, n: int, fmt=None) -> float | None:
+    """Mean score of a saved model on ``n`` public dev items of ``family`` (prompts in the task's format
+    ``fmt``, ``evaluation.prompts``; None: raw); None when it cannot be scored."""
     from evaluation.families import get_family
     from evaluation.hidden_eval import EvalError, load_checkpoint, score_examples
+    from evaluation.prompts import RAW
     from inner_loop.job import HARNESS_LOCK
 
     model_dir = Path(model_dir)
@@ -129,13 +132,13 @@ def dev_score(model_dir: str | Path, family: str, n: int) -> float | None:
     try:
         with HARNESS_LOCK:
             model, tok = load_checkpoint(model_dir)
-            score, _ = score_examples(model, tok, fam, fam.training_examples(DEV_SEED, n))
+            score, _ = score_examples(model, tok, fam, fam.training_examples(DEV_SEED, n), fmt=fmt or RAW)
     except (EvalError, OSError, ValueError, RuntimeError):
         return None
     return round(float(score), 4)
 
 
-def base_dev_score(base_model: str, family: str, n: int, cache_dir=None) -> float | None:
+def base_dev_score(base_model: str, family: str, n: int, cache_dir=None, fmt=None) -> float | None:
     """The base model's dev score (cached per process)."""
     from inner_loop.models import resolve_model
 
@@ -143,9 +146,9 @@ def base_dev_score(base_model: str, family: str, n: int, cache_dir=None) -> floa
         path = Path(resolve_model(base_model, cache_dir=cache_dir))
     except Exception:  # an unknown base model: the job was refused anyway
         return None
-    key = (str(path), family, n)
+    key = (str(path), family, n, getattr(fmt, "key", "raw"))
     if key not in _DEV_CACHE:
-        value = dev_score(path, family, n)
+        value = dev_score(path, family, n, fmt)
         if value is None:
             return None
         _DEV_CACHE[key] = value
@@ -248,9 +251,11 @@ class Steering:
             model = Path(result.output_dir) / "model"
             if not model.is_dir() and getattr(result, "cached_from", None):
                 model = Path(result.cached_from) / "model"
-            rec.dev_score = dev_score(model, ep.task.family, self.s.dev_size)
+            fmt = for_task(ep.task)
+            rec.dev_score = dev_score(model, ep.task.family, self.s.dev_size, fmt)
             if self.base_dev is None and getattr(result, "base_model", None):
-                self.base_dev = base_dev_score(result.base_model, ep.task.family, self.s.dev_size, self.cache_dir)
+                self.base_dev = base_dev_score(result.base_model, ep.task.family, self.s.dev_size, self.cache_dir,
+                                               fmt)
         self._resolve(ep, rec)
         self.records.append(rec)
         ep._log({"event": "strategy_job", **rec.brief(), "ran": ran, "base_dev": self.base_dev})

@@ -129,3 +129,31 @@ def test_clean_sys_path_drops_relative_entries_and_agent_folders(tmp_path):
     job.mkdir()
     paths = ["", ".", "rel", str(job), str(job / "pkg"), "/usr/lib/python3", str(tmp_path)]
     assert isolation.clean_sys_path(paths, [job]) == ["/usr/lib/python3", str(tmp_path)]
+
+
+def test_a_child_dies_with_a_harness_killed_outright(tmp_path):
+    """A harness killed by SIGKILL runs no clean-up; its job must not train on, orphaned."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    harness = ("import sys\nfrom inner_loop import isolation\n"
+               "p = isolation.start([sys.executable, '-I', '-c', 'import time; time.sleep(120)'], cwd=sys.argv[1], "
+               "env={})\nprint(p.pid, flush=True)\nimport time; time.sleep(120)\n")
+    proc = subprocess.Popen([sys.executable, "-c", harness, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    child = int(proc.stdout.readline())
+    assert os.path.exists(f"/proc/{child}")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            state = open(f"/proc/{child}/stat").read().split()[2]
+        except OSError:
+            break
+        if state == "Z":  # reaped by init soon; already dead
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError("the child outlived its killed harness")
