@@ -32,10 +32,13 @@ from dataclasses import dataclass, field
 
 # Slowdown per step relative to tiny-s, on the same hardware. A model from configuration brings its
 # own (``base_models.<name>.cost_factor``); without one it is priced like the slowest model here.
-# smollm2-135m: an SFT-LoRA step of batch 16 took 8.3 s on 2 cores (tiny-s: 0.022 s by these coefficients;
-# `at-models calibrate model=smollm2-135m` measures it per algorithm and format on any machine).
-DEFAULT_MODEL_FACTORS = {"tiny-s": 1.0, "tiny-m": 1.8, "smollm2-135m": 370.0, "qwen3-0.6b": 1200.0,
+DEFAULT_MODEL_FACTORS = {"tiny-s": 1.0, "tiny-m": 1.8, "smollm2-135m": 76.0, "qwen3-0.6b": 1200.0,
                          "qwen3-1.7b": 3500.0}
+# Per algorithm and prompt format, as `at-models calibrate model=smollm2-135m` measured them on the project's
+# 2-core CPU box (SFT-LoRA at batch 16: 1.71 s a step raw, 10.2 s chat, whose rows are 5-8x longer; GRPO-LoRA:
+# 3.8 s, 14.8 s). A profile measured on the machine at hand replaces them.
+DEFAULT_PROFILE = {"smollm2-135m": {"sft": 76.0, "grpo": 61.0, "dpo": 76.0, "sft:chat": 454.0, "grpo:chat": 237.0,
+                                    "dpo:chat": 454.0}}
 
 
 @dataclass(frozen=True)
@@ -57,12 +60,14 @@ class CostModel:
     model_factors: dict = field(default_factory=lambda: dict(DEFAULT_MODEL_FACTORS))
     # Measured on this machine (``at-models calibrate``): model -> {"sft"|"grpo"|"dpo"[":chat"]: factor}; wins
     # over model_factors for that algorithm and prompt format (``CostModel.measured`` reads the cache's profile).
-    profile: dict = field(default_factory=dict)
+    profile: dict = field(default_factory=lambda: {m: dict(f) for m, f in DEFAULT_PROFILE.items()})
 
     @classmethod
     def measured(cls, device: str = "cpu", cache_dir=None, **overrides) -> "CostModel":
         """The default coefficients with this machine's measured profile (``at-models calibrate``), if any."""
-        return cls(profile=load_profile(machine_key(device), cache_dir), **overrides)
+        measured = load_profile(machine_key(device), cache_dir)
+        profile = {m: {**DEFAULT_PROFILE.get(m, {}), **measured.get(m, {})} for m in {*DEFAULT_PROFILE, *measured}}
+        return cls(profile=profile, **overrides)
 
 
 @dataclass

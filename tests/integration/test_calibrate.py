@@ -33,7 +33,7 @@ def test_a_job_sized_for_an_hour_on_a_gpu_profile_is_accepted(tmp_path):
     save_profile(machine_key("cuda"), "smollm2-135m", {"sft": 6.0, "grpo": 12.0, "dpo": 6.0},
                  {"sft": {"seconds_per_step": 0.034}}, cache_dir=tmp_path / "cache")
     gpu = CostModel.measured("cuda", tmp_path / "cache", usd_per_hour=3.0)
-    assert gpu.profile == {"smollm2-135m": {"sft": 6.0, "grpo": 12.0, "dpo": 6.0}}
+    assert {k: gpu.profile["smollm2-135m"][k] for k in ("sft", "grpo", "dpo")} == {"sft": 6.0, "grpo": 12.0, "dpo": 6.0}
     report = validate_job(job, task, dry_run=False, cost_model=gpu)
     assert report.ok, report.to_text()
     assert 1800 < report.estimated_cost.seconds < 3600 and "x6" in report.estimated_cost.formula
