@@ -10,8 +10,9 @@ compatibility forms (NFKC: fullwidth digits, ligatures, math letters), invisible
 (Unicode format characters such as U+200B, U+2060, U+FEFF, soft hyphens, bidi marks and tags;
 combining marks and variation selectors; Hangul fillers and the Braille blank), every kind of
 space, case (``casefold``), digits of every script (``٣`` is ``3``), and look-alike letters from
-other scripts (Unicode TR39 confusables: Cyrillic ``а`` and Greek ``ο`` become Latin ``a`` and ``o``). So ``"CALC: 11 - 3 - 3 ="``,
-``"calc: 1\u200b1-3-3="`` and ``"саlс: 11-3-3="`` are the same eight tokens as ``"calc: 11-3-3="``.
+other scripts (Unicode TR39 confusables: Cyrillic ``а`` and Greek ``ο`` become Latin ``a`` and
+``o``). So ``"CALC: 11 - 3 - 3 ="``, ``"calc: 1\u200b1-3-3="`` and ``"саlс: 11-3-3="`` are the same
+eight tokens as ``"calc: 11-3-3="``.
 A hidden item (its prompt) is hit by a text when:
 
 - ``exact``: the text's tokens equal the item's tokens (a data row whose prompt is a hidden prompt);

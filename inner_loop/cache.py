@@ -244,7 +244,9 @@ def run_cached(run: Callable[..., Any], job_dir: str | Path, task, **kwargs: Any
     task = task if isinstance(task, TaskSpec) else load_task(task)
     job_dir = Path(job_dir)
     out = Path(kwargs["output_dir"]) if kwargs.get("output_dir") else job_dir / "output"
-    cost_model = kwargs.get("cost_model") or CostModel.measured(kwargs.get("device") or "cpu", kwargs.get("cache_dir"))
+    # The cost model run_job would use (it decides a job's estimate and so its outcome).
+    cost_model = kwargs.get("cost_model") or CostModel.measured(kwargs.get("device") or "cpu",
+                                                                kwargs.get("cache_dir"))
     price = kwargs["price_per_hour"] if kwargs.get("price_per_hour") is not None else cost_model.usd_per_hour
     settings = outcome_settings(kwargs, cost_model, price)
     try:

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Iterator
 
 from evaluation.contamination import ContaminationReport, find_overlap
-from inner_loop.data import TRAINED_FIELDS, TRAINED_ROWS, build_rows, rendered_texts
+from inner_loop.data import TRAINED_ROWS, build_rows, rendered_texts, trained_record
 
 MAX_RECORD_BYTES = 512 * 2**20
 
@@ -120,8 +120,7 @@ def check_trained(spec, job_dir: str | Path, output_dir: str | Path, family: str
                 for text in rendered_texts(row):
                     sampled_texts.append((f"stage {i} trained row {n}", text))
             continue
-        declared = [{k: r[k] for k in TRAINED_FIELDS if isinstance(r.get(k), str)}
-                    for r in build_rows(view, job_dir, default_family=family)]
+        declared = trained_record(build_rows(view, job_dir, default_family=family))
         if record != declared:
             changed = sum(a != b for a, b in zip(record, declared)) + abs(len(record) - len(declared))
             undeclared.append({"source": f"stage {i}: {changed} of {len(record)} trained rows are not the job's "

@@ -323,6 +323,7 @@ def run_job(job_dir: str | Path, task: TaskSpec | str | Path, *, cache_dir: str 
     base_dir = Path(model_dir) if model_dir else _base_model_dir(spec.base_model, cache_dir)
 
     deadline = timeout_s or task.budget.max_seconds * KILL_FACTOR + KILL_MARGIN_S
+    fmt = for_task(task)  # how the job's rows, its hidden score and its baseline render prompts
     agent_files = spec.uses_agent_code or spec.uses_agent_data
     reward_host = None
     if agent_files:
@@ -343,7 +344,7 @@ def run_job(job_dir: str | Path, task: TaskSpec | str | Path, *, cache_dir: str 
         run = run_worker(job_dir, base_dir, task.family, out, max_steps=task.budget.max_steps,
                          max_seconds=task.budget.max_seconds, deadline_s=deadline, threads=threads,
                          progress=progress, wrap=wrap, warm=warm and wrap is None and not agent_files,
-                         reward_host=reward_host, device=device, gpus=gpus, vllm=vllm, fmt=for_task(task))
+                         reward_host=reward_host, device=device, gpus=gpus, vllm=vllm, fmt=fmt)
     finally:
         if reward_host is not None:
             reward_host.close()
@@ -366,7 +367,7 @@ def run_job(job_dir: str | Path, task: TaskSpec | str | Path, *, cache_dir: str 
     if res.status in ("ok", "timeout") and st.get("model_dir") and model_out.is_dir():
         _check_trained(res, spec, job_dir, out, task.family, hidden_n)
         with HARNESS_LOCK:
-            _score(res, model_out, base_dir, cache_dir, eval_device(device, gpus), for_task(task))
+            _score(res, model_out, base_dir, cache_dir, eval_device(device, gpus), fmt)
     return _finish(res, out, t_start, price_per_hour, tracker, log)
 
 

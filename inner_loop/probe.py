@@ -221,21 +221,22 @@ def score_main(request_path: str, result_path: str) -> int:
     import types
 
     from inner_loop.jobspec import RewardSpec
-    from inner_loop.rewards import LIBRARY, RewardError, checked
+    from inner_loop.rewards import RewardError, resolve_rewards
 
     request = json.loads(Path(request_path).read_text())
     result: dict = {"values": {}, "errors": {}}
     funcs = []
     try:
-        for f in RewardSpec.model_validate(request["reward"]).functions:
-            if f.source != "library":
-                raise RewardError(f"reward {f.name!r} is agent code; it runs in the reward host, not here")
-            funcs.append((f.name, checked(f.name, LIBRARY[f.name].fn)))
+        spec = RewardSpec.model_validate(request["reward"])
+        agent = [f.name for f in spec.functions if f.source != "library"]
+        if agent:  # never imported here: no job folder is even known to this process
+            raise RewardError(f"reward {agent[0]!r} is agent code; it runs in the reward host, not here")
+        funcs = resolve_rewards(spec, job_dir=".")
     except Exception as e:
         result["load_error"] = str(e) if isinstance(e, RewardError) else f"{type(e).__name__}: {e}"
         funcs = []
     state = types.SimpleNamespace(global_step=0, max_steps=request.get("max_steps", 1), epoch=0.0)
-    for name, fn in funcs:
+    for name, fn, _ in funcs:
         try:
             result["values"][name] = fn(prompts=request["prompts"], completions=request["completions"],
                                         completion_ids=request.get("completion_ids"), trainer_state=state,

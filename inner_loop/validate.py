@@ -434,7 +434,8 @@ def validate_job(job_dir: str | Path, task: TaskSpec | str | Path, *, dry_run: b
 
     ``dry_run`` loads the base model (``inner_loop.models``, cached under ``cache_dir``) and probes
     the first rows; ``model_dir`` uses that model folder instead of resolving ``base_model``.
-    ``cost_model`` prices the job (default ``CostModel.measured()``: this CPU with its measured profile, $0.10 per hour).
+    ``cost_model`` prices the job (default ``CostModel.measured()``: this CPU with its measured profile,
+    $0.10 per hour).
     ``output_dir``: the harness's output folder when it lies inside the job folder (not scanned).
     """
     job_dir = Path(job_dir)

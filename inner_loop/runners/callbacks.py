@@ -10,8 +10,8 @@ preparation are not the job's fault. The worker's parent also kills the whole pr
 ``max_seconds * 1.5 + margin`` of wall time, so a step that never ends (or reward code that
 sleeps) cannot outrun the budget by much.
 
-Divergence is declared when the loss, the gradient norm or a reward statistic (every logged step) or any trainable
-weight is NaN/inf, or when the model's cross-entropy on a fixed probe of training answers
+Divergence is declared when the loss, the gradient norm or a reward statistic (every logged step)
+or any trainable weight is NaN/inf, or when the model's cross-entropy on a fixed probe of training answers
 (``probe_loss``, logged) exceeds twice that of a uniform guess (``2 ln V``). The weights and the
 probe are checked after the first step, every ``check_every`` steps (10) and after the last one:
 checking after every step cost ~6% of a 400-step SFT of tiny-s (bench/RESULTS.md, (a)), and a
@@ -36,7 +36,8 @@ def _finite(x) -> bool:
 
 
 def encode_probe(tokenizer, rows: list[dict], n: int = 32) -> tuple:
-    """(input_ids, labels) of the first ``n`` rows as SFT trains on them (``runners.train.sft_ids``); labels cover answer + eos."""
+    """(input_ids, labels) of the first ``n`` rows as SFT trains on them (``runners.train.sft_ids``);
+    labels cover answer + eos."""
     import torch
 
     from inner_loop.runners.train import sft_ids
