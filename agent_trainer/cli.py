@@ -36,6 +36,7 @@ import os
 import platform
 import re
 import sys
+import traceback
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
@@ -46,8 +47,9 @@ from omegaconf.errors import OmegaConfBaseException
 
 from agent_trainer.config import CONFIG_DIR, ConfigError, check_installed, compose_config, validate
 from agent_trainer.paths import PROJECT_ROOT, resolve_path
+from agent_trainer import sweeps
 from agent_trainer.registry import BASE_MODELS_ENV, INCLUDE_PATH_ENV
-from agent_trainer.tracking import TrackingError
+from agent_trainer.tracking import Tracker, TrackingError
 
 TASKS_DIR = PROJECT_ROOT / "examples" / "tasks"
 VERSIONED_PACKAGES = ("torch", "transformers", "trl", "peft", "lightning", "mlflow", "hydra-core", "omegaconf",
@@ -170,20 +172,78 @@ def overrides_to_check(argv: Sequence[str]) -> list[str] | None:
     return out
 
 
+def other_sweep_values(argv: Sequence[str], limit: int = 32) -> list[list[str]]:
+    """For each choice/range sweep, the up-front overrides with each of its other values (at most ``limit`` lists).
+
+    Composed before Hydra starts, so a typo in any value of a sweep (``model=tiny-s,tiny-z``) is one
+    line before any job runs; failures at run time (weights not on disk) are the job's own."""
+    base = overrides_to_check(argv)
+    if base is None or not any(a in ("-m", "--multirun") for a in argv):
+        return []
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides([a for a in argv if not a.startswith("-")])
+    out = []
+    for i, o in enumerate(parsed):
+        if o.is_sweep_override() and o.value_type is not None and o.value_type.name in ("SIMPLE_CHOICE_SWEEP", "RANGE_SWEEP"):
+            for value in list(o.sweep_string_iterator())[1:]:
+                out.append(base[:i] + [f"{o.get_key_element()}={value}"] + base[i + 1:])
+    return out[:limit]
+
+
 def main(hydra_main: Callable[[], Any], config_name: str, positional: str | None = None) -> None:
-    """Rewrite argv, check the config up front (one-line errors), then run the ``@hydra.main`` function."""
+    """Rewrite argv, check the config up front (one-line errors), then run the ``@hydra.main`` function.
+
+    After a multirun, exits 1 when any job failed (the table of jobs is printed by ``sweeps.SweepSummary``)."""
     full = os.environ.get("HYDRA_FULL_ERROR") == "1"
     try:
-        argv = rewrite_args(sys.argv[1:], positional)
+        typed = expand_rerun(sys.argv[1:])
+        argv = rewrite_args(typed, positional)
         to_check = overrides_to_check(argv)
         if to_check is not None:
             validate(compose_config(to_check, config_name))
+            for variant in other_sweep_values(argv):
+                validate(compose_config(variant, config_name))
     except USER_ERRORS + (HydraException, OmegaConfBaseException) as e:
         if full:
             raise
         fail(one_line(e))
+    overrides = [a for a in argv if not a.startswith("-")]
+    os.environ[sweeps.CLI_OVERRIDES_ENV] = json.dumps(overrides)
+    os.environ[sweeps.TYPED_ENV] = json.dumps({a: t for a, t in zip(argv, typed) if a != t and "=" in t})
+    os.environ[sweeps.COMMAND_LINE_ENV] = " ".join([prog(), *typed])
     sys.argv = [sys.argv[0], *argv]
+    sweeps.last_sweep.clear()
     hydra_main()
+    failed = [r for r in sweeps.last_sweep if r["status"] != "ok"]
+    if failed:
+        fail(f"{len(failed)} of {len(sweeps.last_sweep)} sweep jobs failed (table above)", code=1)
+
+
+def expand_rerun(argv: Sequence[str]) -> list[str]:
+    """``rerun=<run folder>`` -> the overrides that run was made with, then the other arguments (later wins).
+
+    The folder is any command's run folder (or a file in it); its ``run.json`` holds the overrides as
+    typed (``.hydra/overrides.yaml`` for folders without one). The new run gets a new run_id."""
+    given = [a for a in argv if a.startswith("rerun=")]
+    if not given:
+        return list(argv)
+    if len(given) > 1 or "-m" in argv or "--multirun" in argv:
+        raise UserError("rerun= takes one run folder and re-runs that one job (no -m); give one rerun=<folder>")
+    folder = resolve_path(given[0].partition("=")[2])
+    if folder.is_file():
+        folder = folder.parent.parent if folder.parent.name == ".hydra" else folder.parent
+    record = sweeps.read_run_file(folder)
+    if record is not None and "overrides" in record:
+        saved = list(record["overrides"])
+    elif (folder / ".hydra" / "overrides.yaml").is_file():
+        saved = [str(o) for o in OmegaConf.load(folder / ".hydra" / "overrides.yaml")]
+    else:
+        raise UserError(f"rerun={given[0].partition('=')[2]}: not a run folder (no {sweeps.RUN_FILE} or "
+                        f".hydra/overrides.yaml in {folder})")
+    keep = [o for o in saved if o.partition("=")[0].lstrip("+~") not in ("run_id", "resume", "hydra.run.dir")]
+    os.environ[sweeps.RERUN_ENV] = str(folder)
+    return keep + [a for a in argv if not a.startswith("rerun=")]
 
 
 ErrorClasses = tuple[type[BaseException], ...]
@@ -195,15 +255,113 @@ def call(run: Callable[[DictConfig], Any], cfg: DictConfig,
 
     ``user_errors`` may be a callable: it is only evaluated when an exception occurs, so a script
     can name error classes of heavy packages without importing them up front.
+
+    Each run folder's ``run.json`` gets the outcome (status, returned value, error line, MLflow run).
+    In a multirun a failing job does not end the sweep: its error line is printed (the traceback of
+    an unexpected error goes to ``<folder>/error.log``), its MLflow run is marked FAILED and the job
+    returns None (Optuna's sweeper records a failed trial and goes on; NaN would end its search).
     """
+    _trackers.clear()
+    info = sweeps.job_info(_command())
+    full = os.environ.get("HYDRA_FULL_ERROR") == "1"
     try:
-        return run(cfg)
+        value = run(cfg)
     except KeyboardInterrupt:
+        _record(cfg, info, "killed", "interrupted")
         fail("interrupted", code=130)
     except USER_ERRORS + tuple(user_errors() if callable(user_errors) else user_errors) as e:
-        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+        _record(cfg, info, "failed", one_line(e))
+        if full:
             raise
-        fail(one_line(e))
+        if not info.multirun:
+            fail(one_line(e))
+        print(f"{prog()}: error: job {info.num}: {one_line(e)}", file=sys.stderr, flush=True)
+        return None
+    except (Exception, SystemExit) as e:
+        if isinstance(e, SystemExit) and e.code in (0, None):
+            raise
+        line = f"{type(e).__name__}: {one_line(e)}" if not isinstance(e, SystemExit) else f"exit code {e.code}"
+        if info.multirun and info.folder is not None and not isinstance(e, SystemExit):
+            (info.folder / "error.log").write_text(traceback.format_exc())
+            line += f" (traceback in {info.folder / 'error.log'})"
+        _record(cfg, info, "failed", line)
+        if full or not info.multirun:
+            raise
+        print(f"{prog()}: error: job {info.num}: {line}", file=sys.stderr, flush=True)
+        return None
+    _record(cfg, info, "ok", None, value)
+    return value
+
+
+# Trackers made through ``tracker()`` during the current ``call`` (its outcome goes to their runs).
+_trackers: list[Tracker] = []
+
+
+def _command() -> str:
+    """``at-<config name>`` inside a Hydra app, else the program's name."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if HydraConfig.initialized() and HydraConfig.get().job.config_name:
+        return f"at-{HydraConfig.get().job.config_name}"
+    return prog()
+
+
+def tracker(cfg: DictConfig, command: str, label: str | None = None, tags: dict[str, Any] | None = None) -> Tracker:
+    """The MLflow run of ``command`` (``at-eval``): a unique name saying what differs, tags saying where it came from.
+
+    ``label`` replaces the command in the name (``baselines``); ``tags`` are added to the standard ones
+    (``sweeps.run_tags``: command line, overrides, sweep id and keys, git commit, user)."""
+    info = sweeps.job_info(command)
+    tr = Tracker.from_config(cfg, run_name=sweeps.run_name(info, label), tags={**sweeps.run_tags(info), **(tags or {})})
+    _trackers.append(tr)
+    return tr
+
+
+def _record(cfg: DictConfig, info: sweeps.JobInfo, status: str, error: str | None, value: Any = None) -> None:
+    """The job's outcome into its ``run.json`` and its MLflow run (FAILED with an ``error`` tag)."""
+    started = next((t for t in _trackers if t.enabled and t.run_id is not None), None)
+    if status != "ok":
+        try:
+            if started is None and info.multirun and bool(cfg.tracking.enabled):
+                started = tracker(cfg, info.command).start()  # a job that failed before its run existed still shows in MLflow
+            if started is not None:
+                started.set_tags({"error": error or status})
+                started.end("KILLED" if status == "killed" else "FAILED")
+        except Exception as e:  # tracking itself may be what failed; the run folder still records the outcome
+            error = f"{error}; MLflow: {type(e).__name__}: {e}"
+    if info.folder is None or not info.folder.is_dir():
+        return
+    number = value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    fields: dict[str, Any] = {"status": status, "error": error, "value": number}
+    if started is not None:
+        fields.update(mlflow_run_id=started.run_id, tracking_uri=started.tracking_uri, run_name=started.run_name)
+    if sweeps.read_run_file(info.folder) is None:
+        fields.update(_run_record(info))
+    sweeps.write_run_file(info.folder, **fields)
+
+
+def _run_record(info: sweeps.JobInfo) -> dict[str, Any]:
+    """What ``run.json`` says about a job before it runs."""
+    record: dict[str, Any] = {"command": info.command, "run_name": sweeps.run_name(info), "overrides": info.overrides,
+                              "swept": info.swept, "folder": str(info.folder)}
+    if info.multirun:
+        record.update(sweep=info.sweep_id, job=info.num)
+    log = _submitit_log()
+    if log:
+        record["log"] = log
+    return record
+
+
+def _submitit_log() -> str | None:
+    """The job's stdout file when a submitit launcher runs it (its output is not on the console)."""
+    if "submitit" not in sys.modules or not os.environ.get("SUBMITIT_JOB_ID", os.environ.get("SUBMITIT_EXECUTOR")):
+        return None
+    try:
+        import submitit
+
+        return str(submitit.JobEnvironment().paths.stdout)
+    except Exception:  # not inside a submitit job after all
+        return None
 
 
 # --- run folders ----------------------------------------------------------------------------
@@ -245,6 +403,10 @@ def start_run(cfg: DictConfig) -> Path:
         cfg.run_id = str(folder.relative_to(runs)) if folder.is_relative_to(runs) else folder.name
     (folder / "config.resolved.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     (folder / "versions.json").write_text(json.dumps(package_versions(), indent=2) + "\n")
+    info = sweeps.job_info(_command())
+    if info.folder is None:
+        info.folder = folder
+    sweeps.write_run_file(folder, status="running", **_run_record(info))
     if cfg.get("dry_run"):
         print(f"dry run: resolved config written to {folder / 'config.resolved.yaml'}")
     return folder

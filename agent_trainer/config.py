@@ -24,12 +24,14 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Optional, Sequence
+from urllib.parse import urlsplit
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
 from agent_trainer.paths import PROJECT_ROOT, resolve_path
+from agent_trainer.prices import UnknownPrice, agent_prices
 
 CONFIG_DIR = PROJECT_ROOT / "configs"
 
@@ -102,11 +104,30 @@ class AgentConfig:
     temperature: float = doc(1.0, "sampling temperature of agent turns")
     max_new_tokens: int = doc(512, "tokens the agent may generate per turn")
     max_turns: int = doc(8, "agent turns (messages) per episode")
-    usd_per_1m_tokens_in: float = doc(0.0, "price of 1M prompt tokens, USD (the ledger uses it)")
-    usd_per_1m_tokens_out: float = doc(0.0, "price of 1M generated tokens, USD")
+    usd_per_1m_tokens_in: Optional[float] = doc(0.0, "price of 1M prompt tokens, USD (the ledger uses it); null "
+                                                     "(openai only) = the price table's for agent.model "
+                                                     "(agent_trainer.prices), 0 for an unlisted model on a "
+                                                     "local server")
+    usd_per_1m_tokens_out: Optional[float] = doc(0.0, "price of 1M generated tokens, USD; null as for _in")
+    # openai: how requests go to the server
+    timeout_s: float = doc(300.0, "openai: seconds to wait for one response (a 1,024-token turn of a small model on "
+                                  "a CPU server takes ~2 min); a read timeout is not retried")
+    max_retries: int = doc(2, "openai: retries of a connect error, HTTP 429 or 5xx (other 4xx are not retried)")
+    retry_backoff_s: float = doc(1.0, "openai: wait before the first retry, doubled for each next one (max 30 s; a "
+                                      "Retry-After header is honoured up to 60 s)")
+    context_tokens: Optional[int] = doc(None, "openai: the server's context length when GET /v1/models does not give "
+                                              "it (vLLM gives max_model_len); the smaller one wins when both are "
+                                              "known; the conversation is trimmed to fit; null = the server's")
+    tool_choice: str = doc("auto", "openai: auto | required (a tool call every turn) | none")
+    parallel_tool_calls: Optional[bool] = doc(None, "openai: allow several tool calls per turn (true/false); "
+                                                    "null = not sent (the server's default)")
+    legacy_max_tokens: bool = doc(False, "openai: send the limit as max_tokens instead of max_completion_tokens "
+                                         "(older servers that ignore the latter)")
     tool_schemas: str = doc("full", "how tools reach the agent: full | compact (no descriptions) | names (one line "
                                     "in the system prompt; the tiny agent's context is short)")
     validate_dry_run: bool = doc(False, "validate_job also runs the dry run (seconds per call); submission always probes")
+    tool_format: str = doc("auto", "how the agent writes tool calls in text: auto (from its chat template) | hermes | "
+                                   "llama3 | mistral | qwen3_coder (outer_loop.backends.toolcalls)")
 
 
 @dataclass
@@ -377,10 +398,12 @@ class ForkCommand(EpisodeCommand):
 class CompareCommand(Config):
     """``at-compare``: tables and plots of MLflow runs (docs/strategy.md)."""
 
-    runs: list[str] = doc([], "MLflow run ids to compare (a fork's parent brings its branches)")
+    runs: list[str] = doc([], "MLflow run ids, run folders or sweep folders to compare (a fork's parent brings "
+                              "its branches)")
     experiments: list[str] = doc([], "MLflow experiment names: every top-level run in them")
     out: Optional[str] = doc(None, "output folder; null = the run folder runs/<run_id>")
-    group_by: list[str] = doc(["agent.model", "strategy.mode"], "params that define an agent configuration")
+    group_by: list[str] = doc([], "params that define a setting (a configs.md row); [] = the params that differ "
+                                  "between the runs, else agent.model and strategy.mode")
 
 
 GROUP_SCHEMAS: dict[str, type] = {
@@ -402,6 +425,10 @@ def register() -> None:
     """Register the schemas and the ``abspath`` resolver (idempotent; done on import)."""
     if not OmegaConf.has_resolver("abspath"):
         OmegaConf.register_new_resolver("abspath", _abspath)
+    if not OmegaConf.has_resolver("now"):  # Hydra registers it for its runs, not for --experimental-rerun
+        from hydra.core.utils import setup_globals
+
+        setup_globals()
     cs = ConfigStore.instance()
     for name, schema in COMMAND_SCHEMAS.items():
         cs.store(group="schema", name=name, node=schema, package="_global_")
@@ -452,8 +479,7 @@ def validate(cfg: DictConfig) -> Config:
             bool(_ENV_NAME.match(a.api_key_env)) and not a.api_key_env.startswith("sk-"),
             "agent.api_key_env takes the NAME of an environment variable (e.g. OPENAI_API_KEY), not the key itself",
         )
-    _check(a.backend != Backend.openai or a.api_key_env is not None,
-           "agent.backend=openai needs agent.api_key_env, the name of the variable holding the key (e.g. OPENAI_API_KEY)")
+    _check_agent(a, train=isinstance(obj, TrainCommand))
     _check(a.max_turns >= 1 and a.max_new_tokens >= 1, "agent.max_turns and agent.max_new_tokens must be >= 1")
     overlap = sorted(set(t.train_families) & set(t.held_out_families))
     _check(not overlap, f"task: families {overlap} are both trained on and held out; remove them from one list")
@@ -549,6 +575,40 @@ def check_installed(cfg: DictConfig) -> None:
 
         _check(torch.cuda.is_available(), "hardware.agent_device=cuda but torch sees no GPU in this process; "
                "use hardware.agent_device=cpu or auto")
+
+
+def _check_agent(a: AgentConfig, train: bool = False) -> None:
+    """The agent group's rules: a served agent's URL, key variable, request settings and prices."""
+    if a.backend == Backend.openai:
+        _check(not train, "at-train trains the LoRA of an agent whose weights it holds; agent=openai is served "
+                          "elsewhere: use agent=tiny_local (CPU) or agent=vllm (GPU); at-episode plays agent=openai")
+        _check(a.api_key_env is not None or a.base_url is not None,
+               "agent.backend=openai against the OpenAI API needs agent.api_key_env, the name of the variable "
+               "holding the key (e.g. OPENAI_API_KEY); a server that needs no key: set agent.base_url")
+    if a.base_url is not None:
+        try:
+            url = urlsplit(a.base_url)
+            port_ok = url.port is None or url.port > 0
+        except ValueError:
+            url, port_ok = None, False
+        _check(url is not None and port_ok and url.scheme in ("http", "https") and bool(url.hostname),
+               f"agent.base_url must be an http(s) URL such as http://127.0.0.1:8000/v1, got {a.base_url!r}")
+    _check(a.timeout_s > 0 and a.max_retries >= 0 and a.retry_backoff_s >= 0,
+           "agent.timeout_s must be > 0, agent.max_retries and agent.retry_backoff_s >= 0")
+    _check(a.context_tokens is None or a.context_tokens >= 256,
+           f"agent.context_tokens must be >= 256 or null (the server's), got {a.context_tokens}")
+    _check(a.tool_choice in ("auto", "required", "none"),
+           f"agent.tool_choice must be auto, required or none, got {a.tool_choice!r}")
+    prices = (a.usd_per_1m_tokens_in, a.usd_per_1m_tokens_out)
+    _check(all(p is None or p >= 0 for p in prices), "agent.usd_per_1m_tokens_in/_out must be >= 0")
+    if a.backend != Backend.openai:
+        _check(None not in prices, "agent.usd_per_1m_tokens_in/_out may be null (the price table's) only with "
+                                   "agent.backend=openai; give a number (0 for a model on your own hardware)")
+        return
+    try:
+        agent_prices(a.model, a.base_url, *prices)
+    except UnknownPrice as e:
+        raise ConfigError(str(e)) from None
 
 
 def _check_strategy(s: StrategyConfig) -> None:

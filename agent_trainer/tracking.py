@@ -24,6 +24,7 @@ Defaults and why:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -106,6 +107,27 @@ def safe_params(params: Mapping[str, Any]) -> dict[str, str]:
     return out
 
 
+# at-train's step metrics grouped for the MLflow UI: ``reward/reward_mean``, ``time/seconds_step``...
+# (metrics.jsonl keeps the bare names; ``bare_key`` undoes the prefix).
+METRIC_GROUPS = ("reward", "stage", "choice", "cost", "update", "time", "heldout")
+_GROUP_OF = (("heldout_", "heldout"), ("reward_", "reward"), ("uplift_", "reward"), ("share_", "choice"),
+             ("update_", "update"), ("seconds_", "time"), ("usd", "cost"), ("tokens", "cost"), ("cache_", "cost"))
+
+
+def metric_key(name: str) -> str:
+    """The grouped MLflow key of an at-train step metric (``share_peft_lora`` -> ``choice/share_peft_lora``)."""
+    if "/" in name:
+        return name
+    group = next((g for prefix, g in _GROUP_OF if name.startswith(prefix)), "stage")
+    return f"{group}/{name}"
+
+
+def bare_key(key: str) -> str:
+    """``reward/reward_mean`` -> ``reward_mean``; keys outside the groups are returned as they are."""
+    group, sep, name = key.partition("/")
+    return name if sep and group in METRIC_GROUPS else key
+
+
 def check_tracking_uri(uri: str, timeout_s: float = 5.0) -> None:
     """Fail fast with a clear message when ``uri`` cannot work (server down, missing folder, file store)."""
     if uri.startswith(("http://", "https://")):
@@ -164,6 +186,12 @@ def prepare_sqlite(path: Path) -> None:
         shutil.rmtree(build, ignore_errors=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}")
     shutil.copyfile(template, tmp)
+    # The template's Default experiment points at the folder it was built in; point it next to this file.
+    import sqlite3
+
+    with contextlib.closing(sqlite3.connect(tmp)) as db, db:
+        db.execute("UPDATE experiments SET artifact_location = ? WHERE experiment_id = 0",
+                   ((path.parent / "mlartifacts" / "0").resolve().as_uri(),))
     if not path.exists():
         os.replace(tmp, path)
     else:

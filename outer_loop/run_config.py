@@ -185,7 +185,7 @@ def build_trainer(cfg: DictConfig, run_dir: Path, *, tracker=None, resume: bool 
     return Trainer(settings, run_dir, agent, ledger=ledger, tracker=tracker,
                    executor=make_executor(cfg), state=state, model_name=str(cfg.agent.model),
                    steering=steering_factory(cfg, run_dir, ledger), sampler=make_sampler(cfg, agent),
-                   agent_device=policy_device(cfg))
+                   agent_device=policy_device(cfg), tool_format=str(cfg.agent.tool_format))
 
 
 def policy_device(cfg: DictConfig) -> str:
@@ -207,4 +207,5 @@ def make_sampler(cfg: DictConfig, agent: Path):
         return None
     from outer_loop.backends import make_backend
 
-    return make_backend({"kind": "vllm", "model": str(cfg.agent.model), "model_path": str(agent), "trainable": True})
+    return make_backend({"kind": "vllm", "model": str(cfg.agent.model), "model_path": str(agent), "trainable": True,
+                         "tool_format": str(cfg.agent.tool_format)})

@@ -167,14 +167,16 @@ class Trainer:
 
     def __init__(self, settings: TrainSettings, run_dir: str | Path, agent_dir: str | Path, *, ledger=None,
                  tracker=None, executor=None, state: StepState | None = None, progress: bool = True,
-                 model_name: str | None = None, steering=None, sampler=None, agent_device: str = "cpu"):
+                 model_name: str | None = None, steering=None, sampler=None, agent_device: str = "cpu",
+                 tool_format: str = "auto"):
         """``state``: from ``prepare_resume`` to continue a run (open the ledger after that call);
         ``model_name``: the agent's name in the ledger's price table (default: the folder's name);
         ``steering``: a callable giving each episode its strategy layer (``outer_loop.steering.make_steering``);
         ``sampler``: a backend that samples the agent's turns instead of the policy's own model (``agent=vllm``:
         a ``VLLMBackend(trainable=True)`` of the same base), given the policy's weights at the start and after
         every update (``load_weights``); ``agent_device``: where the policy samples and is updated (``cpu``,
-        ``cuda``: ``hardware.agent_device``)."""
+        ``cuda``: ``hardware.agent_device``); ``tool_format``: how the policy's turns write tool calls
+        (``agent.tool_format``; ``auto``: from its chat template)."""
         self.steering = steering
         from outer_loop.backends.local import LocalBackend
 
@@ -204,7 +206,7 @@ class Trainer:
                                                       trainer_kwargs=device_kw)
         self.model_name = model_name or Path(agent_dir).name.split("-seed")[0]
         self.backend = sampler or LocalBackend(self.policy.model, self.policy.tokenizer, device=agent_device,
-                                               model_name=self.model_name)
+                                               model_name=self.model_name, tool_format=tool_format)
         self.sync_sampler()
 
     def close(self) -> None:
@@ -399,10 +401,10 @@ class Trainer:
         """Log to MLflow the metrics of complete steps that it does not hold yet (exactly once)."""
         if self.tracker is None or not getattr(self.tracker, "enabled", True):
             return
-        from agent_trainer.tracking import read_metrics
+        from agent_trainer.tracking import metric_key, read_metrics
 
-        have = read_metrics(self.tracker.tracking_uri, self.tracker.run_id, ["reward_mean"]).get("reward_mean", [])
-        logged = {s for s, _ in have}
+        key = metric_key("reward_mean")  # metrics.jsonl keeps bare names; MLflow groups them (reward/, time/, ...)
+        logged = {s for s, _ in read_metrics(self.tracker.tracking_uri, self.tracker.run_id, [key])[key]}
         rows = [row for row in read_metrics_file(self.run_dir) if row["step"] not in logged]
         children = self.tracker.child_names() if rows else set()
         for row in rows:
@@ -411,7 +413,7 @@ class Trainer:
             for summary in sorted((self.run_dir / "episodes").glob(f"s{row['step']:04d}-*/summary.json")):
                 if summary.parent.name not in children:
                     log_episode_run(self.tracker, json.loads(summary.read_text()), row["step"])
-            self.tracker.log_metrics({k: v for k, v in row.items() if k != "step"}, step=row["step"])
+            self.tracker.log_metrics({metric_key(k): v for k, v in row.items() if k != "step"}, step=row["step"])
 
     def fit(self) -> list[dict]:
         """Run the remaining steps; returns every complete step's metrics."""

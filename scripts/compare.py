@@ -1,13 +1,22 @@
-"""``at-compare``: tables and PNG plots of MLflow runs (reward curves, stage rates, switch rates,
-suggestion adoption, cost per unit of reward).
+"""``at-compare``: tables and PNG plots of runs, read from MLflow (reward curves, stage rates, switch
+rates, suggestion adoption, cost per unit of reward).
 
-    at-compare runs=[<run id>,<run id>]          # MLflow run ids (a fork's parent brings its branches)
-    at-compare experiments=[agent-trainer]       # every top-level run of an experiment
+    at-compare runs=[<run id>,<run id>]            # MLflow run ids (a fork's parent brings its branches)
+    at-compare runs=[runs/2026-12-03_13-40-01_train]   # a sweep folder: each numbered run sub-folder
+    at-compare runs=[2026-12-03_13-40-01_train/0,<run id>]   # run folders (or run_ids in runs_dir), mixed
+    at-compare experiments=[agent-trainer]         # every top-level run of an experiment
+    at-compare runs=[...] group_by=[agent.model]   # one table row per model instead of per differing setting
 
-Writes ``runs/<run_id>/`` (or ``out=``): ``compare.md`` / ``compare.csv`` (one row per run),
-``configs.md`` / ``configs.csv`` (one row per agent configuration, ``group_by`` params),
-``reward_curves.png``, ``stages.png``, ``switches.png``, ``adoption.png``, ``cost.png`` and
-``plot_data.json`` (the numbers drawn). Reads MLflow at ``tracking.tracking_uri``; logs nothing.
+A run folder's ``run.json`` (or ``outer_run.json``) names its MLflow run and store; a sweep job that
+failed before its MLflow run existed is skipped with a note. ``group_by`` (default ``[]``: the params
+whose values differ between the runs, else agent.model and strategy.mode) defines a setting.
+
+Writes ``runs/<run_id>/`` (or ``out=``): ``compare.md`` / ``compare.csv`` (one row per run, a column per
+setting key), ``configs.md`` / ``configs.csv`` (one row per setting, e.g. ``outer.lora_r=4``),
+``reward_curves.png``, ``stages.png``, ``switches.png``, ``adoption.png``, ``cost.png`` (legends name
+the differing settings; a panel no run has data for is not drawn, an empty PNG not written, with a
+note) and ``plot_data.json`` (the numbers drawn, and why a panel is missing). Reads MLflow at the run
+folders' ``tracking_uri``, else ``tracking.tracking_uri``; logs nothing.
 """
 
 from __future__ import annotations
@@ -22,22 +31,29 @@ from agent_trainer.paths import resolve_path
 
 def run(cfg: DictConfig) -> dict | None:
     """Write the comparison; returns the paths written."""
-    from outer_loop.compare import CompareError, collect, run_rows, write_report
+    from outer_loop.compare import CompareError, collect, group_keys, run_rows, write_report
 
     if not cfg.runs and not cfg.experiments:
-        raise cli.UserError("give what to compare: runs=[<run id>,<run id>] or experiments=[<experiment name>]")
+        raise cli.UserError("give what to compare: runs=[<MLflow run id | run folder | sweep folder>,...] "
+                            "or experiments=[<experiment name>]")
     folder = cli.start_run(cfg)
     if cfg.dry_run:
         return None
+
+    def note(line: str) -> None:
+        print(f"at-compare: {line}", flush=True)
+
     try:
-        runs = collect(str(cfg.tracking.tracking_uri), list(cfg.runs), list(cfg.experiments))
+        runs = collect(str(cfg.tracking.tracking_uri), list(cfg.runs), list(cfg.experiments),
+                       runs_dir=resolve_path(str(cfg.runs_dir)), note=note)
     except CompareError as e:
         raise cli.UserError(str(e)) from None
-    rows = run_rows(runs, list(cfg.group_by))
-    paths = write_report(runs, rows, resolve_path(cfg.out) if cfg.out else folder)
+    keys = group_keys(runs, list(cfg.group_by))
+    rows = run_rows(runs, keys)
+    paths = write_report(runs, rows, resolve_path(cfg.out) if cfg.out else folder, note=note)
     print(paths["table"].read_text())
     print(paths["configs"].read_text())
-    print(f"at-compare: {len(rows)} runs -> {paths['table'].parent}")
+    print(f"at-compare: {len(rows)} runs by {', '.join(keys)} -> {paths['table'].parent}")
     return paths
 
 

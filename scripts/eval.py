@@ -20,7 +20,7 @@ from omegaconf import DictConfig
 from agent_trainer import cli
 from agent_trainer.config import CONFIG_DIR
 from agent_trainer.paths import resolve_path
-from agent_trainer.tracking import Tracker, check_reachable
+from agent_trainer.tracking import check_reachable
 from scripts._errors import user_errors
 
 
@@ -51,7 +51,7 @@ def run(cfg: DictConfig) -> float | None:
     base = resolve_path(cfg.model.path) if cfg.model.path else resolve_model(cfg.model.name, cache_dir=cfg.cache_dir)
     target = resolve_path(cfg.checkpoint) if cfg.checkpoint else base
     # Started before scoring so a wrong tracking URI fails in seconds, not after the evaluation.
-    with Tracker.from_config(cfg, run_name=f"eval-{cfg.run_id}", tags={"command": "at-eval"}) as tr:
+    with cli.tracker(cfg, "at-eval") as tr:
         tr.log_config(cfg)
         result = score_checkpoint(target, spec.family, n=n, batch_size=int(cfg.inner.eval_batch_size),
                                   device=_device(str(cfg.hardware.device)), fmt=fmt)
@@ -82,7 +82,7 @@ def _table(cfg: DictConfig, folder, n: int, fmt) -> None:
             missing.append(name)
     if not models:
         raise cli.UserError("no base model is on disk yet; build the tiny ones with at-models")
-    with Tracker.from_config(cfg, run_name=f"baselines-{cfg.run_id}", tags={"command": "at-eval table"}) as tr:
+    with cli.tracker(cfg, "at-eval", label="baselines", tags={"command": "at-eval table"}) as tr:
         table = baseline_table(models, n=n, cache_dir=cfg.cache_dir, kind=fmt.kind)
         text = f"hidden-eval baselines (n={n}, prompt format {fmt.kind}; untrained base models)\n{table.markdown}"
         if missing:

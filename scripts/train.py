@@ -4,6 +4,8 @@
     at-train experiment=smoke                  # a couple of minutes, for tests
     at-train experiment=seed_scale dry_run=true   # the published setting (GPU): resolved config only
     at-train resume=true                       # continue the newest run after its last complete step
+    at-train -m experiment=smoke outer.lora_r=4,16    # a sweep: a table of its jobs at the end
+    at-train rerun=runs/<run_id>               # the same run again, from its saved overrides
 
 Writes ``runs/<run_id>/``: checkpoints, episodes, metrics.jsonl, ledger.jsonl, plots/*.png; MLflow
 holds one parent run with per-step metrics. Returns the mean reward of the last steps.
@@ -15,31 +17,59 @@ import json
 from pathlib import Path
 
 import hydra
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from agent_trainer import cli
 from agent_trainer.config import CONFIG_DIR
-from agent_trainer.tracking import Tracker, check_reachable
+from agent_trainer.paths import resolve_path
+from agent_trainer.tracking import check_reachable
 from scripts._errors import user_errors
 
 RUN_MARKER = "outer_run.json"
 
 
+# Settings a resumed run must share with its checkpoint: they fix the adapter's shape and scale.
+SHAPE_KEYS = ("outer.lora_r", "outer.lora_alpha", "outer.lora_target_modules", "agent.model", "agent.model_path",
+              "agent.backend")
+# Settings that say nothing about the training itself.
+RUN_KEYS = ("run_id", "resume", "dry_run", "runs_dir", "cache_dir")
+
+
 def resume_folder(cfg: DictConfig, folder: Path) -> Path | None:
-    """The run folder to continue (``resume=true``: the newest outer run in runs_dir), or None."""
+    """The run folder to continue (``resume=true``: the newest outer run in runs_dir, sweep jobs included), or None."""
     value = str(cfg.resume).strip()
     if value.lower() in ("false", "no", "0", ""):
         return None
     if value.lower() in ("true", "yes", "1"):
-        runs = sorted((p.parent for p in Path(str(cfg.runs_dir)).glob(f"*/{RUN_MARKER}") if p.parent != folder),
+        runs = sorted((p.parent for p in Path(str(cfg.runs_dir)).glob(f"**/{RUN_MARKER}") if p.parent != folder),
                       key=lambda p: (p / RUN_MARKER).stat().st_mtime)
         if not runs:
             raise cli.UserError(f"resume=true: no earlier at-train run in {cfg.runs_dir}; start one without resume")
         return runs[-1]
-    path = Path(value)
+    path = resolve_path(value)
     if not (path / RUN_MARKER).is_file():
-        raise cli.UserError(f"resume={value}: not an at-train run folder (no {RUN_MARKER})")
+        inside = sorted(p.parent for p in path.glob(f"*/{RUN_MARKER}")) if path.is_dir() else []
+        hint = f"; it holds sweep runs: resume={inside[0]}" if inside else ""
+        raise cli.UserError(f"resume={value}: not an at-train run folder (no {RUN_MARKER}){hint}")
     return path
+
+
+def resume_changes(cfg: DictConfig, previous: Path) -> dict[str, tuple[str, str]]:
+    """Settings that differ from the resumed run's: ``{key: (saved, now)}``; refuses the checkpoint-shaping ones."""
+    from agent_trainer.tracking import flatten
+
+    saved_file = previous / "config.resolved.yaml"
+    if not saved_file.is_file():
+        return {}
+    saved = flatten(OmegaConf.load(saved_file))
+    now = flatten(OmegaConf.to_container(cfg, resolve=True))
+    changed = {k: (str(saved.get(k)), str(now.get(k))) for k in sorted(set(saved) | set(now))
+               if k not in RUN_KEYS and str(saved.get(k)) != str(now.get(k))}
+    shaped = [f"{k} {a} -> {b}" for k, (a, b) in changed.items() if k in SHAPE_KEYS]
+    if shaped:
+        raise cli.UserError(f"resume={previous}: the checkpoint was trained with other settings ({'; '.join(shaped)}); "
+                            f"resume with the saved ones or start a new run")
+    return changed
 
 
 def run(cfg: DictConfig) -> float | None:
@@ -57,21 +87,26 @@ def run(cfg: DictConfig) -> float | None:
         return None
     check_reachable(cfg)  # a closed MLflow server fails here, in seconds
     previous = resume_folder(cfg, folder)  # before the heavy imports: a missing run is reported at once
+    changes = resume_changes(cfg, previous) if previous is not None else {}
     from outer_loop.run_config import build_trainer, quiet_libraries
 
     quiet_libraries()  # one progress bar (outer steps), not one per model load and inner job
     run_dir = previous or folder
     marker = run_dir / RUN_MARKER
     state = json.loads(marker.read_text()) if marker.is_file() else {}
-    tracker = Tracker.from_config(cfg, run_name=f"train-{run_dir.name}", tags={"command": "at-train"})
+    tracker = cli.tracker(cfg, "at-train")
     if state.get("mlflow_run_id"):
         tracker.attach(state["mlflow_run_id"])
     else:
         tracker.start()
         tracker.log_config(cfg)
-        marker.write_text(json.dumps({"mlflow_run_id": tracker.run_id, "run_id": run_dir.name}))
+        marker.write_text(json.dumps({"mlflow_run_id": tracker.run_id, "run_id": str(cfg.run_id)}))
     if previous is not None:
         print(f"at-train: resuming {run_dir}")
+        if changes:
+            # MLflow params cannot change: the new values go to tags (resumed.<key>) and the console.
+            tracker.set_tags({f"resumed.{k}": b for k, (_, b) in changes.items()})
+            print("at-train: changed on resume: " + "; ".join(f"{k} {a} -> {b}" for k, (a, b) in changes.items()))
     trainer = None
     try:
         trainer = build_trainer(cfg, run_dir, tracker=tracker, resume=previous is not None)

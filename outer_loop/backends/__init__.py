@@ -9,6 +9,8 @@
 ``kind`` picks the backend; every other key is a keyword of that backend's constructor
 (``LocalBackend.from_path``, ``OpenAIBackend``, ``VLLMBackend``). For ``local`` and ``vllm``, ``model``
 may name a project model instead of ``model_path`` (resolved by ``inner_loop.models.resolve_model``).
+``tool_format`` (every kind) names how calls are written in sampled text (``outer_loop.backends.toolcalls``;
+``auto``, the default, picks it from the chat template).
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from typing import Any, Callable
 
 from agent_trainer.registry import Registry
 
-from outer_loop.backends.base import AgentBackend, BackendError, Generation, parse_tool_calls
+from outer_loop.backends.base import AUTO, AgentBackend, BackendError, Generation, parse_tool_calls
+from outer_loop.backends.toolcalls import TOOL_CALL_FORMATS, detect_format, parse_openai_tool_calls
 
 # Keys of the agent config that belong to the episode runner or the ledger, not to a backend.
 EPISODE_KEYS = frozenset({"temperature", "max_new_tokens", "max_turns", "usd_per_1m_tokens_in",
@@ -73,16 +76,22 @@ KINDS = tuple(BACKENDS)
 def make_backend(cfg: dict[str, Any]) -> AgentBackend:
     """Build the backend named by ``cfg["kind"]`` (or ``cfg["backend"]``, the agent config's key).
 
-    Episode keys (temperature, max_new_tokens, max_turns, prices) are ignored here; any other key
-    must be a parameter of the backend, or the error lists the ones it takes.
+    Episode keys (temperature, max_new_tokens, max_turns, prices) are ignored here; ``tool_format`` is
+    checked before anything is built, then set on the backend; any other key must be a parameter of the
+    backend, or the error lists the ones it takes.
     """
     cfg = {k: v for k, v in dict(cfg).items() if k not in EPISODE_KEYS}
     kind = cfg.pop("kind", None) or cfg.pop("backend", None)
     cfg.pop("backend", None)
     kind = getattr(kind, "value", kind)  # an Enum from a structured config
+    tool_format = str(cfg.pop("tool_format", None) or AUTO)
+    if tool_format != AUTO:
+        TOOL_CALL_FORMATS[tool_format]  # an unknown name fails here, listing the known ones
     target = BACKENDS[kind](cfg)
     _check_keys(kind, target, cfg)
-    return target(**cfg)
+    backend = target(**cfg)
+    backend.set_tool_format(tool_format)
+    return backend
 
 
 def _is_project_model(name: str | None) -> bool:
@@ -114,5 +123,5 @@ def _check_keys(kind: str, target, cfg: dict[str, Any]) -> None:
         raise BackendError(f"agent backend {kind!r} needs {', '.join(missing)} in its config")
 
 
-__all__ = ["AgentBackend", "BackendError", "BACKENDS", "EPISODE_KEYS", "Generation", "KINDS", "make_backend",
-           "parse_tool_calls"]
+__all__ = ["AgentBackend", "BackendError", "BACKENDS", "EPISODE_KEYS", "Generation", "KINDS", "TOOL_CALL_FORMATS",
+           "detect_format", "make_backend", "parse_openai_tool_calls", "parse_tool_calls"]

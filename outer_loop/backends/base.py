@@ -1,4 +1,4 @@
-"""The one interface every agent backend implements, and the Qwen3 tool-call parser they share.
+"""The one interface every agent backend implements, and how a backend reads tool calls from text.
 
     >>> from outer_loop.backends import make_backend
     >>> backend = make_backend({"kind": "local", "model_path": "/path/to/agent-model"})
@@ -11,16 +11,19 @@ Messages use the OpenAI chat format, the lingua franca of every backend here: ``
 (``[{"id", "type": "function", "function": {"name", "arguments": <JSON string>}}]``) and a tool
 turn carries the ``tool_call_id`` it answers. Tools are OpenAI function schemas
 (``{"type": "function", "function": {"name", "description", "parameters"}}``).
+
+Backends that sample text read the calls in it with a format of ``outer_loop.backends.toolcalls``
+(``tool_format``: a name, or ``auto``: chosen from the tokenizer's chat template; ``hermes`` for the tiny agent).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
+
+from outer_loop.backends.toolcalls import AUTO, TOOL_CALL_FORMATS, ParsedCalls, resolve_format
 
 
 class BackendError(RuntimeError):
@@ -47,6 +50,9 @@ class Generation:
     prompt_ids: list[int] | None = None
     finish_reason: str = "stop"
     raw: Any = None
+    # Why each malformed call in the turn was no call (``toolcalls.ParsedCalls.errors``); the episode does not
+    # show them to the agent (its text keeps what it wrote).
+    tool_call_errors: list[str] = field(default_factory=list)
 
     def as_message(self) -> dict[str, Any]:
         """The assistant message to append to the conversation (OpenAI format, arguments as JSON)."""
@@ -68,6 +74,9 @@ class AgentBackend(ABC):
 
     #: Name written to the cost ledger (the price table is keyed by it).
     model_name: str = "unknown"
+    #: How tool calls are written in sampled text: a ``TOOL_CALL_FORMATS`` name, or ``auto`` (from the
+    #: tokenizer's chat template, if the backend has a ``tokenizer``; else ``hermes``).
+    tool_format: str = AUTO
 
     @abstractmethod
     def generate(
@@ -84,68 +93,31 @@ class AgentBackend(ABC):
     def close(self) -> None:
         """Release resources (engines, HTTP clients); the default has none."""
 
+    def set_tool_format(self, name: str | None = AUTO) -> None:
+        """Read tool calls as format ``name`` from now on; ``auto`` picks it from the chat template now."""
+        tokenizer = getattr(self, "tokenizer", None)
+        self.tool_format = resolve_format(name, getattr(tokenizer, "chat_template", None)).name
 
-# --- Qwen3-style tool calls ---------------------------------------------------------------
-
-_TOOL_CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
-
-
-def _call_id(text: str, index: int) -> str:
-    # Deterministic ids keep trajectories of the same seed identical; uniqueness within a turn is enough.
-    return "call_" + hashlib.sha1(f"{index}\x00{text}".encode()).hexdigest()[:16]
+    def parse_tool_text(self, text: str) -> ParsedCalls:
+        """The calls in sampled ``text``, read in this backend's ``tool_format``."""
+        tokenizer = getattr(self, "tokenizer", None)
+        return resolve_format(self.tool_format, getattr(tokenizer, "chat_template", None)).parse(text)
 
 
-def parse_tool_calls(text: str) -> tuple[str, list[dict[str, Any]]]:
-    """Split Qwen3 assistant text into (content, tool calls).
+# --- tool calls in text -------------------------------------------------------------------
 
-    A block ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` (the closing tag may be
-    missing at the very end, when generation stopped on it) becomes a call and is removed from the
-    content. A block that is not a JSON object with a string ``name`` and an object ``arguments``
-    (a JSON string holding an object is accepted too) is no call: it stays in the content, so the
-    agent sees what it wrote and the tool layer can say nothing was called.
+def parse_tool_calls(text: str, tool_format: str = "hermes") -> tuple[str, list[dict[str, Any]]]:
+    """Split assistant text into (content, tool calls), read as ``tool_format`` (``hermes`` by default).
+
+    With ``hermes``, a block ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` (or a list of such
+    calls; the closing tag may be missing at the very end, when generation stopped on it) becomes calls and
+    is removed from the content. A block that is not a JSON object with a string ``name`` and an object
+    ``arguments`` (a JSON string holding an object is accepted too) is no call: it stays in the content, so
+    the agent sees what it wrote and the tool layer can say nothing was called. The other formats and
+    their rules: ``outer_loop.backends.toolcalls``.
     """
-    calls: list[dict[str, Any]] = []
-    kept: list[str] = []
-    pos = 0
-    for m in _TOOL_CALL.finditer(text):
-        call = _parse_one(m.group(1))
-        if call is None:
-            continue
-        kept.append(text[pos:m.start()])
-        pos = m.end()
-        call["id"] = _call_id(text, len(calls))
-        calls.append(call)
-    kept.append(text[pos:])
-    content = "".join(kept).strip() if calls else text.strip()
+    content, calls, _ = TOOL_CALL_FORMATS[tool_format].parse(text)
     return content, calls
-
-
-def _parse_one(body: str) -> dict[str, Any] | None:
-    try:
-        obj = json.loads(body.strip())
-    except (ValueError, RecursionError):  # not JSON, a huge number, nesting too deep: no call
-        return None
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
-        return None
-    args = obj.get("arguments", {})
-    if isinstance(args, str):
-        try:
-            args = json.loads(args) if args.strip() else {}
-        except (ValueError, RecursionError):
-            return None
-    if not isinstance(args, dict) or not utf8_clean(obj["name"], args):
-        return None
-    return {"name": obj["name"], "arguments": args}
-
-
-def utf8_clean(*values: Any) -> bool:
-    """False when a value holds a lone surrogate (JSON ``"\\ud800"``): it cannot be re-encoded as UTF-8,
-    so it would break the chat template of the next turn; such a call is treated as no call."""
-    try:
-        json.dumps(values, ensure_ascii=False).encode("utf-8")
-    except (UnicodeEncodeError, ValueError, RecursionError):
-        return False
-    return True
 
 
 def tool_name(tool: dict[str, Any]) -> str:

@@ -1,12 +1,13 @@
-"""Local backend: a transformers causal LM sampled in-process, tool calls in Qwen3 text form.
+"""Local backend: a transformers causal LM sampled in-process, tool calls read from its text.
 
     >>> from outer_loop.backends.local import LocalBackend
     >>> backend = LocalBackend.from_path("/path/to/model_folder", device="auto")
     >>> gen = backend.generate(messages, tools, temperature=1.0, max_new_tokens=256, seed=0)
 
-The prompt is the tokenizer's chat template (Qwen3 style: tools listed in the system turn, calls
-written as ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``). Sampling is a short
-KV-cached loop rather than ``model.generate`` so that nothing but the temperature shapes the
+The prompt is the tokenizer's chat template (Qwen3 style for the tiny agent: tools listed in the system
+turn, calls written as ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``); calls are read in
+``tool_format`` (``auto``: the format that template teaches; ``outer_loop.backends.toolcalls``).
+Sampling is a short KV-cached loop rather than ``model.generate`` so that nothing but the temperature shapes the
 distribution (generate's default top-k would truncate it) and the returned log-probs are exactly
 ``log_softmax(logits / temperature)`` of each sampled token: what the policy-gradient update
 recomputes. Temperature 0 is greedy; its log-probs are then those of the untempered distribution.
@@ -23,7 +24,7 @@ from typing import Any
 
 import torch
 
-from outer_loop.backends.base import AgentBackend, BackendError, Generation, parse_tool_calls
+from outer_loop.backends.base import AUTO, AgentBackend, BackendError, Generation
 
 
 @functools.cache
@@ -48,7 +49,7 @@ class LocalBackend(AgentBackend):
     """A model and its tokenizer, already loaded (tests build tiny ones in memory)."""
 
     def __init__(self, model, tokenizer, *, device: str = "auto", model_name: str | None = None,
-                 chat_template_kwargs: dict[str, Any] | None = None):
+                 chat_template_kwargs: dict[str, Any] | None = None, tool_format: str = AUTO):
         if not getattr(tokenizer, "chat_template", None):
             raise BackendError("the tokenizer has no chat_template; use the project tokenizer "
                                "(inner_loop.models.tokenizer.build_tokenizer) or one saved with a template")
@@ -57,6 +58,7 @@ class LocalBackend(AgentBackend):
         self.tokenizer = tokenizer
         self.model_name = model_name or getattr(model.config, "_name_or_path", "") or type(model).__name__
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        self.set_tool_format(tool_format)
         stop = {tokenizer.eos_token_id, tokenizer.pad_token_id}
         stop.update(tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")
                     if t in tokenizer.get_vocab())
@@ -65,8 +67,8 @@ class LocalBackend(AgentBackend):
 
     @classmethod
     def from_path(cls, model_path: str | Path, *, device: str = "auto", dtype: str = "float32",
-                  model_name: str | None = None, chat_template_kwargs: dict[str, Any] | None = None
-                  ) -> "LocalBackend":
+                  model_name: str | None = None, chat_template_kwargs: dict[str, Any] | None = None,
+                  tool_format: str = AUTO) -> "LocalBackend":
         """Load a saved model folder (local files only: no model hub is reached)."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -79,7 +81,7 @@ class LocalBackend(AgentBackend):
         model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype), local_files_only=True)
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
         return cls(model, tokenizer, device=device, model_name=model_name or path.name,
-                   chat_template_kwargs=chat_template_kwargs)
+                   chat_template_kwargs=chat_template_kwargs, tool_format=tool_format)
 
     def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
         """Token ids of the chat-template prompt that ends with the assistant header."""
@@ -100,11 +102,11 @@ class LocalBackend(AgentBackend):
         finished = bool(ids) and ids[-1] in self.stop_ids
         body = ids[:-1] if finished else ids
         raw = self.tokenizer.decode(body, skip_special_tokens=False)
-        content, calls = parse_tool_calls(raw)
+        content, calls, errors = self.parse_tool_text(raw)
         return Generation(
             text=content, tool_calls=calls, prompt_tokens=len(prompt), completion_tokens=len(ids),
             token_ids=ids, logprobs=lps, prompt_ids=prompt, finish_reason=("tool_calls" if calls else "stop") if finished else "length",
-            raw=raw,
+            raw=raw, tool_call_errors=errors,
         )
 
     @torch.no_grad()

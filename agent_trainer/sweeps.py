@@ -1,0 +1,224 @@
+"""What a run is called and how it ended: MLflow run names and tags, ``run.json``, the table after a sweep.
+
+Every command's run folder holds ``run.json``::
+
+    {"command": "at-train", "run_name": "train smoke lora_r=4 #0 2026-12-03_13-40-01",
+     "status": "ok" | "failed" | "running" | "killed", "error": null, "value": 0.41,
+     "overrides": ["experiment=smoke", "outer.lora_r=4"], "swept": {"outer.lora_r": "4"},
+     "mlflow_run_id": "...", "tracking_uri": "sqlite:///...", "folder": "runs/<id>/0"}
+
+``overrides`` are the job's overrides as typed (what ``rerun=<folder>`` replays); ``swept`` the ones
+a multirun varied (a sweep on the command line, or a sweeper's choice). After a multirun,
+``SweepSummary`` (a Hydra callback in configs/config.yaml) prints a table of the jobs, writes
+``sweep.md``/``sweep.json`` into the sweep folder, and the command exits 1 when a job failed.
+"""
+
+from __future__ import annotations
+
+import functools
+import getpass
+import json
+import logging
+import os
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agent_trainer.paths import PROJECT_ROOT
+
+RUN_FILE = "run.json"
+SWEEP_FILE = "sweep.json"
+# Set by cli.main for the jobs of this command (the joblib/submitit workers inherit them):
+CLI_OVERRIDES_ENV = "AGENT_TRAINER_CLI_OVERRIDES"  # JSON list: the command line's overrides, as Hydra got them
+TYPED_ENV = "AGENT_TRAINER_TYPED_OVERRIDES"  # JSON {override as Hydra got it: as typed}
+COMMAND_LINE_ENV = "AGENT_TRAINER_COMMAND_LINE"  # the command line as typed
+RERUN_ENV = "AGENT_TRAINER_RERUN_OF"  # the folder a rerun= replays
+
+# Filled by SweepSummary.on_multirun_end in the process that launched the sweep.
+last_sweep: list[dict[str, Any]] = []
+
+
+@dataclass
+class JobInfo:
+    """Where a job stands in its command: single run or one job of a multirun."""
+
+    command: str
+    folder: Path | None
+    multirun: bool = False
+    num: int | None = None
+    sweep_dir: Path | None = None
+    overrides: list[str] = field(default_factory=list)  # as typed
+    swept: dict[str, str] = field(default_factory=dict)
+    experiment: str | None = None
+
+    @property
+    def sweep_id(self) -> str | None:
+        return self.sweep_dir.name if self.multirun and self.sweep_dir is not None else None
+
+
+def _env_json(name: str, default: Any) -> Any:
+    try:
+        return json.loads(os.environ.get(name) or "null") or default
+    except ValueError:
+        return default
+
+
+def job_info(command: str) -> JobInfo:
+    """This job's place, read from Hydra's runtime config (a plain ``run(cfg)`` call: no sweep, no folder)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized():
+        return JobInfo(command, None)
+    hc = HydraConfig.get()
+    typed = _env_json(TYPED_ENV, {})
+    given = list(hc.overrides.task)
+    multirun = hc.mode == RunMode.MULTIRUN
+    on_line = set(_env_json(CLI_OVERRIDES_ENV, []))
+    swept = {}
+    if multirun:
+        for o in given:
+            if o not in on_line and "=" in o:
+                key, _, value = o.partition("=")
+                swept[key.lstrip("+~")] = value
+    return JobInfo(
+        command=command, folder=Path(hc.runtime.output_dir), multirun=multirun,
+        num=int(hc.job.num) if multirun and hc.job.get("num") is not None else None,
+        sweep_dir=Path(hc.sweep.dir) if multirun else None,
+        overrides=[typed.get(o, o) for o in given], swept=swept,
+        experiment=hc.runtime.choices.get("experiment"),
+    )
+
+
+def short_settings(swept: dict[str, str]) -> list[str]:
+    """``{"outer.lora_r": "4", "seed": "1"}`` -> ``["lora_r=4", "seed=1"]`` (the full key where the last part repeats)."""
+    lasts = [k.rsplit(".", 1)[-1] for k in swept]
+    return [f"{k.rsplit('.', 1)[-1] if lasts.count(k.rsplit('.', 1)[-1]) == 1 else k}={v}" for k, v in swept.items()]
+
+
+def run_name(info: JobInfo, label: str | None = None) -> str:
+    """``train smoke lora_r=4 #0 2026-12-03_13-40-01``: unique per run, and says what differs."""
+    what = label or info.command.removeprefix("at-")
+    parts = [what]
+    if info.experiment and not any(k == "experiment" for k in info.swept):
+        parts.append(info.experiment)
+    parts += short_settings(info.swept)
+    if info.num is not None:
+        parts.append(f"#{info.num}")
+    top = info.sweep_dir if info.multirun else info.folder
+    if top is not None:
+        parts.append(top.name.removesuffix("_" + info.command.removeprefix("at-")))
+    return " ".join(parts)
+
+
+@functools.lru_cache(maxsize=1)
+def git_state(root: Path = PROJECT_ROOT) -> dict[str, str]:
+    """The checkout's commit, branch and dirty flag (empty when the code is not a git checkout)."""
+    try:
+        import git
+
+        repo = git.Repo(root, search_parent_directories=False)
+        out = {"mlflow.source.git.commit": repo.head.commit.hexsha,
+               "git.dirty": str(repo.is_dirty(untracked_files=False)).lower()}
+        if not repo.head.is_detached:
+            out["mlflow.source.git.branch"] = repo.active_branch.name
+        return out
+    except Exception:  # not a checkout, no git binary, a broken repository: nothing to record
+        return {}
+
+
+def run_tags(info: JobInfo) -> dict[str, str]:
+    """MLflow tags that say where a run came from and which sweep it belongs to."""
+    try:
+        user = getpass.getuser()
+    except Exception:  # no user name in this environment (some containers)
+        user = str(os.getuid())
+    tags = {"command": info.command, "mlflow.source.name": info.command, "mlflow.source.type": "LOCAL",
+            "mlflow.user": user, "command_line": os.environ.get(COMMAND_LINE_ENV) or " ".join([info.command, *info.overrides]),
+            "overrides": " ".join(info.overrides), **git_state()}
+    if info.folder is not None:
+        tags["run_dir"] = str(info.folder)
+    if info.multirun:
+        tags.update({"sweep": info.sweep_id or "", "sweep.job": str(info.num), "sweep.keys": ",".join(info.swept),
+                     **{f"sweep.{k}": v for k, v in info.swept.items()}})
+    if os.environ.get(RERUN_ENV):
+        tags["rerun_of"] = os.environ[RERUN_ENV]
+    return tags
+
+
+def write_run_file(folder: Path, /, **fields: Any) -> dict[str, Any]:
+    """Merge ``fields`` into ``<folder>/run.json`` (written atomically); returns the whole record."""
+    path = Path(folder) / RUN_FILE
+    record = read_run_file(folder) or {}
+    record.update(fields)
+    tmp = path.with_name(f".{RUN_FILE}.{os.getpid()}")
+    tmp.write_text(json.dumps(record, indent=2, default=str) + "\n")
+    os.replace(tmp, path)
+    return record
+
+
+def read_run_file(folder: Path) -> dict[str, Any] | None:
+    """``<folder>/run.json`` as a dict, or None when absent or unreadable."""
+    try:
+        return json.loads((Path(folder) / RUN_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def sweep_rows(sweep_dir: Path) -> list[dict[str, Any]]:
+    """One row per job folder of a sweep (numbered sub-folders), from their ``run.json``."""
+    rows = []
+    jobs = sorted((p for p in Path(sweep_dir).iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name))
+    for job in jobs:
+        rec = read_run_file(job) or {"status": "failed", "error": f"no {RUN_FILE}: the job ended before it started"}
+        rows.append({"job": int(job.name), "status": rec.get("status", "?"), "value": rec.get("value"),
+                     "settings": " ".join(short_settings(rec.get("swept") or {})) or " ".join(rec.get("overrides") or []),
+                     "folder": str(job), "log": rec.get("log"), "error": rec.get("error"), "run_name": rec.get("run_name")})
+    return rows
+
+
+def sweep_table(rows: list[dict[str, Any]]) -> str:
+    """The jobs of a sweep as a markdown table."""
+    def fmt(v: Any, width: int = 160) -> str:
+        text = "-" if v is None else f"{v:.4f}" if isinstance(v, float) else " ".join(str(v).replace("|", "/").split())
+        return text if len(text) <= width else text[: width - 3] + "..."
+
+    lines = ["| job | status | value | settings | folder | error |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        where = r["folder"] + (f" (log: {r['log']})" if r.get("log") else "")
+        lines.append(f"| {r['job']} | {r['status']} | {fmt(r['value'])} | {fmt(r['settings'])} | {where} | {fmt(r['error'])} |")
+    return "\n".join(lines)
+
+
+from hydra.experimental.callback import Callback
+from hydra.experimental.callbacks import PickleJobInfoCallback
+
+
+class SaveJobInfo(PickleJobInfoCallback):
+    """Hydra's ``.hydra/config.pickle`` (for ``--experimental-rerun``), without its INFO lines on the console."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        logging.getLogger(PickleJobInfoCallback.__module__).setLevel(logging.WARNING)
+
+
+class SweepSummary(Callback):
+    """Hydra callback: after a multirun, print and save the table of its jobs (ok / failed, value, settings)."""
+
+    def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
+        sweep_dir = Path(str(config.hydra.sweep.dir))
+        if not sweep_dir.is_dir():
+            return
+        stray = sweep_dir / ".submitit" / "%j"  # the submitit plugin creates its folder template once
+        if stray.is_dir() and not any(stray.iterdir()):
+            shutil.rmtree(stray, ignore_errors=True)
+        rows = sweep_rows(sweep_dir)
+        last_sweep[:] = rows
+        failed = [r for r in rows if r["status"] != "ok"]
+        table = sweep_table(rows)
+        (sweep_dir / "sweep.md").write_text(table + "\n")
+        (sweep_dir / SWEEP_FILE).write_text(json.dumps(rows, indent=2, default=str) + "\n")
+        head = f"sweep {sweep_dir}: {len(rows) - len(failed)} ok, {len(failed)} failed"
+        print(f"\n{head}\n{table}", file=sys.stdout, flush=True)

@@ -1,0 +1,134 @@
+"""Hydra multirun sweeps as users run them: the real ``at-train``/``at-eval`` commands with the basic and
+the joblib launcher, read back with ``mlflow.search_runs``; a failing job; ``rerun=``; resume of a sweep job."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import mlflow
+import pytest
+from omegaconf import OmegaConf
+
+from agent_trainer import sweeps
+from agent_trainer.config import compose_config
+
+BIN = Path(sys.executable).parent
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def at(command: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("HYDRA_FULL_ERROR", "AGENT_TRAINER_QWEN3_DIR")}
+    return subprocess.run([str(BIN / command), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+
+
+def sweep_runs(runs_dir: Path, folder: Path):
+    mlflow.set_tracking_uri(f"sqlite:///{runs_dir}/mlflow.db")
+    return mlflow.search_runs(experiment_names=["agent-trainer"], filter_string=f"tags.sweep = '{folder.name}'",
+                              order_by=["tags.`sweep.job` ASC"])
+
+
+def head_commit() -> str | None:
+    try:
+        import git
+
+        return git.Repo(ROOT).head.commit.hexsha
+    except Exception:
+        return None
+
+
+def only_sweep(runs_dir: Path) -> Path:
+    (folder,) = [p for p in runs_dir.iterdir() if p.is_dir() and (p / "multirun.yaml").is_file()]
+    return folder
+
+
+def check_named_runs(df, key: str, values: list[str]) -> None:
+    names = list(df["tags.mlflow.runName"])
+    assert len(set(names)) == len(names) == len(values)
+    for name, value in zip(names, values):
+        assert f"{key}={value}" in name
+    assert df["tags.sweep"].nunique() == 1
+    commit = head_commit()
+    if commit:
+        assert set(df["tags.mlflow.source.git.commit"]) == {commit}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher", ["basic", "joblib"])
+def test_train_sweep_names_runs_by_the_swept_value(tmp_path, built_agent, launcher):
+    out = at("at-train", "-m", f"hydra/launcher={launcher}", "experiment=smoke", "outer.steps=1", "outer.lora_r=4,8",
+             f"runs_dir={tmp_path}", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    folder = only_sweep(tmp_path)
+    assert "2 ok, 0 failed" in out.stdout and (folder / "sweep.md").is_file()
+    df = sweep_runs(tmp_path, folder)
+    check_named_runs(df, "lora_r", ["4", "8"])
+    assert set(df["status"]) == {"FINISHED"}
+    assert list(df["tags.sweep.keys"]) == ["outer.lora_r"] * 2
+    assert "reward/reward_mean" in df.columns.str.removeprefix("metrics.").tolist()  # grouped metric names
+    for n, lora_r in ((0, 4), (1, 8)):
+        rec = json.loads((folder / str(n) / "run.json").read_text())
+        assert rec["status"] == "ok" and rec["swept"] == {"outer.lora_r": str(lora_r)}
+        assert json.loads((folder / str(n) / "outer_run.json").read_text())["run_id"] == f"{folder.name}/{n}"
+    if launcher == "basic":
+        # rerun= replays job 0 from its run.json: the same per-step numbers (time and the job cost
+        # priced by the clock, seconds_* and usd*, aside).
+        again = at("at-train", f"rerun={folder / '0'}", cwd=tmp_path)
+        assert again.returncode == 0, again.stderr[-3000:]
+        new = [p for p in tmp_path.iterdir() if p.name.endswith("_train") and p != folder]
+        (new,) = [p for p in new if (p / "metrics.jsonl").is_file()]
+        def rows(p):
+            return [{k: v for k, v in json.loads(ln).items() if not k.startswith(("seconds_", "usd"))}
+                    for ln in (p / "metrics.jsonl").read_text().splitlines()]
+        assert rows(new) == rows(folder / "0") and rows(new)
+        rec = json.loads((new / "run.json").read_text())
+        assert "outer.lora_r=4" in rec["overrides"]
+        run = mlflow.search_runs(experiment_names=["agent-trainer"], filter_string=f"tags.rerun_of = '{folder / '0'}'")
+        assert len(run) == 1
+
+
+@pytest.mark.parametrize("launcher", ["basic", "joblib"])
+def test_eval_sweep_goes_on_past_a_failing_job(tmp_path, built_models, launcher):
+    # qwen3-1.7b is a configured model whose weights are not on this machine: job 1 fails when it runs.
+    out = at("at-eval", "-m", f"hydra/launcher={launcher}", "model=tiny-s,qwen3-1.7b,tiny-m", "inner.eval_size=4",
+             f"runs_dir={tmp_path}", cwd=tmp_path)
+    assert out.returncode == 1, out.stderr[-3000:]
+    assert "1 of 3 sweep jobs failed" in out.stderr and "Traceback" not in out.stderr
+    assert "2 ok, 1 failed" in out.stdout and "| 1 | failed |" in out.stdout
+    folder = only_sweep(tmp_path)
+    df = sweep_runs(tmp_path, folder)
+    check_named_runs(df, "model", ["tiny-s", "qwen3-1.7b", "tiny-m"])
+    assert list(df["status"]) == ["FINISHED", "FAILED", "FINISHED"]
+    assert "qwen3-1.7b" in df["tags.error"][1] and list(df["tags.sweep.keys"]) == ["model"] * 3
+    rows = json.loads((folder / sweeps.SWEEP_FILE).read_text())
+    assert [r["status"] for r in rows] == ["ok", "failed", "ok"]
+    assert rows[0]["value"] is not None and rows[1]["value"] is None
+    assert (folder / "2" / "eval.json").is_file()
+
+
+def test_resume_finds_sweep_runs_and_refuses_another_adapter_shape(tmp_path):
+    from agent_trainer.cli import UserError
+    from scripts.train import RUN_MARKER, resume_changes, resume_folder
+
+    job = tmp_path / "2026-01-01_00-00-00_train" / "1"
+    job.mkdir(parents=True)
+    (job / RUN_MARKER).write_text("{}")
+    cfg = compose_config([f"runs_dir={tmp_path}", "experiment=smoke", "resume=true"], "train")
+    (job / "config.resolved.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    assert resume_folder(cfg, tmp_path / "new") == job
+    with pytest.raises(UserError, match="not an at-train run folder.*resume=.*/1"):
+        resume_folder(compose_config([f"runs_dir={tmp_path}", f"resume={job.parent}"], "train"), tmp_path / "new")
+    more_steps = compose_config([f"runs_dir={tmp_path}", "experiment=smoke", "outer.steps=5"], "train")
+    assert resume_changes(more_steps, job)["outer.steps"] == ("2", "5")
+    other_rank = compose_config([f"runs_dir={tmp_path}", "experiment=smoke", "outer.lora_r=4"], "train")
+    with pytest.raises(UserError, match=r"outer.lora_r 16 -> 4"):
+        resume_changes(other_rank, job)
+
+
+def test_a_typo_in_any_value_of_a_sweep_is_one_line_before_any_job(tmp_path):
+    out = at("at-eval", "-m", "model=tiny-s,tiny-z", f"runs_dir={tmp_path}", cwd=tmp_path)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "tiny-z" in out.stderr
+    assert not list(tmp_path.iterdir())
