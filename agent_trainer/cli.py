@@ -399,7 +399,7 @@ def start_run(cfg: DictConfig) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     # ${now:...} would resolve again later; pin the id to the folder actually used (sweeps: "<id>/<n>").
     runs = Path(str(cfg.runs_dir)).resolve()
-    with _writable(cfg):
+    with writable(cfg):
         cfg.run_id = str(folder.relative_to(runs)) if folder.is_relative_to(runs) else folder.name
     (folder / "config.resolved.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     (folder / "versions.json").write_text(json.dumps(package_versions(), indent=2) + "\n")
@@ -425,7 +425,7 @@ def export_registries(obj) -> None:
             os.environ.pop(var, None)
 
 
-class _writable:
+class writable:
     """Temporarily lift read-only/struct flags that Hydra may have set."""
 
     def __init__(self, cfg: DictConfig):

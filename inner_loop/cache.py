@@ -6,13 +6,13 @@
     >>> r2.cached, r2.hidden_score == r1.hidden_score, r2.cached_from    # True, True, r1's output folder
 
 The key (sha256, ``cache_key``) covers everything that decides a job's numbers:
-- the job's files: ``inner_loop.job.job_hash`` (job.yaml, its data and reward files) and every other
+- the job's files: ``inner_loop.result.job_hash`` (job.yaml, its data and reward files) and every other
   file of the job folder, by relative name and content, except
   its ``output/`` folder and the run's output folder;
 - the task spec (family, version, budget, hidden-eval size) and the hidden-eval size used;
 - the base model: sha256 of its weights (``evaluation.hidden_eval.checkpoint_hash``), its
   ``config.json`` and tokenizer files; the job's seed;
-- the libraries (``inner_loop.job.library_versions``) and the harness itself: a digest of the
+- the libraries (``inner_loop.result.library_versions``) and the harness itself: a digest of the
   ``inner_loop`` and ``evaluation`` source, so any change of data, rewards, runners, scoring or
   families makes new entries (never a stale hit);
 - the settings that can change an outcome: validation dry run, cost model and price (the budget
@@ -53,6 +53,7 @@ from typing import Any, Callable
 
 from agent_trainer.paths import PROJECT_ROOT
 from agent_trainer.paths import cache_dir as default_cache_dir
+from inner_loop.result import RESULT_FILE, JobResult, job_hash, library_versions, track_result, write_json_atomic
 
 CACHE_SUBDIR = "jobs"
 ENTRY_FILE = "entry.json"
@@ -120,7 +121,6 @@ def key_parts(job_dir: str | Path, task, *, hidden_n: int, model_dir: str | Path
               cache_dir: str | Path | None = None, output_dir: str | Path | None = None,
               settings: dict[str, Any] | None = None) -> dict[str, Any]:
     """Everything the key hashes, readable (stored in the entry); raises when the job cannot be parsed."""
-    from inner_loop.job import job_hash, library_versions
     from inner_loop.jobspec import load_job
     from inner_loop.models import resolve_model
 
@@ -208,8 +208,6 @@ class JobCache:
     def restore(self, key: str, entry: dict[str, Any], job_dir: str | Path, output_dir: Path, t_start: float,
                 price_per_hour: float):
         """The cached ``JobResult`` for this request, with ``result.json`` and the log copies in ``output_dir``."""
-        from inner_loop.job import RESULT_FILE, JobResult, _write_atomic
-
         output_dir.mkdir(parents=True, exist_ok=True)
         for name in COPIED_FILES:
             src = self.entry_dir(key) / name
@@ -227,7 +225,7 @@ class JobCache:
             "key": key, "output_dir": entry.get("output_dir"), "model_dir": model,
             "model_exists": bool(model) and Path(model).is_dir(), "original_seconds": original,
             "original_usd": entry["result"].get("usd"), "created": entry.get("created")}, indent=2) + "\n")
-        _write_atomic(output_dir / RESULT_FILE, res.as_dict())
+        write_json_atomic(output_dir / RESULT_FILE, res.as_dict())
         return res
 
 
@@ -238,7 +236,6 @@ def run_cached(run: Callable[..., Any], job_dir: str | Path, task, **kwargs: Any
     validation then reports what is wrong."""
     from evaluation.tasks import TaskSpec, load_task
     from inner_loop.cost import CostModel
-    from inner_loop.job import RESULT_FILE, _track, _write_atomic
 
     t_start = time.monotonic()
     task = task if isinstance(task, TaskSpec) else load_task(task)
@@ -263,11 +260,11 @@ def run_cached(run: Callable[..., Any], job_dir: str | Path, task, **kwargs: Any
             res = cache.restore(key, entry, job_dir, out, t_start, price)
             if kwargs.get("tracker") is not None:
                 kwargs["tracker"].log_params({"job.cached": True, "job.cache_key": key})
-                _track(kwargs["tracker"], res, out, [])
+                track_result(kwargs["tracker"], res, out, [])
             return res
         res = run(job_dir, task, cache=False, **kwargs)
         res.cache_key = key
-        _write_atomic(out / RESULT_FILE, res.as_dict())
+        write_json_atomic(out / RESULT_FILE, res.as_dict())
         cache.put(key, res, parts)
     return res
 

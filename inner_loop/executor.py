@@ -24,11 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 from agent_trainer.registry import Registry
-
-
-def gpu_ids(value: str) -> list[str]:
-    """The GPU ids in a ``CUDA_VISIBLE_DEVICES`` value (``"4, 5"`` -> ``["4", "5"]``; ``""`` -> none)."""
-    return [x.strip() for x in value.split(",") if x.strip()]
+from inner_loop.job_env import gpu_ids
 
 
 def visible_gpus() -> list[str]:

@@ -34,132 +34,24 @@ read (the outer loop does), and hand the agent ``JobResult.visible()`` only.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
-import platform
 import threading
 import time
-from dataclasses import asdict, dataclass, field
-from importlib.metadata import PackageNotFoundError, version
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from evaluation.prompts import for_task
 from evaluation.tasks import TaskSpec, load_task
+from inner_loop.job_env import gpu_ids, job_gpus
+from inner_loop.result import RESULT_FILE, JobResult, job_hash, library_versions, track_result, write_json_atomic
 
-RESULT_FILE = "result.json"
 # transformers' from_pretrained is not thread-safe (module-level init flags): jobs running in
 # parallel threads (inner_loop.executor) train in parallel child processes, but load and score
 # models in this process one at a time. A race here left weights on the meta device.
 HARNESS_LOCK = threading.RLock()
-STATUSES = ("ok", "invalid", "over_budget", "crashed", "timeout", "diverged")
 KILL_FACTOR, KILL_MARGIN_S = 1.5, 60.0
-_LIBRARIES = ("torch", "transformers", "trl", "peft", "datasets", "accelerate", "tokenizers")
-
-
-@dataclass
-class JobResult:
-    """Everything the harness knows about one job; ``visible()`` is the agent's share of it."""
-
-    status: str
-    task: str
-    family: str
-    job_dir: str
-    output_dir: str
-    job_hash: str
-    base_model: str | None = None
-    algorithm: str | None = None
-    seed: int | None = None
-    findings: list[dict] = field(default_factory=list)
-    detail: str = ""
-    error: str = ""
-    steps: int = 0
-    planned_steps: int = 0
-    final_train_reward: float | None = None
-    final_train_loss: float | None = None
-    reward_curve: list[list[float]] = field(default_factory=list)
-    loss_curve: list[list[float]] = field(default_factory=list)
-    hidden_score: float | None = None
-    baseline: float | None = None
-    uplift: float | None = None
-    hidden_n: int = 0
-    # train: the training loop; process: the child's whole life (imports, data, training, saving);
-    # eval: hidden score and baseline; validate: the harness's validation; total: everything (wall
-    # seconds, measured). train_estimated (a job that ran): the cost model's seconds for the steps run,
-    # the same on every run of the job: the staged reward's speed stage reads it (``job_train_seconds``).
-    seconds: dict = field(default_factory=lambda: {"validate": 0.0, "train": 0.0, "process": 0.0, "eval": 0.0,
-                                                   "total": 0.0})
-    estimated_usd: float | None = None
-    usd: float = 0.0
-    libraries: dict = field(default_factory=dict)
-    # What actually ran, from the job's process (inner_loop.runners.stages): {"stages": [{"algorithm":
-    # sft|grpo|dpo, "peft": full|lora, "data_source": curated|self_generated|mixed|agent, "steps": int}]}.
-    ran: dict = field(default_factory=lambda: {"stages": []})
-    # Job cache (inner_loop.cache): a hit is ``cached`` (its numbers come from the run in ``cached_from``;
-    # seconds["total"] and usd are the lookup's); ``cache_key`` is set whenever the cache was asked.
-    cached: bool = False
-    cache_key: str | None = None
-    cached_from: str | None = None
-    # Reward-hacking guards (harness-only, never in visible()): agent data that contains hidden items
-    # (evaluation.contamination) flags the job: it scores as its baseline, uplift 0. ``sandbox``: how the
-    # job's process ran, "bwrap", "unsafe" (allowed by inner.allow_unsafe) or "none" (no agent files).
-    flagged: bool = False
-    contamination: dict = field(default_factory=dict)
-    sandbox: str = "none"
-    # Where the job's process trained (``cpu`` or ``cuda``; None when nothing was trained).
-    device: str | None = None
-
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-    def visible(self) -> dict[str, Any]:
-        """What an agent may see: status, findings, errors of its own code, training curves, time and cost.
-
-        Never the hidden score, the baseline or the uplift.
-        """
-        return {"status": self.status, "detail": self.detail, "error": self.error, "findings": self.findings,
-                "steps": self.steps, "planned_steps": self.planned_steps,
-                "final_train_reward": self.final_train_reward, "final_train_loss": self.final_train_loss,
-                "reward_curve": self.reward_curve, "loss_curve": self.loss_curve,
-                "seconds": {k: self.seconds[k] for k in ("train", "process", "total")},
-                "estimated_usd": self.estimated_usd, "usd": self.usd, "ran": self.ran}
-
-
-def library_versions() -> dict[str, str]:
-    """Versions of the libraries that shape a job's numbers (read from metadata: no imports)."""
-    out = {"python": platform.python_version()}
-    for name in _LIBRARIES:
-        try:
-            out[name] = version(name)
-        except PackageNotFoundError:
-            out[name] = "missing"
-    return out
-
-
-def job_hash(job_dir: Path, spec=None) -> str:
-    """sha256 over the files the job uses (``job.yaml``, its data and reward files), by name and content."""
-    names = ["job.yaml"]
-    if spec is not None:
-        names += spec.agent_files()  # every stage's data and reward files
-    h = hashlib.sha256()
-    for name in names:
-        p = Path(job_dir) / name
-        h.update(name.encode() + b"\0")
-        if p.is_file():
-            with open(p, "rb") as f:  # in chunks: a job file may be large before the validation refuses it
-                for chunk in iter(lambda: f.read(1 << 20), b""):
-                    h.update(chunk)
-        else:
-            h.update(b"<missing>")
-        h.update(b"\0")
-    return h.hexdigest()
-
-
-def _write_atomic(path: Path, data: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
-    os.replace(tmp, path)
 
 
 def _read_log(path: Path) -> list[dict]:
@@ -227,8 +119,6 @@ def eval_device(device: str, gpus: str | None) -> str:
     itself see only some GPUs (its own ``CUDA_VISIBLE_DEVICES``), so the first id is looked up there."""
     import torch
 
-    from inner_loop.executor import gpu_ids
-
     if device == "cpu" or not torch.cuda.is_available():
         return "cpu"
     first = (gpus or "").split(",")[0].strip()
@@ -280,7 +170,7 @@ def run_job(job_dir: str | Path, task: TaskSpec | str | Path, *, cache_dir: str 
     from inner_loop.cost import CostModel
     from inner_loop.jobspec import JobSpecError, load_job
     from inner_loop.validate import validate_job
-    from inner_loop.worker import job_gpus, run_worker
+    from inner_loop.worker import run_worker
 
     t_start = time.monotonic()
     cost_model = cost_model or CostModel.measured(device, cache_dir)
@@ -425,26 +315,7 @@ def _finish(res: JobResult, out: Path, t_start: float, price_per_hour: float, tr
     res.seconds["total"] = round(time.monotonic() - t_start, 3)
     res.usd = round(res.seconds["total"] / 3600 * price_per_hour, 6)
     out.mkdir(parents=True, exist_ok=True)
-    _write_atomic(out / RESULT_FILE, res.as_dict())
+    write_json_atomic(out / RESULT_FILE, res.as_dict())
     if tracker is not None:
-        _track(tracker, res, out, log)
+        track_result(tracker, res, out, log)
     return res
-
-
-def _track(tracker, res: JobResult, out: Path, log) -> None:
-    """Params, per-step training metrics, final metrics and the job's files, to MLflow (or any tracker)."""
-    tracker.log_params({"job.hash": res.job_hash, "job.status": res.status, "job.task": res.task,
-                        "job.base_model": res.base_model, "job.algorithm": res.algorithm, "job.seed": res.seed,
-                        "job.flagged": res.flagged, "job.sandbox": res.sandbox,
-                        **{f"lib.{k}": v for k, v in res.libraries.items()}})
-    for rec in log:
-        tracker.log_metrics({f"train/{k}": v for k, v in rec.items()
-                             if k != "step" and "/" not in k and isinstance(v, (int, float))}, step=rec["step"])
-    final = {"job/hidden_score": res.hidden_score, "job/baseline": res.baseline, "job/uplift": res.uplift,
-             "job/steps": res.steps, "job/final_train_reward": res.final_train_reward, "job/usd": res.usd,
-             "job/flagged": float(res.flagged), "job/contaminated_items": float(res.contamination.get("hits", 0)),
-             **{f"job/seconds_{k}": v for k, v in res.seconds.items()}}
-    tracker.log_metrics(final, step=res.steps)
-    for name in (RESULT_FILE, "train_log.jsonl", "trl_config.json"):
-        if (out / name).is_file():
-            tracker.log_artifact(out / name)

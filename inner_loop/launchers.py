@@ -56,7 +56,7 @@ def absolute(request: dict[str, Any]) -> dict[str, Any]:
 def lost(request: dict[str, Any], message: str):
     """A ``crashed`` result (with ``result.json``) for a job the engine lost; the harness keeps going."""
     from evaluation.tasks import TaskSpec, load_task
-    from inner_loop.job import RESULT_FILE, JobResult, _write_atomic, job_hash, library_versions
+    from inner_loop.result import RESULT_FILE, JobResult, job_hash, library_versions, write_json_atomic
 
     task = request["task"] if isinstance(request["task"], TaskSpec) else load_task(request["task"])
     job_dir = Path(request["job_dir"])
@@ -66,7 +66,7 @@ def lost(request: dict[str, Any], message: str):
                     detail="the launcher lost the job before it reported a result (node failure, time limit, "
                            "cancelled?)", error=message[-3000:], libraries=library_versions())
     out.mkdir(parents=True, exist_ok=True)
-    _write_atomic(out / RESULT_FILE, res.as_dict())
+    write_json_atomic(out / RESULT_FILE, res.as_dict())
     return res
 
 

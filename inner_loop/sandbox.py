@@ -60,6 +60,7 @@ from typing import Any, Callable
 
 from agent_trainer.registry import INCLUDE_PATH_ENV
 from inner_loop.isolation import TimeoutExpired, python_file, run_check, scrub_env
+from inner_loop.job_env import MAX_FILE_BYTES, child_env
 
 GiB = 2**30
 # Agent code runs as SANDBOX_UID_BASE + a per-job offset when the harness is root: a uid no file
@@ -256,8 +257,6 @@ def _gpu_devices() -> list[str]:
 
 def trainer_limits(policy: SandboxPolicy, deadline_s: float, threads: int | None) -> dict[str, int]:
     """rlimits of the trainer: CPU seconds for every thread until the deadline, memory, file size."""
-    from inner_loop.worker import MAX_FILE_BYTES
-
     cores = threads or os.cpu_count() or 1
     limits = {"RLIMIT_CPU": int(math.ceil(deadline_s * cores)) + 60, "RLIMIT_FSIZE": MAX_FILE_BYTES,
               "RLIMIT_CORE": 0, "RLIMIT_NOFILE": 4096}
@@ -288,9 +287,7 @@ def trainer_wrapper(policy: SandboxPolicy, *, job_dir: Path, output_dir: Path, m
                     threads: int | None = None, gpus: str | None = None) -> Callable[[list[str]], list[str]]:
     """``wrap`` for ``run_worker``: the trainer's argv inside bubblewrap (see the module docstring).
 
-    ``gpus``: the job's ``CUDA_VISIBLE_DEVICES`` (``inner_loop.worker.job_gpus``)."""
-    from inner_loop.worker import child_env
-
+    ``gpus``: the job's ``CUDA_VISIBLE_DEVICES`` (``inner_loop.job_env.job_gpus``)."""
     job_dir, output_dir, model_dir = (Path(p).resolve() for p in (job_dir, output_dir, model_dir))
     home = output_dir / ".home"
     m = _Mounts()

@@ -41,13 +41,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from agent_trainer.registry import REGISTRY_ENV
 from inner_loop import isolation
+from inner_loop.job_env import MAX_FILE_BYTES, child_env, job_gpus
 
 STATUS_FILE = "train_status.json"
 WORKER_LOG = "worker.log"
 ERROR_TAIL_CHARS = 3000
-MAX_FILE_BYTES = 16 * 2**30  # a 1.7B fp32 checkpoint fits; a runaway writer does not fill the disk
 
 
 def write_status(output_dir: Path, status: dict) -> None:
@@ -139,23 +138,6 @@ class WorkerRun:
     returncode: int | None
 
 
-def child_env(home: Path, threads: int | None, gpus: str | None = None) -> dict[str, str]:
-    """Only what Python and torch need: no API keys or tracking credentials reach agent code.
-
-    ``gpus``: the job's ``CUDA_VISIBLE_DEVICES`` (``""`` hides every GPU; None: none set, so the
-    process sees what the machine has)."""
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "TMPDIR": str(home),
-           "LANG": "C.UTF-8", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-           "HF_HOME": str(home / "hf"), "TOKENIZERS_PARALLELISM": "false"}
-    if threads:
-        env["OMP_NUM_THREADS"] = str(threads)
-    if gpus is not None:
-        env["CUDA_VISIBLE_DEVICES"] = gpus
-    # Families and base models from configuration (agent_trainer.registry): the job's rows may come from them.
-    env.update({k: os.environ[k] for k in REGISTRY_ENV if os.environ.get(k)})
-    return env
-
-
 # rlimits of the training process (the sandbox's launcher sets its own, tighter ones, inside).
 LIMITS = {"RLIMIT_FSIZE": MAX_FILE_BYTES}
 
@@ -185,14 +167,6 @@ PRELOAD = ["inner_loop.worker_preload"]
 def warm_context():
     """The warm workers' forkserver (started on first use, with a scrubbed environment)."""
     return isolation.forkserver(PRELOAD, child_env(Path(tempfile.gettempdir()), None))
-
-
-def job_gpus(device: str, gpus: str | None) -> str | None:
-    """The ``CUDA_VISIBLE_DEVICES`` of a job's process: none on the CPU; on a GPU the ones the executor
-    gave the job (``gpus``), else what this process was given (SLURM and Ray set it), else unset."""
-    if device == "cpu":
-        return ""
-    return gpus if gpus is not None else os.environ.get("CUDA_VISIBLE_DEVICES")
 
 
 def run_worker(job_dir: Path, model: Path, family: str, output_dir: Path, *, max_steps: int, max_seconds: float,

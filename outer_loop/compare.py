@@ -407,9 +407,9 @@ def _bars(ax, labels, series: dict[str, list], title: str) -> None:
 
 def write_plots(data: dict[str, Any], folder: Path, note: Note = print) -> list[Path]:
     """reward_curves.png, stages.png, switches.png, adoption.png, cost.png: those ``plot_data`` has panels for."""
-    from outer_loop.plots import _plt, _save
+    from outer_loop.plots import pyplot, save_figure
 
-    plt = _plt()
+    plt = pyplot()
     paths = []
     skipped = data.get("skipped", {})
     curves = [k for k in ("reward_curves", "job_scores") if k in data]
@@ -430,7 +430,7 @@ def write_plots(data: dict[str, Any], folder: Path, note: Note = print) -> list[
             a.xaxis.get_major_locator().set_params(integer=True)
             a.grid(alpha=0.3)
             a.legend(fontsize=7)
-        paths.append(_save(fig, folder / "reward_curves.png"))
+        paths.append(save_figure(fig, folder / "reward_curves.png"))
     else:
         _not_written(folder / "reward_curves.png", skipped["reward_curves"], note)
     for key, title, file in (("stages", "Reward stages", "stages.png"),
@@ -444,7 +444,7 @@ def write_plots(data: dict[str, Any], folder: Path, note: Note = print) -> list[
         series = {k: v for k, v in d.items() if k not in ("runs", "usd")}
         fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(d["runs"]) + 3), 4))
         _bars(ax, d["runs"], series, title)
-        paths.append(_save(fig, folder / file))
+        paths.append(save_figure(fig, folder / file))
     return paths
 
 

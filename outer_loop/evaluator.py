@@ -29,7 +29,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
-from outer_loop.tools import _schema, check_arguments
+from outer_loop.tools import check_arguments, tool_schema
 
 EXECUTION_TARGETS = ("learning_rate", "max_steps", "batch_size", "num_generations", "warmup_ratio",
                      "lr_scheduler", "weight_decay", "base_model", "reward")
@@ -259,7 +259,7 @@ def _curve_analysis(v: dict[str, Any]) -> str:
 
 # --- the LLM evaluator ------------------------------------------------------------------------
 
-EVALUATE_SCHEMA = _schema(
+EVALUATE_SCHEMA = tool_schema(
     "evaluate", "Evaluate the job that just ran and suggest what the next job should change.",
     {"prediction": {"type": "number", "description": "the dev score you expect the next job to reach"},
      "evaluation": {"type": "string", "description": "how good the job was, in one sentence"},

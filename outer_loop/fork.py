@@ -168,7 +168,7 @@ def _plain(msg: dict[str, Any]) -> dict[str, Any]:
 
 
 def _job_result(path: Path, job_dir: Path, output_dir: Path):
-    from inner_loop.job import JobResult
+    from inner_loop.result import JobResult
 
     raw = json.loads(path.read_text())
     known = {f.name for f in fields(JobResult)}
@@ -307,9 +307,9 @@ def write_table(rows: list[dict[str, Any]], folder: Path) -> tuple[Path, Path]:
 
 def plot(rows: list[dict[str, Any]], at: int, path: Path) -> Path:
     """Score per job per branch (fork point marked), reward, switches after the fork, cost."""
-    from outer_loop.plots import _plt, _save
+    from outer_loop.plots import pyplot, save_figure
 
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
     ax = axes[0][0]
     for r in rows:
@@ -338,4 +338,4 @@ def plot(rows: list[dict[str, Any]], at: int, path: Path) -> Path:
             for b, r in zip(bars, rows):
                 a.annotate(f"{r['seconds']:.0f} s", (b.get_x() + b.get_width() / 2, b.get_height()),
                            ha="center", va="bottom", fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from outer_loop.tools import ToolResult, _schema
+from outer_loop.tools import ToolResult, tool_schema
 
 KINDS = ("plan", "observation", "lesson", "eval_result", "eval_analysis")
 PLAN_FIELDS = ("hypothesis", "success_criteria", "abort_criteria")
@@ -115,7 +115,7 @@ class SkillLibrary:
 
 _TEXT = {"type": "string"}
 SCHEMAS = {
-    "journal_write": _schema(
+    "journal_write": tool_schema(
         "journal_write", "Append an entry to your experiment journal (kept across episodes when configured).",
         {"kind": {"type": "string", "description": "plan | observation | lesson | eval_result | eval_analysis"},
          "text": {"type": "string", "description": "the entry"},
@@ -123,13 +123,13 @@ SCHEMAS = {
          "success_criteria": {"type": "string", "description": "plan: what result counts as success"},
          "abort_criteria": {"type": "string", "description": "plan: what result makes you stop this line"}},
         ["kind", "text"]),
-    "journal_read": _schema(
+    "journal_read": tool_schema(
         "journal_read", "Read the last entries of your experiment journal.",
         {"kind": {"type": "string", "description": "only this kind; default: all"},
          "last": {"type": "integer", "description": "how many entries; default 10"}}, []),
-    "list_skills": _schema("list_skills", "List the skill library: short notes on what works.", {}, []),
-    "read_skill": _schema("read_skill", "Read one skill of the library.",
-                          {"name": {"type": "string", "description": "a name from list_skills"}}, ["name"]),
+    "list_skills": tool_schema("list_skills", "List the skill library: short notes on what works.", {}, []),
+    "read_skill": tool_schema("read_skill", "Read one skill of the library.",
+                              {"name": {"type": "string", "description": "a name from list_skills"}}, ["name"]),
 }
 
 

@@ -11,7 +11,8 @@ STAGES = (("validation_mean", "validation"), ("job_success_rate", "job success")
           ("speed_mean", "speed"))
 
 
-def _plt():
+def pyplot():
+    """matplotlib's pyplot on the Agg backend (PNG files, no display)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -20,9 +21,9 @@ def _plt():
     return plt
 
 
-def _save(fig, path: Path) -> Path:
+def save_figure(fig, path: Path) -> Path:
     """Lay out, write the PNG and free the figure."""
-    plt = _plt()
+    plt = pyplot()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -31,7 +32,7 @@ def _save(fig, path: Path) -> Path:
 
 def reward_plot(rows: list[dict], path: Path) -> Path:
     """Mean episode reward (with +-1 std) and each stage per step."""
-    plt = _plt()
+    plt = pyplot()
     steps = [r["step"] for r in rows]
     mean = [r["reward_mean"] for r in rows]
     std = [r.get("reward_std", 0.0) for r in rows]
@@ -47,12 +48,12 @@ def reward_plot(rows: list[dict], path: Path) -> Path:
     ax2.set(xlabel="outer step", ylabel="stage value", title="Reward stages")
     ax2.grid(alpha=0.3)
     ax2.legend()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def choices_plot(rows: list[dict], path: Path) -> Path:
     """Share of each base model, algorithm and adapter choice per step."""
-    plt = _plt()
+    plt = pyplot()
     steps = [r["step"] for r in rows]
     keys = sorted({k for r in rows for k in r if k.startswith("share_")})
     fig, ax = plt.subplots(figsize=(8, 4))
@@ -62,12 +63,12 @@ def choices_plot(rows: list[dict], path: Path) -> Path:
     ax.grid(alpha=0.3)
     if keys:
         ax.legend(fontsize=8, ncol=2)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def heldout_plot(rows: list[dict], path: Path) -> Path:
     """Held-out reward at the steps it was measured, next to the training reward."""
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot([r["step"] for r in rows], [r["reward_mean"] for r in rows], marker=".", label="training families")
     held = [r for r in rows if "heldout_reward_mean" in r]
@@ -75,7 +76,7 @@ def heldout_plot(rows: list[dict], path: Path) -> Path:
     ax.set(xlabel="outer step", ylabel="episode reward", title="Held-out families")
     ax.grid(alpha=0.3)
     ax.legend()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def write_training_plots(rows: list[dict], folder: str | Path) -> list[Path]:

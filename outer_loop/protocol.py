@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
-from outer_loop.tools import _schema, check_arguments
+from outer_loop.tools import check_arguments, tool_schema
 
 DECISIONS = ("CONTINUE", "SWITCH")
 ALGORITHMS = ("sft", "grpo", "dpo", "distill")
@@ -32,7 +32,7 @@ COMPONENTS = ("algorithm", "data_source", "stage")
 SCORE_TOLERANCE = 0.011  # scores are shown with 3 decimals; an agent may round to 2
 MIN_REASON_WORDS = 3
 
-DECIDE_SCHEMA = _schema(
+DECIDE_SCHEMA = tool_schema(
     "decide", "Answer the strategy check after a job result: CONTINUE or SWITCH.",
     {"strategy": {"type": "string", "description": "your current strategy: algorithm, data source, stages"},
      "scores": {"type": "array", "description": "your last three dev scores, oldest first (as the check shows them)"},

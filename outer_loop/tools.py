@@ -95,7 +95,8 @@ class EpisodeState:
                           flagged=bool(getattr(res, "flagged", False) or getattr(res, "contaminated", False)))
 
 
-def _schema(name: str, description: str, properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
+def tool_schema(name: str, description: str, properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
+    """An OpenAI-style function schema: ``name``, ``description``, an object of ``properties`` (no others)."""
     return {"type": "function", "function": {
         "name": name, "description": description,
         "parameters": {"type": "object", "properties": properties, "required": required,
@@ -106,23 +107,23 @@ _PATH = {"type": "string", "description": "path relative to the workspace, e.g. 
 _JOB = {"type": "string", "description": "the job folder (or its job.yaml) relative to the workspace; default '.'"}
 
 SCHEMAS: list[dict[str, Any]] = [
-    _schema("list_files", "List the files in the workspace (or in a folder of it).",
-            {"path": {"type": "string", "description": "folder relative to the workspace; default '.'"}}, []),
-    _schema("read_file", "Read a text file of the workspace (long files in pages: pass offset).",
-            {"path": _PATH, "offset": {"type": "integer", "description": "first character to return; default 0"}},
-            ["path"]),
-    _schema("write_file", "Create or overwrite a text file in the workspace (job.yaml, data.jsonl, reward.py).",
-            {"path": _PATH, "content": {"type": "string", "description": "the whole file content"}},
-            ["path", "content"]),
-    _schema("lookup_baseline", "The hidden-evaluation score of a base model before any training.",
-            {"model": {"type": "string", "description": "a base model allowed by task.json, e.g. tiny-s"},
-             "family": {"type": "string", "description": "task family; default: the task's"}}, ["model"]),
-    _schema("validate_job", "Check a job without training it: schema, task rules, budget, a dry run.",
-            {"path": _JOB}, []),
-    _schema("submit_job", "Train the job (counts against the job limit). Returns status, training curves, "
-            "time and cost; the hidden score is never shown.", {"path": _JOB}, []),
-    _schema("finish", "End the episode.",
-            {"summary": {"type": "string", "description": "one line on what you did and why"}}, []),
+    tool_schema("list_files", "List the files in the workspace (or in a folder of it).",
+                {"path": {"type": "string", "description": "folder relative to the workspace; default '.'"}}, []),
+    tool_schema("read_file", "Read a text file of the workspace (long files in pages: pass offset).",
+                {"path": _PATH, "offset": {"type": "integer", "description": "first character to return; default 0"}},
+                ["path"]),
+    tool_schema("write_file", "Create or overwrite a text file in the workspace (job.yaml, data.jsonl, reward.py).",
+                {"path": _PATH, "content": {"type": "string", "description": "the whole file content"}},
+                ["path", "content"]),
+    tool_schema("lookup_baseline", "The hidden-evaluation score of a base model before any training.",
+                {"model": {"type": "string", "description": "a base model allowed by task.json, e.g. tiny-s"},
+                 "family": {"type": "string", "description": "task family; default: the task's"}}, ["model"]),
+    tool_schema("validate_job", "Check a job without training it: schema, task rules, budget, a dry run.",
+                {"path": _JOB}, []),
+    tool_schema("submit_job", "Train the job (counts against the job limit). Returns status, training curves, "
+                "time and cost; the hidden score is never shown.", {"path": _JOB}, []),
+    tool_schema("finish", "End the episode.",
+                {"summary": {"type": "string", "description": "one line on what you did and why"}}, []),
 ]
 
 _TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool, "object": dict, "array": list}

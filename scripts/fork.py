@@ -38,7 +38,7 @@ def source_dir(cfg: DictConfig) -> Path:
 def adopt_source_settings(cfg: DictConfig, src: Path) -> None:
     """Give ``cfg`` the source run's agent, budget, strategy, task, inner, hardware, seed and adapter."""
     old = OmegaConf.load(src / "config.resolved.yaml")
-    with cli._writable(cfg):
+    with cli.writable(cfg):
         for group in SOURCE_GROUPS:
             if group in old:  # keys this version no longer has (an older source run) are left out
                 known = {k: v for k, v in old[group].items() if k in cfg[group]}

@@ -1,5 +1,6 @@
 """Trainer callbacks the harness adds to every inner run: budget, divergence, per-step log.
 
+    >>> from inner_loop.runners.train import encode_probe
     >>> guard = BudgetGuard(200, 90.0, probe=encode_probe(tokenizer, rows), vocab_size=len(tokenizer))
     >>> log = StepLog("job/output/train_log.jsonl", clock=guard)
     >>> trainer = GRPOTrainer(..., callbacks=[guard, log])
@@ -33,24 +34,6 @@ from transformers import TrainerCallback
 
 def _finite(x) -> bool:
     return x is None or (isinstance(x, (int, float)) and math.isfinite(x))
-
-
-def encode_probe(tokenizer, rows: list[dict], n: int = 32) -> tuple:
-    """(input_ids, labels) of the first ``n`` rows as SFT trains on them (``runners.train.sft_ids``);
-    labels cover answer + eos."""
-    import torch
-
-    from inner_loop.runners.train import sft_ids
-
-    rows = rows[:n]
-    pairs = sft_ids(tokenizer, [r["prompt"] for r in rows], [r["answer"] for r in rows])
-    width = max(len(ids) for ids, _ in pairs)
-    ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
-    labels = torch.full((len(rows), width), -100, dtype=torch.long)
-    for i, (seq, lab) in enumerate(pairs):
-        ids[i, : len(seq)] = torch.tensor(seq)
-        labels[i, : len(lab)] = torch.tensor(lab)
-    return ids, labels
 
 
 def probe_loss(model, input_ids, labels) -> float:

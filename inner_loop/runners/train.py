@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from inner_loop.jobspec import JobSpec
-from inner_loop.runners.callbacks import BudgetGuard, StepLog, encode_probe
+from inner_loop.runners.callbacks import BudgetGuard, StepLog
 from inner_loop.runners.config import lora_config, planned_steps, trl_config
 
 TRAIN_LOG = "train_log.jsonl"
@@ -139,6 +139,22 @@ def sft_ids(tokenizer, prompts: list[str], answers: list[str]) -> list[tuple[lis
     p_ids = tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
     a_ids = tokenizer(answers, add_special_tokens=False)["input_ids"]
     return [(p + a + [eos_id], [-100] * len(p) + a + [eos_id]) for p, a in zip(p_ids, a_ids)]
+
+
+def encode_probe(tokenizer, rows: list[dict], n: int = 32) -> tuple:
+    """``BudgetGuard``'s probe: (input_ids, labels) of the first ``n`` rows as SFT trains on them (``sft_ids``);
+    labels cover answer + eos."""
+    import torch
+
+    rows = rows[:n]
+    pairs = sft_ids(tokenizer, [r["prompt"] for r in rows], [r["answer"] for r in rows])
+    width = max(len(ids) for ids, _ in pairs)
+    ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
+    labels = torch.full((len(rows), width), -100, dtype=torch.long)
+    for i, (seq, lab) in enumerate(pairs):
+        ids[i, : len(seq)] = torch.tensor(seq)
+        labels[i, : len(lab)] = torch.tensor(lab)
+    return ids, labels
 
 
 def sft_dataset(rows: list[dict], tokenizer, max_length: int | None):

@@ -64,7 +64,7 @@ def _compare(store, out: str, *overrides: str, monkeypatch=None) -> tuple[dict, 
     from scripts import compare as at_compare
 
     drawn: dict[str, dict] = {}
-    save = outer_loop.plots._save
+    save = outer_loop.plots.save_figure
 
     def spy(fig, path):
         drawn[Path(path).name] = {
@@ -75,7 +75,7 @@ def _compare(store, out: str, *overrides: str, monkeypatch=None) -> tuple[dict, 
         return save(fig, path)
 
     if monkeypatch is not None:
-        monkeypatch.setattr(outer_loop.plots, "_save", spy)
+        monkeypatch.setattr(outer_loop.plots, "save_figure", spy)
     tmp = store["tmp"]
     cfg = compose_config([f"runs_dir={tmp}", f"run_id={out}", f"out={tmp / out}", *overrides], "compare")
     return at_compare.run(cfg), drawn

@@ -19,9 +19,9 @@ from agent_trainer.config import ConfigError, compose_config, validate
 from inner_loop import executor as ex
 from inner_loop.cache import cache_key, outcome_settings
 from inner_loop.job import eval_device
+from inner_loop.job_env import child_env, job_gpus
 from inner_loop.jobspec import JobSpec
 from inner_loop.runners.config import device_settings, resolve_device, trl_config
-from inner_loop.worker import child_env, job_gpus
 
 SPEC = JobSpec.model_validate({"base_model": "tiny-s", "algorithm": "grpo",
                                "hyperparameters": {"batch_size": 8, "num_generations": 4, "max_steps": 2},
