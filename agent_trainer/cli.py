@@ -1,31 +1,10 @@
 """Helpers shared by the thin ``at-*`` entry points in ``scripts/``.
 
-A script declares one ``@hydra.main`` and a plain ``run(cfg)`` (what tests call), and hands both
-to ``main``::
-
-    @hydra.main(config_path=str(CONFIG_DIR), config_name="eval", version_base="1.3")
-    def _hydra_main(cfg):
-        return cli.call(run, cfg, user_errors=(TaskSpecError,))
-
-    def main():
-        cli.main(_hydra_main, "eval")
-
-    def run(cfg):
-        run_dir = cli.start_run(cfg)        # validate, make runs/<run_id>/, write versions.json
-        ...
-
-What ``main`` adds to Hydra:
-- ``task=<path>.json`` (any file) becomes ``task.spec_path=<path>``; ``task=<name>`` selects
-  ``configs/task/<name>.yaml``, else ``examples/tasks/<name>.json``.
-- ``model=<name>`` without a ``configs/model/<name>.yaml`` becomes ``model.name=<name>`` (a model
-  added by configuration: ``+base_models.<name>.path=<folder>``).
-- A positional argument (``at-job examples/jobs/sft_full``) becomes ``<positional>=<value>``.
-- The config is composed and validated before Hydra starts, so a bad override or an impossible
-  combination ends with ONE line on stderr and exit code 2, never a traceback. Errors the command
-  declares as user errors (a missing file, a bad task spec) end the same way from inside the run.
-  ``HYDRA_FULL_ERROR=1`` shows the traceback instead.
-- Multirun (``-m``) is checked with the first value of each sweep; Hydra's own flags
-  (``--cfg job``, ``--help``) pass through untouched.
+A script declares ``@hydra.main`` over ``cli.call(run, cfg)``, a plain ``run(cfg)`` (what tests call)
+that starts with ``cli.start_run(cfg)``, and ``main()`` as ``cli.main(_hydra_main, "<config name>")``.
+``main`` turns ``task=``, ``model=``, ``rerun=`` and a positional argument into Hydra overrides and
+checks the config before Hydra starts, so a user mistake is one line on stderr and exit code 2.
+The rules and a whole script: docs/sweeps.md, "The command line of every at-* command".
 """
 
 from __future__ import annotations

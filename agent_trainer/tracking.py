@@ -1,25 +1,12 @@
 """The one MLflow module: runs, nested runs, params from configs, batched metrics, artifacts.
 
-    from agent_trainer.tracking import Tracker
-
     with Tracker.from_config(cfg, run_name="train") as tr:      # cfg: the composed Hydra config
         tr.log_config(cfg)                                      # flattened, secrets dropped
-        for step in range(3):
-            tr.log_metrics({"reward/mean": 0.1 * step, "loss": 1.0 / (step + 1)}, step=step)
+        tr.log_metrics({"reward/mean": 0.1, "loss": 1.0}, step=0)
         with tr.child("episode-0") as ep:                       # nested run (mlflow.parentRunId)
             ep.log_artifact("runs/x/episodes/0/trajectory.jsonl")
 
-Defaults and why:
-- SQLite file in the runs folder (MLflow 3.17's file store refuses to start without
-  MLFLOW_ALLOW_FILE_STORE); several processes may log to one SQLite file at once.
-- Experiments are created with an explicit ``artifact_location`` inside the runs folder, or
-  artifacts land in ``./mlruns`` of whatever the working directory happens to be.
-- ``MlflowClient`` rather than the fluent API: no process-global "active run", so inner jobs,
-  worker threads and nested runs never log into each other's run by accident.
-- An http(s) server is probed at start-up with a short timeout: a wrong URI fails in seconds with
-  a message, not after MLflow's retries an hour into a run.
-- Params whose key looks like a secret (api_key, token, password, secret, ...) or whose value
-  looks like a key (``sk-...``) are never logged.
+Its defaults (SQLite in the runs folder, ``MlflowClient``, a server probe) and why: docs/sweeps.md.
 """
 
 from __future__ import annotations

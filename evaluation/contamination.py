@@ -1,41 +1,11 @@
 """Contamination check: does agent-provided text contain items of a family's hidden set?
 
-    >>> from evaluation.contamination import find_overlap
-    >>> r = find_overlap("calc_chain", 200, [("data.jsonl line 1", "calc: 11-3-3="), ("reward.py", source)])
-    >>> r.flagged, r.hits, r.to_dict()          # counts and where; never the hidden items themselves
+    r = find_overlap("calc_chain", 200, [("data.jsonl line 1", "calc: 11-3-3="), ("reward.py", source)])
+    r.flagged, r.hits, r.to_dict()          # counts and where; never the hidden items themselves
 
-Texts are compared as *folded tokens* (``fold``, then words/numbers ``\\w+`` and single punctuation
-marks, whitespace dropped). Folding undoes the disguises a text can wear and a model still reads:
-compatibility forms (NFKC: fullwidth digits, ligatures, math letters), invisible characters
-(Unicode format characters such as U+200B, U+2060, U+FEFF, soft hyphens, bidi marks and tags;
-combining marks and variation selectors; Hangul fillers and the Braille blank), every kind of
-space, case (``casefold``), digits of every script (``٣`` is ``3``), and look-alike letters from
-other scripts (Unicode TR39 confusables: Cyrillic ``а`` and Greek ``ο`` become Latin ``a`` and
-``o``). So ``"CALC: 11 - 3 - 3 ="``, ``"calc: 1\u200b1-3-3="`` and ``"саlс: 11-3-3="`` are the same
-eight tokens as ``"calc: 11-3-3="``.
-A hidden item (its prompt) is hit by a text when:
-
-- ``exact``: the text's tokens equal the item's tokens (a data row whose prompt is a hidden prompt);
-- ``contained``: the item has at most ``NGRAM`` tokens and its whole token sequence occurs inside
-  the text (a hidden prompt embedded in a longer row, or a dict literal in ``reward.py``);
-- ``ngram``: the item is longer than ``NGRAM`` tokens and the text shares at least one of its
-  ``NGRAM``-grams that does not occur in the family's public training text (the first
-  ``TEMPLATE_SAMPLE`` items of training seed 0), so template wording every prompt shares never
-  counts, only the part that makes a hidden item what it is.
-
-``NGRAM = 13``: the window used by the GPT-3 and PaLM decontamination studies; every prompt of
-the built-in families is shorter (4-14 tokens), so for them the check is exact or contained
-match of whole prompts. A job is flagged when at least ``MIN_HITS = 1`` hidden item is hit: one
-trained hidden item already inflates the score, and library sources never produce one (a test
-checks 0 hits on every family's generator output). The cost of the strict rule: an agent that
-writes rows by hand for a family with a small prompt space (calc_chain has ~9k prompts, ~1 in 45
-of them in a 200-item hidden set) will hit hidden items by chance; library sources avoid that.
-
-Only hidden items the harness scores are checked (``hidden_set(family, n)``). This module reads
-hidden sets, so it lives in ``evaluation``; the report it returns names the agent's texts and
-the *indexes* of hit items, never their text, so it can be logged and stored with the run.
-Not covered: paraphrases, answers given without their prompt, and knowledge of the hidden
-items that reaches the model some other way (the sandbox keeps agent code from computing them).
+Texts are folded (``fold``) and tokenized (``tokens``); a hidden item is hit by an exact, contained
+or distinctive ``NGRAM``-gram match, and ``MIN_HITS`` hits flag the texts. The rules, the thresholds
+and what they miss: docs/security.md, "Contamination rules".
 """
 
 from __future__ import annotations

@@ -1,25 +1,10 @@
 """Lineage check: is a checkpoint a trained copy of its declared base model (no model substitution)?
 
-    >>> from evaluation.lineage import lineage_mismatch
-    >>> lineage_mismatch("job/output/model", "~/.cache/agent-trainer/models/tiny-s-seed0-v2")   # None = fine
+    lineage_mismatch("job/output/model", "~/.cache/agent-trainer/models/tiny-s-seed0-v2")   # None = fine
 
-The harness scores a checkpoint only when every check passes; each failure is one line that says
-what differs. Checks, reading headers and JSON only (no weights are loaded, no code runs):
-
-- files: only plain files (no symlinks, no hard links to files elsewhere, nothing outside the
-  folder); safetensors weights present; no pickled weights (``*.bin``, ``*.pt``, ``*.pth``,
-  ``*.pkl``, ``*.ckpt``...), which run code when loaded; no Python files (remote code);
-- ``config.json``: every key equal to the base model's, except bookkeeping keys (``IGNORED_CONFIG``),
-  so no other architecture, size, rope scaling, ``auto_map`` or quantization;
-- parameters: the same tensor names with the same shapes as the base model (safetensors headers);
-- tokenizer: ``tokenizer.json`` equal to the base's (vocabulary, merges, normalizer, pre-tokenizer,
-  added tokens), ``tokenizer_config.json`` and ``special_tokens_map.json`` equal except bookkeeping
-  keys, so the prompts are tokenized and the answers decoded the way the base model does;
-- ``generation_config.json`` equal to the base's (the harness's greedy decoding must not be
-  steered by, e.g., a planted ``bad_words_ids`` or ``repetition_penalty``).
-
-Not covered: a checkpoint of the right shapes trained elsewhere (the sandbox keeps job code from
-reaching other models; only the declared base model is mounted in the job's sandbox).
+Compares files (safetensors only, no code, no links), ``config.json``, parameter names and shapes,
+tokenizer and generation config with the base model's, reading headers and JSON only (no weights
+loaded, no code run). The rules and what they miss: docs/security.md, "Lineage rules".
 """
 
 from __future__ import annotations

@@ -1,36 +1,11 @@
 """Staged reward of an episode: validation, job success, quality (uplift), speed; each kept apart.
 
-    >>> from evaluation.staged_reward import JobOutcome, RewardWeights, staged_reward
-    >>> r = staged_reward(validation_failures=1,
-    ...                   job=JobOutcome(status="ok", post_score=0.30, baseline=0.12, train_seconds=40,
-    ...                                  budget_seconds=90))
-    >>> r.total, r.to_dict()
+    r = staged_reward(validation_failures=1,
+                      job=JobOutcome(status="ok", post_score=0.30, baseline=0.12, train_seconds=40,
+                                     budget_seconds=90))
+    r.total, r.to_dict()
 
-Stages (each in [0, 1] except quality, in [-w_uplift, 1]):
-
-- validation = ``validation_decay ** failures`` where ``failures`` counts the invalid validations
-  (``validate_job`` calls and submissions the probe refused) before the first valid one; 1.0 when
-  valid at the first try, 0 when never valid, and 0 when no job was submitted
-  (``validation_needs_job``): with validation paid on its own, "validate, then stop" earned 0.35
-  with no risk while a submitted job can score below that, and a policy learns the difference.
-- job_success = 1 when the job ended ``ok``, else 0.
-- quality = ``w_post * post + w_uplift * normalized_uplift``, where ``post`` is the hidden score of
-  the trained model and ``uplift = post - baseline``. The uplift is normalised by the room it had:
-  ``uplift / (1 - baseline)`` when it is a gain (the share of the remaining headroom won),
-  ``uplift / baseline`` when it is a loss (the share of the base's skill destroyed), so a perfect
-  job scores +1 whatever the base, a job that wipes the model out scores -1, and both are clipped
-  to [-1, 1] (denominators floored at 1e-6). A flagged job (training data that overlaps the hidden
-  set) scores as its baseline: post = baseline, uplift 0.
-- speed = ``clip(1 - train_seconds / budget_seconds, 0, 1)``, only for an ``ok`` job (a crash in
-  one second must not look fast). The harness passes the cost model's training seconds for the
-  steps the job ran (``inner_loop.job.job_train_seconds``), not the wall clock, so the same job
-  always earns the same reward and a run is reproducible from its seed.
-
-A ``timeout`` job that the harness still scored (a graceful stop saves the model) earns
-``timeout_quality_factor`` of its quality and no success or speed; any other status earns no
-quality. Total = w_validation * validation + w_success * job_success + w_quality * quality
-+ w_speed * speed; defaults 0.35 / 0 / 0.60 / 0.05 with quality = 0.25 post + 0.75 uplift, the
-weights of the "AI trains AI" paper. All weights live in ``RewardWeights``.
+All weights live in ``RewardWeights``. Each stage's formula and why: docs/outer_loop.md, "Staged reward".
 """
 
 from __future__ import annotations

@@ -1,42 +1,11 @@
 """Job cache: a job whose content was already run returns its stored result instead of training again.
 
-    >>> from inner_loop.job import run_job
-    >>> r1 = run_job(job_dir, task, cache=True)      # a miss: trains, scores, stores the result
-    >>> r2 = run_job(copy_of_job_dir, task, cache=True)
-    >>> r2.cached, r2.hidden_score == r1.hidden_score, r2.cached_from    # True, True, r1's output folder
+    r = run_job(job_dir, task, cache=True)      # a hit: r.cached, r.cached_from (the run that trained it)
 
-The key (sha256, ``cache_key``) covers everything that decides a job's numbers:
-- the job's files: ``inner_loop.result.job_hash`` (job.yaml, its data and reward files) and every other
-  file of the job folder, by relative name and content, except
-  its ``output/`` folder and the run's output folder;
-- the task spec (family, version, budget, hidden-eval size) and the hidden-eval size used;
-- the base model: sha256 of its weights (``evaluation.hidden_eval.checkpoint_hash``), its
-  ``config.json`` and tokenizer files; the job's seed;
-- the libraries (``inner_loop.result.library_versions``) and the harness itself: a digest of the
-  ``inner_loop`` and ``evaluation`` source, so any change of data, rewards, runners, scoring or
-  families makes new entries (never a stale hit);
-- the settings that can change an outcome: validation dry run, cost model and price (the budget
-  check), the hard-kill deadline, the sandbox policy (``sandbox``, ``wrap``), the device (``cpu`` or
-  ``cuda``: other kernels, other precision) and vLLM generation.
-Not in the key: threads, warm or cold worker, which GPUs (``gpus``), output folder, progress bars, tracker (same seed, same
-numbers with any of them; FACTS.md).
-
-What is stored: only results that a rerun would reproduce, ``ok`` and ``diverged``. ``timeout``
-depends on the machine's load, ``crashed`` may be an out-of-memory kill, and ``invalid`` /
-``over_budget`` cost only a validation: those always run again. An entry is
-``<cache root>/jobs/<key[:2]>/<key>/`` with ``entry.json`` (the result, when and where it ran) and
-copies of the small files (``train_log.jsonl``, ``trl_config.json``). Weights are NOT copied:
-``cached_from`` points at the output folder of the run that trained them. An entry whose weights
-were deleted since (a removed run folder, a cleaned temp dir) is stale: a miss, so the job runs
-again and the new entry points at its weights (a hit always comes with a model to evaluate,
-fork or continue from). Delete ``<cache root>/jobs`` to empty the cache.
-
-A hit writes ``result.json`` (with ``cached: true``), the log copies and ``cached_from.json`` into the
-new output folder, and costs only the lookup: ``seconds["total"]`` and ``usd`` are those of the
-lookup (the ledger charges them: about nothing), while ``seconds["train"]`` etc. stay those of the
-original run (the staged reward's speed stage reads them, so a hit earns what the run earned).
-Identical jobs running at the same time wait on a per-key file lock: the second one gets the hit.
-Jobs on other machines (SLURM, Ray) share hits when the cache root is on a shared file system.
+``cache_key`` hashes everything that decides a job's numbers (its files, task, base model, seed,
+libraries, harness source, settings that change an outcome). Only ``ok`` and ``diverged`` results are
+stored, in ``<cache root>/jobs/``, pointing at the original run's weights. The key, the entries and
+what a hit costs: docs/inner_loop.md, "Job cache".
 """
 
 from __future__ import annotations

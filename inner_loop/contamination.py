@@ -1,27 +1,12 @@
 """Contamination check of a job: what the model trains on, against the task's hidden set.
 
-    >>> from inner_loop.contamination import check_job, check_trained
-    >>> report = check_job(spec, job_dir, family="calc_chain", hidden_n=200)      # before training
-    >>> after = check_trained(spec, job_dir, output_dir, "calc_chain", 200)       # after training
-    >>> report.flagged or after.flagged
+    report = check_job(spec, job_dir, family="calc_chain", hidden_n=200)      # before training
+    after = check_trained(spec, job_dir, output_dir, "calc_chain", 200)       # after training
 
-Before training (``check_job``), every text the agent wrote for the job: each string value of every
-row of every data file the job's stages use (prompt, answer, chosen, rejected, extra columns), each
-row *rendered as the model reads it* (``inner_loop.data.rendered_texts``: ``prompt + answer``, so a
-hidden prompt split across the two fields is whole again), all of a row's string values joined in
-order (a split over three or more fields), the line itself when it is not JSON, and the source of
-every reward file (a table of hidden answers in ``reward.py`` counts too). Library sources are not
-checked: family generators never return hidden items (``evaluation.families.base``).
-
-After training (``check_trained``), the rows the job's process recorded as trained on
-(``inner_loop.data.TRAINED_ROWS``, one file per stage): for a stage whose rows are deterministic
-(library sources and the data file), they must equal the rows the harness builds itself from the
-job's declared data, else rows came from somewhere else (``kinds["undeclared"]``); a stage that
-sampled rows (self-generated sources, DPO pairs) has its rendered rows checked against the hidden
-set. A missing or oversized record counts as undeclared rows.
-
-The matching rules (folding, tokens, thresholds) are ``evaluation.contamination``'s;
-``inner_loop.job.run_job`` runs both, and a flagged job scores as its baseline.
+``check_job`` reads every text the agent wrote for the job (data rows as trained, reward files);
+``check_trained`` holds the rows the job's process recorded against the declared ones. The matching
+rules are ``evaluation.contamination``'s; ``run_job`` runs both, and a flagged job scores as its
+baseline. What is checked: docs/security.md, "Contamination rules".
 """
 
 from __future__ import annotations

@@ -1,29 +1,11 @@
 """Cost model of an inner job: estimated wall seconds and USD, before the job runs.
 
-    >>> from inner_loop.cost import CostModel, estimate_cost
-    >>> estimate_cost(spec, CostModel()).summary()     # '48 s, $0.0013 (150 steps, ...)'
+    estimate_cost(spec, CostModel()).summary()     # '48 s, $0.0013 (150 steps, ...)'
+    CostModel.measured("cpu")                      # with this machine's factors (at-models calibrate)
 
-The model is deliberately simple and linear, calibrated on this project's CPU default (2 cores,
-tiny-s = 64 hidden / 2 layers, TRL on CPU; figures from the team's FACTS.md)::
-
-    seconds = startup_s + steps * step_s * model_factor[base_model] * (lora_factor if peft)
-    GRPO step_s = grpo_step_s + completions_per_step * max_completion_length * grpo_token_s
-    SFT  step_s = sft_step_s  + batch_size * sft_sequence_s
-    DPO  step_s = dpo_step_s  + pairs_per_step * dpo_pair_s
-    + sampling (DPO pairs, self-generated data): sampled sequences * max tokens * sample_token_s * model_factor
-    usd = seconds / 3600 * usd_per_hour
-
-A multi-stage job (``estimate_job``) pays the start-up once and every stage's steps and sampling.
-
-On other hardware, or for a model of its own, ``at-models calibrate model=<name>`` times short SFT
-and GRPO runs of the model here and stores its factors per algorithm for this machine
-(``<cache>/cost_profiles.json``); ``CostModel.measured(device)`` (what ``run_job`` uses) reads them.
-
-Calibration points (measured, whole process): GRPO 32 prompts x 8 generations, 75 steps 31 s and
-150 steps ~50 s; GRPO 64 completions/step ~10-13 steps/s; SFT batch 64 ~20-27 steps/s, 150 steps
-22 s, 400 steps 31 s; LoRA adds ~10 % (GRPO) and ~20-40 % (SFT); a fresh process pays ~12-15 s of
-imports and loading. The qwen3 factors are rough CPU extrapolations by parameter count (a 135 M
-model took ~16 s per 16-completion GRPO step); give a GPU its own ``CostModel``.
+A linear model: start-up, plus steps times a per-step cost by algorithm, model and LoRA, plus
+sampling; ``estimate_job`` prices a multi-stage job. The formula and its calibration points:
+docs/inner_loop.md, "Cost model".
 """
 
 from __future__ import annotations

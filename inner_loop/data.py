@@ -1,23 +1,10 @@
 """Training rows of a job: library family sources mixed by weight, plus the job's ``data.jsonl``.
 
-    >>> from inner_loop.data import build_rows
-    >>> rows = build_rows(spec, job_dir, default_family="calc_chain")
-    >>> rows[0]   # {"prompt": "calc: 12+7-3=", "answer": "16", "family": "calc_chain"}
+    rows = build_rows(spec, job_dir, default_family="calc_chain")
+    rows[0]   # {"prompt": "calc: 12+7-3=", "answer": "16", "family": "calc_chain"}
 
-Mixing: each source draws ``size`` items from its family's agent-facing generator (its pool).
-The mixed stream has ``sum(size)`` rows; source ``i`` fills ``weight_i / sum(weight)`` of it,
-repeating its pool or taking a seeded subsample. File rows are appended, then everything is
-shuffled with the job seed: the same job gives the same rows, in the same order, everywhere.
-
-A ``self_generated`` source's pool is the model's own accepted samples (``inner_loop.selfgen``,
-in the job's process); ``build_rows_with_origins`` says per row whether it is ``curated``
-(a family's reference answer), ``self_generated`` or ``agent`` (the job's data file).
-
-Family generators never return hidden-set items (``evaluation.families.base``), so library
-rows are clean by construction; agent-written rows are checked for overlap by the harness.
-
-A data file has one JSON object per line with string ``prompt`` and ``answer``; an optional
-string ``family`` and other scalar columns (passed to reward functions as keyword arguments).
+``build_rows_with_origins`` also says where each row came from (curated, self_generated, agent).
+The mixing rule and the data file's format: docs/inner_loop.md, "The job folder".
 """
 
 from __future__ import annotations

@@ -1,38 +1,12 @@
 """The one launcher of every child process the harness starts, and the isolation each one gets.
 
-    >>> from inner_loop import isolation
-    >>> argv = isolation.python_module("inner_loop.worker", str(job_dir), "--model", ...)
-    >>> proc = isolation.start(argv, cwd=out / ".home", env=env, agent_dirs=[job_dir], stdout=log)
-    >>> isolation.kill_group(proc.pid)
+    argv = isolation.python_module("inner_loop.worker", str(job_dir), "--model", ...)
+    proc = isolation.start(argv, cwd=out / ".home", env=env, agent_dirs=[job_dir], stdout=log)
+    isolation.kill_group(proc.pid)
 
-No other module of the project starts a process (``tests/unit/test_isolation.py`` parses every
-module and fails on any ``subprocess``, ``multiprocessing``, ``os.fork``/``exec``/``spawn``/``system``
-outside this file). Every Python child gets:
-
-- the interpreter in isolated mode, ``-I``: neither its working directory nor its script's folder
-  is on ``sys.path``, ``PYTHON*`` variables and the user site are ignored; ``-B`` (no ``.pyc``
-  written) and ``-u`` (logs complete up to a kill). The project's code comes from the installed
-  packages and the harness's own code root, *appended* to ``sys.path`` (``python_module``), so
-  nothing there shadows an installed module;
-- a working directory outside every folder the agent wrote (``agent_dirs``; ``LaunchError``
-  otherwise): a ``torch.py``, ``resource.py``, ``inner_loop/`` package, ``.pth`` or ``__pycache__``
-  in a job folder is never on any import path, and relative lookups (a tokenizer or data set
-  named like a folder) never land in it. ``inner_loop.jobfiles`` refuses such names up front too;
-- an environment from a whitelist (``SAFE_ENV``; never a name like a key, token or secret);
-- a session and process group of its own (``kill_group`` ends it and everything it started),
-  death with its parent (a harness killed outright leaves no job training on), stdin from
-  ``/dev/null``, no inherited descriptors but ``pass_fds``, rlimits set before exec (no core dumps,
-  plus the caller's ``limits``).
-
-A wrapper (the bubblewrap prefix of ``inner_loop.sandbox``) may come first; every interpreter in
-the command line must still be ``sys.executable -I``. Warm job processes (``WarmProcess``, forked
-from a forkserver that pre-imported TRL) get the same set-up in the child before the job's code
-runs, and a ``sys.path`` without relative entries or agent folders. ``run_check`` runs short
-harness commands (the bubblewrap probe) and ``spawn_pool`` the parallel model builds; neither
-touches an agent folder.
-
-Not covered here: file-system and network isolation (``inner_loop.sandbox``); processes that
-libraries start inside a child (vLLM's engine, dataloader workers) inherit that child's isolation.
+No other module starts a process (``tests/unit/test_isolation.py``). Every child runs ``python -I``
+from a folder outside the agent's, with a whitelisted environment, its own process group and rlimits.
+What it covers, and what it leaves to ``inner_loop.sandbox``: docs/security.md, "One launcher".
 """
 
 from __future__ import annotations

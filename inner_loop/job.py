@@ -1,34 +1,11 @@
 """Run one inner job end to end: validate, train in a child process, score, write ``result.json``.
 
-    >>> from evaluation.tasks import load_task
-    >>> from inner_loop.job import run_job
-    >>> r = run_job("examples/jobs/sft_full", load_task("examples/tasks/calc_chain_v1_fast.json"))
-    >>> r.status, r.hidden_score, r.baseline, r.uplift      # harness-side numbers
-    >>> r.visible()                                         # what the agent may see (no hidden score)
+    r = run_job("examples/jobs/sft_full", load_task("examples/tasks/calc_chain_v1_fast.json"))
+    r.status, r.hidden_score, r.baseline, r.uplift      # harness-side numbers
+    r.visible()                                         # what the agent may see (no hidden score)
 
-Statuses:
-- ``invalid``: ``validate_job`` found errors; nothing trained.
-- ``over_budget``: the estimated cost is above the task's USD cap (``budget.max_usd``); refused
-  before training (the validation findings say by how much).
-- ``crashed``: the job raised (a reward that raises, bad data...); ``error`` keeps the traceback tail.
-- ``diverged``: NaN/inf loss, gradient or weights, or the model fell below a uniform guess on its
-  own training answers (``inner_loop.runners.callbacks``); stopped early, nothing saved or scored.
-- ``timeout``: the training-time budget ran out. A graceful stop (the budget callback) saves the
-  partial model and the harness still scores it, so the result carries a hidden score and an
-  uplift; the staged reward decides what a timeout earns. A hard kill (at ``max_seconds * 1.5 +
-  60 s``) leaves no model and no score.
-- ``ok``: trained to the end of its steps, saved, scored.
-
-Files (in ``output_dir``, default ``<job_dir>/output``): ``result.json`` (written atomically),
-``train_log.jsonl``, ``trl_config.json``, ``train_status.json``, ``worker.log``, ``model/`` (and
-``generation.json``, ``stage_<n>/`` for jobs that sample or have stages: ``inner_loop.runners.stages``).
-``result.json``'s ``ran`` is what actually ran, as the job's process recorded it at the start and
-end of each stage: ``{"stages": [{"algorithm", "peft", "data_source", "steps"}]}`` (strategy labels
-are derived from it, never from job.yaml). A job with a reward file adds ``reward.log`` (what the
-agent's reward code printed, capped at 64 MB); ``flagged``/``contamination`` and ``sandbox`` say
-whether its data overlapped the hidden set and how it ran (``docs/security.md``).
-``result.json`` holds the hidden score: point ``output_dir`` outside any folder the agent can
-read (the outer loop does), and hand the agent ``JobResult.visible()`` only.
+``result.json`` holds the hidden score: keep ``output_dir`` out of the agent's reach. Statuses and
+output files: docs/inner_loop.md, "Outcomes".
 """
 
 from __future__ import annotations

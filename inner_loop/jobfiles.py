@@ -1,24 +1,10 @@
 """What a job folder may hold: plain data files and its declared reward files, nothing that acts as code.
 
-    >>> from inner_loop.jobfiles import code_name_problem, job_folder_problems
-    >>> code_name_problem("resource.py")           # why the name could run as code, or None
-    >>> job_folder_problems(job_dir, reward_files=["reward.py"])   # [(relative path, problem)]
+    code_name_problem("resource.py")           # why the name could run as code, or None
+    job_folder_problems(job_dir, reward_files=["reward.py"])   # [(relative path, problem)]
 
-An agent writes its job folder, and a harness process may one day run with that folder on an
-import path or as its working directory. ``inner_loop.isolation`` makes sure none does; this module
-refuses, up front and with a message, every name that would act as code if one did:
-
-- Python sources, bytecode, extension modules, path hooks and archives (``CODE_SUFFIXES``), except
-  the job's declared reward files, which must be named ``reward*.py`` (``REWARD_FILE``);
-- folders named like a module the harness can import (the standard library, installed
-  distributions, the project's packages: a package folder ``inner_loop/``, ``json/``), and
-  ``__pycache__``, ``*.dist-info``, ``*.egg-info`` folders;
-- symbolic links anywhere (the harness reads job files itself; a link could point at its files).
-
-Also the size caps of agent files, checked before anything is parsed (``MAX_JOB_YAML_BYTES``,
-``MAX_REWARD_FILE_BYTES``, ``MAX_ENTRIES``; data files: ``inner_loop.data.MAX_FILE_BYTES``).
-The tools (``outer_loop.workspace``) refuse such names when the agent writes them; the validation
-(``inner_loop.validate``) refuses a job folder that holds one.
+Refuses code-like names, folders named like importable modules and links, and holds the size caps of
+agent files; the validation and the agent's ``write_file`` use it. The rules: docs/security.md.
 """
 
 from __future__ import annotations

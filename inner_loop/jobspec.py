@@ -1,36 +1,10 @@
 """JobSpec: the schema of ``job.yaml``, the training job an agent writes.
 
-A job directory holds ``job.yaml`` and, optionally, ``data.jsonl`` (rows ``{"prompt", "answer"}``)
-and ``reward.py`` (TRL reward callables ``f(prompts, completions, **kwargs) -> list[float | None]``).
-This module checks the *shape* of a job only; ``inner_loop.validate`` adds the checks that need
-the task spec, the files and a dry run.
+    spec = load_job("examples/jobs/grpo_lora")      # JobSpecError with one line per problem
 
-    >>> from inner_loop.jobspec import load_job
-    >>> spec = load_job("examples/jobs/grpo_lora")      # JobSpecError with one line per problem
-
-Example (GRPO with LoRA on curated family data)::
-
-    base_model: tiny-s
-    algorithm: grpo
-    peft: {r: 16, alpha: 32}
-    hyperparameters: {learning_rate: 2.0e-3, batch_size: 256, num_generations: 8, max_steps: 120}
-    data:
-      sources: [{family: calc_chain, seed: 1, size: 2000}]
-    reward:
-      functions: [{name: numeric_closeness, weight: 1.0}, {name: exact_match, weight: 1.0}]
-    seed: 0
-
-Preference optimisation, self-generated data and stages (``docs/inner_loop.md``, "Strategy space")::
-
-    algorithm: dpo                      # pairs (best, worst) of the model's own samples, ranked by the reward
-    data:
-      sources: [{family: calc_chain, size: 500, self_generated: {samples_per_prompt: 4}}]   # sft: rejection sampling
-    stages:                             # instead of algorithm/peft/hyperparameters: one block per stage
-      - {algorithm: sft, hyperparameters: {max_steps: 250}}
-      - {algorithm: grpo, peft: {r: 16}, hyperparameters: {max_steps: 100}}
-
-Cross-field errors raised by validators start with ``[field.path]`` (relative to the model that
-raises them) so that ``describe_errors`` can point at the field an agent has to change.
+Only the *shape* of a job is checked here; ``inner_loop.validate`` adds the checks that need the task,
+the files and a dry run. Example jobs and the field rules: docs/inner_loop.md, "The job folder" and
+"Strategy space".
 """
 
 from __future__ import annotations

@@ -1,32 +1,11 @@
 """Scale-out executors for inner jobs: submitit (SLURM, or local processes) and Ray.
 
-Same interface as ``inner_loop.executor``: ``run(requests)`` returns one ``JobResult`` per request, in
-request order; ``plan(requests)`` describes what would be submitted without submitting (``dry_run``).
+    ex = SubmititExecutor("slurm", max_parallel=8, partition="gpu", gpus_per_job=1)
+    ex.plan(requests)["sbatch"]          # the sbatch script submitit would write
+    results = ex.run(requests)           # one array job, 8 tasks at a time; JobResults in request order
 
-    >>> ex = SubmititExecutor("slurm", max_parallel=8, partition="gpu", gpus_per_job=1)
-    >>> ex.plan(requests)["sbatch"]          # the sbatch script submitit would write
-    >>> results = ex.run(requests)           # one array job, 8 tasks at a time
-
-Why the engines and not Hydra's launcher plugins themselves: a Hydra launcher runs whole invocations
-of a Hydra app (a sweep) and hands back their return values when the sweep ends; an outer step needs
-function calls whose ``JobResult``s it awaits. So inner jobs use the engines under those plugins,
-``submitit`` (under ``hydra-submitit-launcher``) and Ray (under ``hydra-ray-launcher``), with the
-plugin's parameter names (partition, gpus per node, cpus per task, timeout_min, array_parallelism).
-The plugins stay the way to sweep whole commands: ``at-train -m hydra/launcher=submitit_slurm ...``.
-
-- ``submitit`` with ``cluster="slurm"``: one SLURM job array per batch (``array_parallelism`` =
-  ``max_parallel``); ``cluster="local"``: local processes, ``max_parallel`` at a time (the SLURM code
-  path, testable on a laptop). Install: ``pip install -e '.[slurm]'`` (in the CPU set).
-- ``ray``: one Ray task per job (``num_cpus``, ``num_gpus`` per job); a local Ray with
-  ``max_parallel * cpus_per_job`` CPUs, or an existing cluster (``address``). Install:
-  ``pip install -e '.[ray]'`` (kept out of the CPU set; ``hydra-ray-launcher`` would downgrade
-  cloudpickle, Ray itself does not).
-
-What the engines do NOT change: the remote side runs ``inner_loop.job.run_job`` on each request, so
-training still happens in the job's own child process (sandbox, warm-worker and cache rules as on
-one machine) and the harness scores it there. Paths in requests are made absolute; on a cluster they
-must be on a file system every node sees. A job the engine loses (node failure, time limit,
-cancelled) comes back as ``crashed`` with the engine's error, never as an exception.
+Same interface as ``inner_loop.executor``; every job still runs through ``run_job`` on the remote
+side. Why the engines and not Hydra's launcher plugins: docs/inner_loop.md, "Executors".
 """
 
 from __future__ import annotations

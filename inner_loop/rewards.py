@@ -1,23 +1,11 @@
 """Rewards library: TRL reward callables for GRPO jobs, and loading of a job's own ``reward.py``.
 
-Every reward has TRL's interface ``f(prompts, completions, **kwargs) -> list[float | None]`` with
-plain-string completions (TRL's standard, non-conversational format). ``kwargs`` carries the
-dataset columns as lists, one entry per completion: ``answer`` (the reference) and ``family`` (the
-task family of the row, or None). ``None`` means "does not apply to this row" (TRL turns it into
-NaN and ignores it). A job names rewards in ``job.yaml``::
+    [(name, info.description) for name, info in LIBRARY.items()]   # what the agent reads
+    funcs = resolve_rewards(job_spec, job_dir)   # [(name, callable, weight)] for GRPOTrainer
 
-    reward:
-      functions: [{name: numeric_closeness, weight: 1.0}, {name: exact_match, weight: 1.0}]
-
-    >>> from inner_loop.rewards import LIBRARY, resolve_rewards
-    >>> [(name, info.description) for name, info in LIBRARY.items()]   # what the agent reads
-    >>> funcs = resolve_rewards(job_spec, job_dir)   # [(name, callable, weight)] for GRPOTrainer
-
-Security: every reward value passes ``checked`` (a plain finite float within ``MAX_ABS_REWARD``,
-or None). ``resolve_rewards`` imports the job's ``reward.py`` (``source: file``) in the calling
-process unless a loader is installed (``set_file_function_loader``): the job's process installs
-the reward host's (``inner_loop.reward_proxy``), so agent code runs only in that sandboxed host.
-This module is not a sandbox: it adds no isolation of its own.
+Every reward is ``f(prompts, completions, **kwargs) -> list[float | None]`` and every value passes
+``checked``. Not a sandbox: the job's process installs the reward host's loader
+(``set_file_function_loader``). See docs/inner_loop.md ("Rewards") and docs/security.md.
 """
 
 from __future__ import annotations

@@ -1,47 +1,12 @@
 """Sandbox for inner jobs that carry agent-written code or data: bubblewrap command lines and limits.
 
-    >>> from inner_loop.sandbox import SandboxPolicy
-    >>> policy = SandboxPolicy()                    # inner.sandbox=true, inner.allow_unsafe=false
-    >>> policy.refusal(spec)                        # None, or why this job may not run on this machine
-    >>> wrap = trainer_wrapper(policy, job_dir=d, output_dir=o, model_dir=m, deadline_s=150)
-    >>> wrap(["python", "-m", "inner_loop.worker", ...])      # ["bwrap", ..., "python", "-m", ...]
+    policy = SandboxPolicy()                    # inner.sandbox=true, inner.allow_unsafe=false
+    policy.refusal(spec)                        # None, or why this job may not run on this machine
+    wrap = trainer_wrapper(policy, job_dir=d, output_dir=o, model_dir=m, deadline_s=150)
+    wrap(["python", "-m", "inner_loop.worker", ...])      # ["bwrap", ..., "python", "-m", ...]
 
-A job with agent-written code (``reward.py``) or data (``data.jsonl``) runs in up to two sandboxes,
-each a fresh bubblewrap (``bwrap``) container started by the harness:
-
-1. the *trainer* (``inner_loop.worker``, an isolated interpreter working in the output folder):
-   harness code only, on the agent's data; it reads the job folder, the declared base model and
-   the harness's own packages, and writes only the job's output folder (the checkpoint there);
-2. the *reward host* (``inner_loop/reward_host.py``, mounted alone): the agent's ``reward.py``,
-   called over a socket with prompts and completions, answering with numbers. It cannot write
-   any file, and runs as an unprivileged uid of its own, so the agent's code never shares a
-   process, a file or a writable folder with the model it is rewarding, and cannot train it on
-   anything but the job's declared rows.
-
-Both sandboxes cover:
-- no network: a new network namespace with nothing in it (even 127.0.0.1 reaches nothing);
-- a read-only root of only what Python needs (``/usr``, the interpreter, the virtual env); the
-  trainer also gets ``inner_loop`` and ``evaluation`` (minus the hidden-eval, baseline,
-  contamination and lineage modules), the base model folder (read-only) and the job folder
-  (read-only), and writes only the output folder; the reward host sees the job folder (read-only)
-  and nothing of the project; ``runs/``, MLflow, other jobs, the baseline cache and every other
-  model are not mounted at all; ``/tmp`` is a private, size-capped tmpfs;
-- a scrubbed environment (``--clearenv``, then a whitelist; nothing named like a key, token,
-  secret or password ever passes);
-- new PID, IPC and UTS namespaces, a new session (no terminal injection), no capabilities,
-  ``no_new_privs``, killed with the harness (``--die-with-parent``);
-- limits (``setrlimit`` before the program starts): CPU seconds, address space, file size, open
-  files, core dumps off; the reward host also a process/thread count (as its own uid when the
-  harness is root, since Linux does not count root's processes), plus a per-call timeout on the
-  trainer's side; the harness's wall-clock deadline kills both.
-
-Not covered: CPU and memory *bandwidth* (a job can slow its neighbours down); kernel exploits
-(bubblewrap is namespaces, not a VM; no seccomp filter is installed); timing side channels; the
-contents of the job's own files (the harness checks agent data for hidden items separately,
-``inner_loop.contamination``, and checks the checkpoint's lineage before scoring it); GPU
-isolation (device nodes are passed through to the trainer when present). Without bubblewrap,
-or with ``inner.sandbox=false``, jobs with agent code or data are refused unless
-``inner.allow_unsafe=true``; then they run with the limits and the scrubbed environment only.
+Two sandboxes per job: the trainer and the reward host. What each sees, what both cover and what
+they do not: docs/security.md.
 """
 
 from __future__ import annotations

@@ -1,27 +1,11 @@
 """Self-generated training data: the model's own samples, scored by a reward, kept or paired.
 
-    >>> from inner_loop.selfgen import rejection_sample, preference_pairs, ranking_rewards
-    >>> rewards = ranking_rewards(spec, job_dir, family="calc_chain")   # the job's reward, else the family's
-    >>> rows, stats = rejection_sample(model, tokenizer, items, source.self_generated, rewards, seed=0)
-    >>> pairs, stats = preference_pairs(model, tokenizer, prompt_rows, spec.hyperparameters, rewards, seed=0)
+    rewards = ranking_rewards(spec, job_dir, family="calc_chain")   # the job's reward, else the family's
+    rows, stats = rejection_sample(model, tokenizer, items, source.self_generated, rewards, seed=0)
+    pairs, stats = preference_pairs(model, tokenizer, prompt_rows, spec.hyperparameters, rewards, seed=0)
 
-- **Rejection sampling** (``data.sources[].self_generated``, SFT data): every prompt of the
-  source is sampled ``samples_per_prompt`` times; a sample is kept when it ended (eos within
-  ``max_completion_length`` tokens) and its weighted reward is at least ``min_reward``.
-  Identical samples of one prompt are kept once. The kept rows are ``{prompt, answer: the
-  sample, family}``: the model's own answers, not the family's reference answers.
-- **Preference pairs** (``algorithm: dpo``): every prompt is sampled ``num_generations`` times at
-  the job's ``temperature`` and ``max_completion_length``; the samples are ranked by the
-  weighted reward and ``(best, worst)`` becomes one pair when their rewards differ (ties go to
-  the earlier sample). Prompts whose samples all score the same give no pair.
-
-The reward is the job's ``reward`` section when it has one, else the family's: ``task_score``
-(the hidden evaluation's scorer applied to the *training* item's reference answer, 0 or 1)
-plus partial credit (``numeric_closeness`` for numeric families, ``token_overlap`` for exact
-ones). Rewards get TRL's interface and kwargs (the rows' columns), as in GRPO.
-
-This module runs the job's reward code and samples a model: call it in the job's own process
-(``inner_loop.runners.stages``), never in the harness. It does not train anything.
+Runs the job's reward code: call it in the job's own process (``inner_loop.runners.stages``), never in
+the harness. The rules: docs/inner_loop.md, "Strategy space".
 """
 
 from __future__ import annotations

@@ -1,25 +1,10 @@
 """Validation probe: everything that can be wrong with a job, found before it runs, as findings.
 
-    >>> from evaluation.tasks import load_task
-    >>> from inner_loop.validate import validate_job
-    >>> report = validate_job("examples/jobs/sft_full", load_task("examples/tasks/calc_chain_v1_fast.json"))
-    >>> report.ok, report.to_text()        # the text is what the agent reads back
+    report = validate_job("examples/jobs/sft_full", load_task("examples/tasks/calc_chain_v1_fast.json"))
+    report.ok, report.to_text()        # the text is what the agent reads back
 
-``validate_job`` never raises on bad input: a missing folder, bad YAML, a schema error, a bad data
-or reward file, a job over the task's budget all become ``Finding``s (field, message, hint,
-severity). Errors make the job invalid; warnings are advice. Checks, in order: the YAML, the
-schema (``inner_loop.jobspec``), the task (allowed base model, step budget), the files (data rows,
-reward file syntax and names, read with ``ast`` and never executed here), the estimated cost
-(``inner_loop.cost``), then the dry run (``dry_run=True``, ``inner_loop.probe``): load the base
-model, tokenize the first rows, compute the first SFT loss or sample GRPO completions and score
-them with the job's rewards in a child process. A dpo stage is probed like grpo, with the reward
-that will rank its samples (the job's, else the family's).
-
-A multi-stage job is checked stage by stage (findings name ``stages.<i>.<field>``; a stage's
-inherited data or reward is named at the top level), its stages' ``max_steps`` must add up to the
-task's step budget, and its cost is one start-up plus every stage's steps and sampling.
-``self_generated`` sources are counted with their prompts (the kept rows are known only when the
-job's process has sampled the model).
+Never raises on bad input: every problem is a ``Finding`` (field, message, hint, severity).
+The checks, in order: docs/inner_loop.md, "Validation".
 """
 
 from __future__ import annotations

@@ -3,28 +3,9 @@
     python -m inner_loop.worker JOB_DIR --model BASE_DIR --family calc_chain \\
         --output OUT_DIR --max-steps 200 --max-seconds 90 [--threads 2] [--device cuda [--vllm]]
 
-The harness (``inner_loop.job.run_job``) starts this as a child process, because it runs the
-job's ``reward.py`` and reads its ``data.jsonl`` (agent-written, untrusted); with ``--reward-fd``
-(a sandboxed job) the reward functions run in the job's reward host (``inner_loop.reward_proxy``)
-and this process only asks them for numbers. The harness
-never imports agent code itself; it reads back only files this process writes under OUT_DIR:
-
-- ``train_status.json``: ``{"status": "running", "planned_steps", "ran"}`` as each stage starts and
-  ends, then the final ``{"status": ok | timeout | diverged | crashed, "steps", "seconds", "detail",
-  "error", "ran", ...}``; ``ran`` is ``{"stages": [{algorithm, peft, data_source, steps}]}``, what
-  really ran (``inner_loop.runners.stages``);
-- ``train_log.jsonl`` (one line per step; also the harness's progress feed), ``trl_config.json``;
-- ``model/``: the trained (LoRA-merged) safetensors checkpoint with its tokenizer.
-
-Exit status 0 when a final status was written; anything else (killed, out of memory) makes the
-harness report ``crashed`` with the tail of this process's log.
-
-The parent side is ``run_worker``: it starts this module through ``inner_loop.isolation`` (an
-isolated interpreter that never imports from the job folder, a clean environment with hub access
-off, a fresh ``OUT_DIR/.home`` as working folder, a file-size limit, its own process group); it
-draws a tqdm bar from ``train_log.jsonl`` and kills the whole group at the hard deadline. What it
-does NOT cover (the sandbox's job, ``wrap=``, ``inner_loop.sandbox``): file-system and network
-isolation; without a sandbox the child can read what the harness user can read.
+The harness starts it (``run_worker``, through ``inner_loop.isolation``) and reads back only the files
+it writes under OUT_DIR (docs/inner_loop.md, "Outcomes"); with ``--reward-fd`` the job's rewards run in
+its sandboxed reward host (``inner_loop.reward_proxy``). Isolation: docs/security.md.
 """
 
 from __future__ import annotations

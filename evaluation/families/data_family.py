@@ -1,24 +1,10 @@
 """Task families defined by data: a YAML card and a JSONL of ``{prompt, answer}`` rows, on an include path.
 
-    # /my/tasks/word_math.yaml                 (every key but name and data has a default)
-    name: word_math
-    version: 1
-    instruction: Solve the word problem; answer with the number only.
-    scorer: numeric        # exact | numeric | label | contains | regex
-    answer_regex: null     # regex scorer: the completion's first match (its first group if it has one)
-    labels: []             # label scorer: the allowed labels
-    max_new_tokens: 8
-    held_out: false
-    data: word_math.jsonl  # relative to this file; one {"prompt": ..., "answer": ...} per line
-
     at-eval task.include_path=[/my/tasks] task=/my/tasks/word_math_task.json
 
-Every folder of ``task.include_path`` (the config key; exported to child processes as
-``AGENT_TRAINER_INCLUDE_PATH``) is searched for ``*.yaml`` cards when a family is looked up
-(``evaluation.families.FAMILIES``). A data family behaves like a built-in one: the same hash split
-of prompts into a hidden pool (about 1 in 8) and a training pool, so the hidden set, library data
-sources (``{family: word_math, size: 500}``: rows of the training pool), baselines, the contamination
-check and the scorers work unchanged. Its hidden set holds at most the rows of the hidden pool.
+Every folder of ``task.include_path`` is searched for ``*.yaml`` cards when a family is looked up; a
+data family then works like a built-in one (the same hash split into a hidden and a training pool).
+The card's keys and defaults: docs/real_models.md, "A data set as a task family".
 """
 
 from __future__ import annotations

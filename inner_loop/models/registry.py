@@ -1,24 +1,11 @@
 """Base models by name: the tiny models this project builds, and real Qwen3 models from a local folder.
 
-    >>> from inner_loop.models import resolve_model, load_model, load_tokenizer
-    >>> path = resolve_model("tiny-s")          # built into the cache on first use (~1 minute)
-    >>> model, tok = load_model(path), load_tokenizer(path)
+    from inner_loop.models import resolve_model, load_model, load_tokenizer
+    path = resolve_model("tiny-s")          # built into the cache on first use (~1 minute)
+    model, tok = load_model(path), load_tokenizer(path)
 
-Cache layout: ``<cache>/models/<name>-seed<seed>-v<BUILD_VERSION>/`` holding ``model.safetensors``,
-``config.json``, the tokenizer files and ``manifest.json`` (seed, build config, library versions,
-sha256 of every file). Builds run in a temporary folder that is renamed into place when complete,
-under an ``fcntl`` lock, so processes that ask at the same time build once and never see half a model.
-
-Real models (``qwen3-0.6b``, ``qwen3-1.7b``) are never downloaded: put the Hugging Face folder
-(``Qwen3-0.6B`` with its config.json, safetensors and tokenizer files) under
-``$AGENT_TRAINER_QWEN3_DIR`` or ``<cache>/hf/``.
-
-Any other Hugging Face causal-LM folder (Llama, Qwen2/3, SmolLM, Gemma, Mistral) is a base model by
-configuration, no package edit needed: ``base_models: {my-llama: {path: /models/llama, stands_for:
-Llama-3.2-1B, dtype: bfloat16, cost_factor: 900}}`` (``agent_trainer.config.BaseModelEntry``; the
-commands export it to child processes as ``AGENT_TRAINER_BASE_MODELS``).
-
-More builders (issue 4: the tiny agent model) join ``build_all`` with ``register_builder``.
+Nothing is downloaded. The cache layout, where Qwen3 folders go, ``base_models`` entries and
+``register_builder``: docs/inner_loop.md, "Base models".
 """
 
 from __future__ import annotations

@@ -1,25 +1,11 @@
 """Trainer callbacks the harness adds to every inner run: budget, divergence, per-step log.
 
-    >>> from inner_loop.runners.train import encode_probe
-    >>> guard = BudgetGuard(200, 90.0, probe=encode_probe(tokenizer, rows), vocab_size=len(tokenizer))
-    >>> log = StepLog("job/output/train_log.jsonl", clock=guard)
-    >>> trainer = GRPOTrainer(..., callbacks=[guard, log])
-    >>> trainer.train(); guard.stop_reason          # None, "timeout" or "diverged"
+    guard = BudgetGuard(200, 90.0, probe=encode_probe(tokenizer, rows), vocab_size=len(tokenizer))
+    log = StepLog("job/output/train_log.jsonl", clock=guard)
+    trainer = GRPOTrainer(..., callbacks=[guard, log])
+    trainer.train(); guard.stop_reason          # None, "timeout" or "diverged"
 
-The budget clock starts when training starts (``on_train_begin``): model loading and dataset
-preparation are not the job's fault. The worker's parent also kills the whole process at
-``max_seconds * 1.5 + margin`` of wall time, so a step that never ends (or reward code that
-sleeps) cannot outrun the budget by much.
-
-Divergence is declared when the loss, the gradient norm or a reward statistic (every logged step)
-or any trainable weight is NaN/inf, or when the model's cross-entropy on a fixed probe of training answers
-(``probe_loss``, logged) exceeds twice that of a uniform guess (``2 ln V``). The weights and the
-probe are checked after the first step, every ``check_every`` steps (10) and after the last one:
-checking after every step cost ~6% of a 400-step SFT of tiny-s (bench/RESULTS.md, (a)), and a
-collapse is still caught within 10 steps. A model that
-predicts the training answers worse than uniform has been knocked off its weights, not trained:
-GRPO at a huge learning rate collapses to one repeated token with finite weights and a zero
-loss, and only such a probe sees it.
+When a run times out or diverges, and how often the probe is checked: docs/inner_loop.md, "Outcomes".
 """
 
 from __future__ import annotations

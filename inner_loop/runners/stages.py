@@ -1,40 +1,11 @@
 """Run a whole job in the job's process: its stages in order, each from the model the previous one saved.
 
-    >>> from inner_loop.runners.stages import run_stages
-    >>> ran = {"stages": []}
-    >>> status = run_stages(spec, job_dir, base_dir, "calc_chain", out, max_steps=400, max_seconds=90, ran=ran)
-    >>> status["status"], ran
-    ('ok', {'stages': [{'algorithm': 'sft', 'peft': 'full', 'data_source': 'curated', 'steps': 250},
-                       {'algorithm': 'grpo', 'peft': 'lora', 'data_source': 'curated', 'steps': 100}]})
+    ran = {"stages": []}
+    status = run_stages(spec, job_dir, base_dir, "calc_chain", out, max_steps=400, max_seconds=90, ran=ran)
+    status["status"], ran      # "ok", {"stages": [{"algorithm": "sft", "peft": "full", ...}, ...]}
 
-A single-stage job is a job with one stage. Each stage:
-
-1. builds its rows (``inner_loop.data``); a ``self_generated`` source is first sampled from the
-   stage's starting model and filtered by the reward (``inner_loop.selfgen.rejection_sample``);
-   a ``dpo`` stage turns its prompts into (best, worst) pairs of that model's samples
-   (``inner_loop.selfgen.preference_pairs``) and adds the agent's own pairs from ``data.file``;
-2. writes the rows it trains on to ``trained_rows.jsonl`` (``inner_loop.data.TRAINED_ROWS``: the harness
-   checks them against the job's declared data and the hidden set after training), appends its
-   entry to ``ran`` (``algorithm``, ``peft``, ``data_source`` of the rows it really trains on,
-   ``steps`` 0) and reports it through ``on_update`` before training starts;
-3. trains (``inner_loop.runners.train``) and sets its ``steps``.
-
-``ran`` is what the harness copies into ``result.json``: the record of what ran, never what the
-job said. ``data_source`` is ``curated`` (family reference answers), ``self_generated`` (the
-model's own samples), ``agent`` (the job's ``data.file``), or ``mixed`` (more than one of them).
-
-Budget: the task's steps are one pool (a stage gets what earlier stages left); its training time
-is split by ``budget_share`` (equal by default) over the time still left, so a stage that ends
-early passes its time on. Sampling counts as the stage's time and may use at most half of it
-(then the prompts sampled so far are used). A diverged stage ends the job (nothing is scored);
-a stage stopped by its time share still saves its model and the next stage goes on.
-
-Outputs: a single-stage job writes exactly what ``train`` writes in ``output_dir``
-(``train_log.jsonl``, ``trl_config.json``, ``model/``) plus ``generation.json`` when it sampled.
-A multi-stage job writes ``stage_<n>/`` (``trl_config.json``, ``generation.json``), one
-``train_log.jsonl`` whose steps continue across stages (each record has ``stage``), a combined
-``trl_config.json`` and ``model/`` (the last stage's model; the earlier ones are removed).
-Runs agent code (rewards): call it in the job's process only (``inner_loop.worker``).
+Runs agent code (rewards): call it in the job's process only (``inner_loop.worker``). The stages'
+budget, outputs and ``ran``: docs/inner_loop.md, "Strategy space".
 """
 
 from __future__ import annotations

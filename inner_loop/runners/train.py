@@ -1,27 +1,10 @@
 """Run one inner job with TRL: GRPO, SFT or DPO, full or LoRA, budget-guarded; save a merged checkpoint.
 
-    >>> from inner_loop.runners import train
-    >>> report = train(spec, rows, rewards, model_path, "job/output", max_steps=200, max_seconds=90)
-    >>> report.status, report.steps, report.final_reward       # "ok" | "timeout" | "diverged"
+    report = train(spec, rows, rewards, model_path, "job/output", max_steps=200, max_seconds=90)
+    report.status, report.steps, report.final_reward       # "ok" | "timeout" | "diverged"
 
-``rows`` are ``{"prompt", "answer", "family"}`` dicts (``inner_loop.data.build_rows``; DPO rows also
-have ``chosen`` and ``rejected``); ``rewards`` are ``(name, callable, weight)`` triples
-(``inner_loop.rewards.resolve_rewards``), used by GRPO only.
-
-- GRPO: ``trl.GRPOTrainer`` on the prompts; the ``answer`` and ``family`` columns reach the
-  reward callables as keyword arguments; ``reward_weights`` are the job's weights.
-- SFT: ``trl.SFTTrainer`` on prompt/completion rows (completion = answer; TRL appends eos and
-  masks the prompt out of the loss).
-- DPO: ``trl.DPOTrainer`` on ``{prompt, chosen, rejected}`` rows (``inner_loop.selfgen.preference_pairs``
-  or the agent's own pairs); the reference model is the starting model (a frozen copy for full
-  fine-tuning, the adapter switched off for LoRA). Rows keep ``answer`` for the divergence probe.
-- LoRA: TRL wraps the model with ``peft_config``; after training the adapter is merged into the
-  base (``merge_and_unload``) so the checkpoint is a plain model of the base architecture.
-
-Outputs in ``output_dir``: ``train_log.jsonl`` (one line per step), ``trl_config.json`` (the
-effective TRL config), and ``model/`` (safetensors + tokenizer) unless the run diverged.
-This function runs agent code (rewards) on agent data: call it in the worker process only
-(``inner_loop.worker``), never in the harness.
+Runs agent code (rewards) on agent data: call it in the worker process only (``inner_loop.worker``).
+How each job maps onto TRL, and what a run writes: docs/inner_loop.md, "Runners" and "Outcomes".
 """
 
 from __future__ import annotations
