@@ -136,7 +136,8 @@ class TaskConfig:
 
     spec_path: str = doc(MISSING, "task spec JSON, e.g. examples/tasks/calc_chain_v1_fast.json")
     train_families: list[str] = doc([], "families the outer loop samples training episodes from; [] = the spec's")
-    held_out_families: list[str] = doc([], "families scored every outer.heldout_every steps, never trained on")
+    held_out_families: list[str] = doc([], "families scored at the start, every outer.heldout_every steps and at the "
+                                           "end, never trained on")
     include_path: list[str] = doc([], "folders of data-defined task families (*.yaml cards with their JSONL; "
                                       "evaluation.families.data_family), searched besides the built-in ones")
     spec_pattern: str = doc("examples/tasks/{family}_v1_fast.json",
@@ -201,8 +202,14 @@ class OuterConfig:
     kl_beta: float = doc(0.0, "KL penalty to the reference policy (0 = none, no reference model)")
     max_grad_norm: float = doc(1.0, "gradient clipping norm")
     max_steps_off_policy: int = doc(1, "how many policy versions old an episode may be (0 = strictly on-policy)")
-    heldout_every: int = doc(5, "score held-out families every N steps (0 = never)")
-    heldout_group_size: int = doc(2, "episodes per held-out task when held-out families are scored")
+    heldout_every: int = doc(5, "score the held-out families (no update from them) every N steps, before that step's "
+                                "update, and after the last step's update; 0 = no held-out evaluation at all")
+    heldout_episodes: int = doc(32, "episodes per held-out task at each held-out evaluation, on the same episode seeds "
+                                    "every time (start and end pair up). Its mean's 95% interval is about "
+                                    "+-2 x reward std / sqrt(N); a paired change of 0.05 needs N ~ (1.96 x std of the "
+                                    "per-episode change / 0.05)^2 (docs/outer_loop.md, 'Held-out evaluation')")
+    heldout_at_start: bool = doc(True, "also score the held-out families before the first update (the warm start): "
+                                       "the start of heldout_gain")
     clip_eps_high: Optional[float] = doc(None, "upper ratio clip (DAPO's clip-higher); null = clip_eps")
     scale_by_std: bool = doc(False, "divide advantages by the group's reward std")
     epochs: int = doc(1, "passes over a step's rollouts in the update")
@@ -500,6 +507,8 @@ def validate(cfg: DictConfig) -> Config:
            f"outer.focus_entropy_of must be 'policy' or 'reference', got {o.focus_entropy_of!r}")
     _check(0 < o.focus_top_frac <= 1, f"outer.focus_top_frac must be in (0, 1] (1 = every agent token), got {o.focus_top_frac}")
     _check(o.max_steps_off_policy >= 0 and o.heldout_every >= 0, "outer.max_steps_off_policy and outer.heldout_every must be >= 0")
+    _check(o.heldout_episodes >= 0,
+           f"outer.heldout_episodes must be >= 0 (0 = no held-out evaluation), got {o.heldout_episodes}")
     _check(b.max_jobs_per_episode >= 1, "budget.max_jobs_per_episode must be >= 1")
     for key in ("max_usd_per_episode", "max_tokens_per_episode", "max_usd_per_run", "max_tokens_per_run"):
         value = getattr(b, key)

@@ -86,8 +86,9 @@ def training_tasks() -> list:
             if (folder / f"{f}_v1_{v}.json").is_file()]
 
 
-def play_novice(task, rng: random.Random, work: Path) -> list[dict[str, Any]]:
-    """One novice episode through the real tools; returns the conversation (OpenAI message format)."""
+def play_novice(task, rng: random.Random, work: Path, tool_style: str = TOOL_STYLE) -> list[dict[str, Any]]:
+    """One novice episode through the real tools; returns the conversation (OpenAI message format), opened
+    as an episode with ``tool_style`` (``agent.tool_schemas``) opens it."""
     from outer_loop.episode import opening_messages
     from outer_loop.novice import novice_episode
     from outer_loop.tools import ToolBox, ToolLimits
@@ -96,7 +97,7 @@ def play_novice(task, rng: random.Random, work: Path) -> list[dict[str, Any]]:
     ws = Workspace.create(work / "workspace", task)
     box = ToolBox(ws, task, limits=ToolLimits(max_turns=12, max_jobs=1), jobs_dir=work / "jobs", defer_jobs=True,
                   validate_kwargs={"dry_run": False}, compute_missing_baselines=True)
-    messages = opening_messages(task, TOOL_STYLE)
+    messages = opening_messages(task, tool_style)
     script = novice_episode(task, rng)
     result = None
     for i in range(64):
@@ -115,15 +116,25 @@ def play_novice(task, rng: random.Random, work: Path) -> list[dict[str, Any]]:
     return messages
 
 
-def encode_transcript(messages: list[dict[str, Any]], tokenizer, tools: list[dict]) -> tuple[list[int], list[int]]:
+def encode_transcript(messages: list[dict[str, Any]], tokenizer, tools: list[dict] | None,
+                      support=None, tool_format: str | None = None) -> tuple[list[int], list[int]]:
     """Token ids of the whole conversation and a 0/1 mask marking the assistant's own tokens.
 
     Each assistant turn is the difference between the rendering up to and including it and the
     rendering of what came before plus the generation prompt: exactly what the agent backend
-    samples after that prompt (ending with the end-of-turn token).
+    samples after that prompt (ending with the end-of-turn token). ``support`` (a template's
+    ``outer_loop.backends.chat_prompt.TemplateSupport``): the conversation is adapted as the local
+    backend adapts it for a template that drops tools (calls written in ``tool_format``).
     """
     def render(msgs, gen):
-        text = tokenizer.apply_chat_template(msgs, tools=tools, add_generation_prompt=gen, tokenize=False)
+        if support is not None:
+            from outer_loop.backends.chat_prompt import adapt_messages
+            from outer_loop.backends.toolcalls import resolve_format
+
+            msgs, used = adapt_messages(msgs, tools, support, resolve_format(tool_format, tokenizer.chat_template))
+        else:
+            used = tools
+        text = tokenizer.apply_chat_template(msgs, tools=used, add_generation_prompt=gen, tokenize=False)
         return tokenizer(text, add_special_tokens=False)["input_ids"]
 
     ids: list[int] = []

@@ -48,6 +48,10 @@ from agent_trainer.paths import PROJECT_ROOT, resolve_path
 from agent_trainer.tracking import bare_key
 
 REWARD_KEYS = ("reward_mean", "reward_total")
+# Metrics read with their whole history (the rest: latest value only); the held-out and choice ones are
+# the seed report's (outer_loop.seed_report).
+HISTORY_KEYS = (*REWARD_KEYS, "job_hidden_score", "heldout_reward_mean", "heldout_reward_lo", "heldout_reward_hi",
+                "share_algorithm_sft", "valid_first_try")
 STAGE_KEYS = {"validation": ("validation_mean", "reward_validation"),
               "job_success": ("job_success_rate", "reward_job_success"),
               "quality": ("quality_mean", "reward_quality"), "speed": ("speed_mean", "reward_speed")}
@@ -253,7 +257,7 @@ def _data(client, run, uri: str, folder: str | None) -> RunData:
     logged = {bare_key(k): k for k in sorted(run.data.metrics, key=lambda k: bare_key(k) != k)}
     metrics = {b: run.data.metrics[k] for b, k in logged.items()}
     history = {b: sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, logged[b]))
-               for b in (*REWARD_KEYS, "job_hidden_score") if b in logged}
+               for b in HISTORY_KEYS if b in logged}
     name = tags.get("mlflow.runName") or run.info.run_name or run.info.run_id[:8]
     return RunData(run.info.run_id, name, tags.get("command", "-"), dict(run.data.params), metrics, history,
                    uri, folder)

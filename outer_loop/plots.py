@@ -66,14 +66,32 @@ def choices_plot(rows: list[dict], path: Path) -> Path:
     return save_figure(fig, path)
 
 
+def heldout_points(rows: list[dict]) -> list[tuple[int, float, float | None, float | None]]:
+    """``(x, mean, lo, hi)`` of every held-out evaluation: a row's own at its step (before its update), its
+    end evaluation at the next step (after the update); lo/hi None where a row has no interval (older runs)."""
+    out = []
+    for r in rows:
+        for prefix, x in (("heldout_", r["step"]), ("heldout_end_", r["step"] + 1)):
+            if f"{prefix}reward_mean" in r:
+                out.append((x, r[f"{prefix}reward_mean"], r.get(f"{prefix}reward_lo"), r.get(f"{prefix}reward_hi")))
+    return out
+
+
 def heldout_plot(rows: list[dict], path: Path) -> Path:
-    """Held-out reward at the steps it was measured, next to the training reward."""
+    """Held-out reward at each evaluation, with its bootstrap 95% interval, next to the training reward."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot([r["step"] for r in rows], [r["reward_mean"] for r in rows], marker=".", label="training families")
-    held = [r for r in rows if "heldout_reward_mean" in r]
-    ax.plot([r["step"] for r in held], [r["heldout_reward_mean"] for r in held], marker="s", label="held-out families")
-    ax.set(xlabel="outer step", ylabel="episode reward", title="Held-out families")
+    pts = heldout_points(rows)
+    if pts:
+        xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+        err = [[y - (lo if lo is not None else y) for _, y, lo, _ in pts],
+               [(hi if hi is not None else y) - y for _, y, _, hi in pts]]
+        n = next((len(r[k]) for r in rows for k in ("heldout_rewards", "heldout_end_rewards") if r.get(k)), None)
+        label = "held-out families" + (f" ({n} episodes, 95% CI)" if n else "")
+        ax.errorbar(xs, ys, yerr=err, marker="s", capsize=4, label=label)
+    ax.set(xlabel="outer step (held-out: policy after that many updates)", ylabel="episode reward",
+           title="Held-out families")
     ax.grid(alpha=0.3)
     ax.legend()
     return save_figure(fig, path)

@@ -85,7 +85,8 @@ def train_settings(cfg: DictConfig) -> TrainSettings:
     return TrainSettings(steps=int(o.steps), tasks_per_step=int(o.tasks_per_step), group_size=int(o.group_size),
                          train_tasks=spec_paths(cfg, families),
                          heldout_tasks=spec_paths(cfg, cfg.task.held_out_families),
-                         heldout_every=int(o.heldout_every), heldout_group_size=int(o.heldout_group_size),
+                         heldout_every=int(o.heldout_every), heldout_episodes=int(o.heldout_episodes),
+                         heldout_at_start=bool(o.heldout_at_start),
                          max_steps_off_policy=int(o.max_steps_off_policy), overlap_jobs=bool(o.overlap_jobs),
                          seed=int(cfg.seed), policy=policy,
                          episode=episode_settings(cfg), job_kwargs={**job_kwargs(cfg), "progress": False})
@@ -105,14 +106,16 @@ def make_ledger(cfg: DictConfig, run_dir: Path):
 
 
 def agent_dir(cfg: DictConfig) -> Path:
-    """The local agent's weights: ``agent.model_path`` or the registry (tiny-agent is built on first use)."""
+    """The local agent's weights: ``agent.model_path``, or ``agent.model`` by name: any model of the registry
+    (tiny-agent is built on first use; smollm2-135m; ``+base_models.<name>.path=``) or a warm-started agent
+    (``outer_loop.agent_warm_start``: smollm2-agent, built on first use)."""
     if cfg.agent.model_path:
         return Path(str(cfg.agent.model_path))
-    from inner_loop.models import resolve_model
     from outer_loop.agent_model import register
+    from outer_loop.agent_warm_start import resolve_agent
 
     register()
-    return resolve_model(str(cfg.agent.model), cache_dir=cfg.cache_dir)
+    return resolve_agent(str(cfg.agent.model), cache_dir=cfg.cache_dir)
 
 
 def make_executor(cfg: DictConfig):

@@ -3,8 +3,9 @@
 Each step: sample task specs from the training families; run a group of G episodes per task with
 the current policy (agent turns in this process, the submitted inner jobs of the whole batch in
 parallel through the job executor); turn staged rewards into group-relative advantages; update
-the adapter (``outer_loop.policy``); checkpoint; log. Held-out families are played every
-``heldout_every`` steps with no update from them.
+the adapter (``outer_loop.policy``); checkpoint; log. Held-out families are played at the start,
+every ``heldout_every`` steps and at the end, on the same episode seeds each time, with no update from
+them (``outer_loop.heldout``).
 
     >>> from outer_loop.train import TrainSettings, train
     >>> summary = train(settings, run_dir, agent_dir=resolve_model("tiny-agent"), tracker=tracker)
@@ -31,6 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from outer_loop import heldout
 from outer_loop.episode import Episode, EpisodeResult, EpisodeSettings, reward_metrics
 from outer_loop.policy import AgentPolicy, PolicyConfig, TurnSample, device_kwargs, group_advantages, merge_turns
 from outer_loop.strategy import run_metrics
@@ -49,8 +51,9 @@ class TrainSettings:
     group_size: int = 4
     train_tasks: list[str] = field(default_factory=list)     # task spec paths
     heldout_tasks: list[str] = field(default_factory=list)
-    heldout_every: int = 5
-    heldout_group_size: int = 2
+    heldout_every: int = 5         # 0: no held-out evaluation at all
+    heldout_episodes: int = 2      # per held-out task and evaluation
+    heldout_at_start: bool = True
     max_steps_off_policy: int = 0
     seed: int = 0
     overlap_jobs: bool = True      # start an episode's last job while the next episodes are sampled
@@ -236,13 +239,18 @@ class Trainer:
             out.append(next(t for t in cycle[slot % n:] + cycle if t not in out))
         return out
 
-    def play(self, tasks: list, group: int, step: int, tag: str) -> list[Episode]:
+    def play(self, tasks: list, group: int, step: int, tag: str, seed_base: tuple[int, ...] | None = None
+             ) -> list[Episode]:
         """``group`` episodes per task played to their end, their jobs run through ``run_jobs`` (with several
         jobs per episode, each waits for its job's result before writing the next). With
         ``overlap_jobs`` (and a local executor, no strategy layer) each episode's last job starts as
-        soon as the episode ends; otherwise they run batch-wise after all episodes are played."""
+        soon as the episode ends; otherwise they run batch-wise after all episodes are played.
+
+        Episode g of task i is seeded by ``hash((*seed_base, i, g))``; ``seed_base`` defaults to ``(seed, step)``
+        (held-out evaluations pass a fixed one: the same episodes at every evaluation)."""
         from outer_loop.episode import play_all
 
+        seed_base = (self.s.seed, step) if seed_base is None else seed_base
         episodes = []
         for t_i, task in enumerate(tasks):
             for g in range(group):
@@ -250,7 +258,7 @@ class Trainer:
                 if ep_dir.exists():
                     shutil.rmtree(ep_dir)
                 episodes.append(Episode(self.backend, task, ep_dir, ledger=self.ledger, settings=self.s.episode,
-                                        episode_id=ep_dir.name, seed=hash((self.s.seed, step, t_i, g)) % (2**31),
+                                        episode_id=ep_dir.name, seed=hash((*seed_base, t_i, g)) % (2**31),
                                         defer_jobs=True, job_kwargs=self.s.job_kwargs, model_name=self.model_name,
                                         steering=self.steering() if self.steering else None))
         # Not with a strategy layer: its after-job hooks may call an evaluator model while the agent samples.
@@ -329,11 +337,15 @@ class Trainer:
                                         "seconds_jobs_eval"), 0.0)
         self.jobs_wall = 0.0     # seconds inside run_jobs, summed over feeder threads (jobs' busy time)
         self.jobs_exposed = 0.0  # seconds the step waited for jobs (what overlapping did not hide)
+        held_before, held_after = heldout.schedule(step, self.s.steps, self.s.heldout_every, self.s.heldout_at_start,
+                                                   enabled=bool(self.heldout_tasks) and self.s.heldout_episodes > 0)
         tasks = self._tasks_for(step)
         episodes = self.play(tasks, self.s.group_size, step, "train")
         t2 = time.time()
         jobs_s = self.jobs_exposed
         results = [ep.finish() for ep in episodes]
+        # Before the update: the policy that played this step's training episodes (step 0: the warm start).
+        held = self.evaluate_heldout(step, heldout.PREFIX) if held_before else {}
         fresh = self.samples(results, tasks)
         samples = self.with_replay(fresh)
         update = self.policy.update(samples) if fresh else {"skipped": 1.0}
@@ -343,14 +355,40 @@ class Trainer:
         t3 = time.time()
         # jobs: what the step waited for jobs beyond the sampling; jobs_busy: time inside job batches
         # (summed over the threads feeding them: it overlaps the sampling when outer.overlap_jobs is on)
-        seconds = {"sampling": t2 - t0 - jobs_s, "jobs": jobs_s, "jobs_busy": self.jobs_wall, "update": t3 - t2}
+        seconds = {"sampling": t2 - t0 - jobs_s, "jobs": jobs_s, "jobs_busy": self.jobs_wall,
+                   "update": t3 - t2 - held.get("seconds_heldout", 0.0)}
         metrics = step_metrics(results, update, seconds, self.ledger)
         metrics.update(run_metrics([r.strategy for r in results]))
-        if self.heldout_tasks and self.s.heldout_every > 0 and (step + 1) % self.s.heldout_every == 0:
-            held = self.play(self.heldout_tasks, self.s.heldout_group_size, step, "heldout")
-            metrics.update(step_metrics([ep.finish() for ep in held], {}, {}, None, prefix="heldout_"))
         metrics.update(self.job_stats)
+        metrics.update(held)
+        if held_after:   # the last step: the policy the run leaves
+            end = self.evaluate_heldout(step, heldout.END_PREFIX)
+            metrics["seconds_heldout"] = metrics.get("seconds_heldout", 0.0) + end.pop("seconds_heldout")
+            metrics.update(end)
+            start = heldout.start_row([*read_metrics_file(self.run_dir)[:1], {"step": step, **metrics}])
+            if start is not None:
+                metrics.update(heldout.gain_metrics(start[heldout.PREFIX + heldout.REWARDS],
+                                                    end[heldout.END_PREFIX + heldout.REWARDS]))
         metrics["seconds_step"] = time.time() - t0
+        return metrics
+
+    def evaluate_heldout(self, step: int, prefix: str) -> dict[str, Any]:
+        """Play the held-out families (``heldout_episodes`` each, fixed seeds, no update); their metrics under
+        ``prefix`` with the reward's bootstrap interval, and ``seconds_heldout``.
+
+        The training step's job counters and timers are set aside meanwhile: held-out jobs add nothing to
+        ``cache_*``, ``seconds_jobs*`` or ``seconds_sampling``."""
+        saved = self.job_stats, self.jobs_wall, self.jobs_exposed
+        self.job_stats, t0 = {}, time.time()
+        tag = "heldout" if prefix == heldout.PREFIX else "heldout-end"
+        try:
+            episodes = self.play(self.heldout_tasks, self.s.heldout_episodes, step, tag, seed_base=heldout.SEED_BASE)
+            results = [ep.finish() for ep in episodes]
+        finally:
+            self.job_stats, self.jobs_wall, self.jobs_exposed = saved
+        metrics = step_metrics(results, {}, {}, None, prefix=prefix)
+        metrics.update(heldout.interval_metrics([r.reward["total"] for r in results], prefix))
+        metrics["seconds_heldout"] = time.time() - t0
         return metrics
 
     def samples(self, results: list[EpisodeResult], tasks: list) -> list[TurnSample]:
@@ -404,7 +442,10 @@ class Trainer:
         from agent_trainer.tracking import metric_key, read_metrics
 
         key = metric_key("reward_mean")  # metrics.jsonl keeps bare names; MLflow groups them (reward/, time/, ...)
-        logged = {s for s, _ in read_metrics(self.tracker.tracking_uri, self.tracker.run_id, [key])[key]}
+        held_key = metric_key("heldout_reward_mean")
+        history = read_metrics(self.tracker.tracking_uri, self.tracker.run_id, [key, held_key])
+        logged = {s for s, _ in history[key]}
+        held_logged = {s for s, _ in history[held_key]}
         rows = [row for row in read_metrics_file(self.run_dir) if row["step"] not in logged]
         children = self.tracker.child_names() if rows else set()
         for row in rows:
@@ -413,7 +454,13 @@ class Trainer:
             for summary in sorted((self.run_dir / "episodes").glob(f"s{row['step']:04d}-*/summary.json")):
                 if summary.parent.name not in children:
                     log_episode_run(self.tracker, json.loads(summary.read_text()), row["step"])
-            self.tracker.log_metrics({metric_key(k): v for k, v in row.items() if k != "step"}, step=row["step"])
+            # The row's end evaluation (at the next step) before the row itself, whose reward_mean marks
+            # the row as logged: a kill in between re-logs the row only.
+            (step, own), *end = heldout.points(row)
+            for end_step, values in end:
+                if end_step not in held_logged:
+                    self.tracker.log_metrics({metric_key(k): v for k, v in values.items()}, step=end_step)
+            self.tracker.log_metrics({metric_key(k): v for k, v in own.items()}, step=step)
 
     def fit(self) -> list[dict]:
         """Run the remaining steps; returns every complete step's metrics."""
@@ -455,7 +502,8 @@ def log_episode_run(tracker, summary: dict[str, Any], step: int) -> None:
 
 
 def summarize(rows: list[dict], k: int = 3) -> dict[str, Any]:
-    """First-k and last-k mean reward, their gap, and how the choices moved."""
+    """First-k and last-k mean reward, their gap, the held-out start, end and paired gain (each with its
+    95% interval, ``outer_loop.heldout.summary``), and how the choices moved."""
     if not rows:
         return {"steps": 0}
     first, last = rows[:k], rows[-k:]
@@ -466,11 +514,9 @@ def summarize(rows: list[dict], k: int = 3) -> dict[str, Any]:
 
     out = {"steps": len(rows), f"reward_first{k}": mean(first, "reward_mean"), f"reward_last{k}": mean(last, "reward_mean")}
     out["reward_gain"] = out[f"reward_last{k}"] - out[f"reward_first{k}"]
+    out.update(heldout.summary(rows))
     for key in sorted({k2 for r in rows for k2 in r if k2.startswith("share_") or k2 == "valid_first_try"}):
         out[f"{key}_first{k}"] = mean(first, key)
         out[f"{key}_last{k}"] = mean(last, key)
-    held = [r["heldout_reward_mean"] for r in rows if "heldout_reward_mean" in r]
-    if held:
-        out["heldout_first"], out["heldout_last"] = held[0], held[-1]
     out["usd_total"] = rows[-1].get("usd_cumulative", 0.0)
     return out

