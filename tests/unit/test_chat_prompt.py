@@ -99,17 +99,10 @@ def test_the_fallback_writes_calls_in_the_backends_format(project_tokenizer):
     assert "Write each call like this example:" in text
 
 
-def test_the_real_smollm2_template_drops_tools_and_gets_the_fallback():
-    from inner_loop.models import resolve_model
-    from inner_loop.models.registry import ModelNotFoundError
-
-    try:
-        path = resolve_model("smollm2-135m", build_missing=False)
-    except ModelNotFoundError:
-        pytest.skip("smollm2-135m is not imported (at-models import)")
+def test_the_real_smollm2_template_drops_tools_and_gets_the_fallback(smollm2):
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    tok = AutoTokenizer.from_pretrained(smollm2, local_files_only=True)
     support = template_support(tok)
     assert not support.tools and not support.tool_calls
     base = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
