@@ -166,7 +166,7 @@ class Episode:
         self._t0 = time.time()
         self._traj = open(self.dir / "trajectory.jsonl", "a", encoding="utf-8")
         for m in self.messages:
-            self._log({"event": "message", **m})
+            self.log({"event": "message", **m})
 
     # --- the agent's turns --------------------------------------------------------------------
     def play(self) -> str:
@@ -184,7 +184,7 @@ class Episode:
                                                                         s.max_new_tokens), episode=self.id)
                 except BudgetExhausted as e:
                     self.status = "budget_exhausted"
-                    self._log({"event": "budget_exhausted", "message": str(e)})
+                    self.log({"event": "budget_exhausted", "message": str(e)})
                     break
             if not self.box.next_turn():
                 break
@@ -193,7 +193,7 @@ class Episode:
                                             max_new_tokens=s.max_new_tokens, seed=self.seed * 1000 + self.box.state.turns)
             except BackendError as e:
                 self.status = "backend_error"
-                self._log({"event": "backend_error", "message": str(e)})
+                self.log({"event": "backend_error", "message": str(e)})
                 break
             last_prompt = gen.prompt_tokens
             self.tokens_in += gen.prompt_tokens
@@ -206,7 +206,7 @@ class Episode:
                                              s.temperature))
             msg = gen.as_message()
             self.messages.append(msg)
-            self._log({"event": "message", **msg, "prompt_tokens": gen.prompt_tokens,
+            self.log({"event": "message", **msg, "prompt_tokens": gen.prompt_tokens,
                        "completion_tokens": gen.completion_tokens, "token_ids": gen.token_ids,
                        "logprobs": gen.logprobs, "finish_reason": gen.finish_reason})
             if self.steering is not None and self.steering.handle_turn(self, gen):
@@ -245,14 +245,14 @@ class Episode:
     def _after_job(self, result) -> None:
         """Job ``len(jobs)`` has its result: log it; the strategy layer's messages go into the conversation."""
         k = len(self.box.state.jobs)
-        self._log({"event": "job", "job": k, "status": result.status})
+        self.log({"event": "job", "job": k, "status": result.status})
         if self.steering is not None:
             for msg in self.steering.after_job(self, result, live=not self.box.done):
                 self._add_message(msg)
 
     def _add_message(self, msg: dict[str, Any], **extra: Any) -> None:
         self.messages.append(msg)
-        self._log({"event": "message", **msg, **extra})
+        self.log({"event": "message", **msg, **extra})
 
     # --- jobs ----------------------------------------------------------------------------------
     @property
@@ -263,7 +263,7 @@ class Episode:
         """Record a deferred job's result (run by the caller) in the tools' state and the trajectory."""
         resumes = self.waiting  # the agent is waiting for this result before its next job
         res = self.box.complete(pending, result)
-        self._log({"event": "job_result", "job": pending.index, "tool_call_id": self._pending_calls.get(pending.index),
+        self.log({"event": "job_result", "job": pending.index, "tool_call_id": self._pending_calls.get(pending.index),
                    "content": res.text, "ok": res.ok})
         if resumes:
             self._add_message({"role": "user",
@@ -292,7 +292,7 @@ class Episode:
             choices=submitted_choices(self.dir / "jobs"), tokens_in=self.tokens_in, tokens_out=self.tokens_out,
             usd=usd, seconds=time.time() - self._t0, strategy=self.strategy_summary(),
         )
-        self._log({"event": "reward", **stages.to_dict()})
+        self.log({"event": "reward", **stages.to_dict()})
         self._traj.close()
         tmp = self.dir / "summary.json.tmp"
         tmp.write_text(json.dumps(result.summary(), indent=2, default=str))
@@ -309,7 +309,8 @@ class Episode:
             out["steering"] = self.steering.summary()
         return out
 
-    def _log(self, record: dict[str, Any]) -> None:
+    def log(self, record: dict[str, Any]) -> None:
+        """One record (an event or a message) into the episode's trajectory.jsonl, time-stamped."""
         self._traj.write(json.dumps({"t": round(time.time() - self._t0, 3), **record}, default=str) + "\n")
         self._traj.flush()
 

@@ -185,12 +185,12 @@ def replay(ep, src: Source) -> None:
     if [m.get("content") for m in msgs[:2]] != [m.get("content") for m in ep.messages[:2]]:
         raise ForkError("the branch's opening messages differ from the source's (a changed prompt or tool set); "
                         "fork with the code and strategy settings the source ran with")
-    ep._log({"event": "fork", "source_run": src.run_dir.name, "source_episode": src.episode_id, "at": src.at})
+    ep.log({"event": "fork", "source_run": src.run_dir.name, "source_episode": src.episode_id, "at": src.at})
     calls: dict[str, dict[str, Any]] = {}
     jobs_done = 0
     for m in msgs[2:]:
         ep.messages.append(_plain(m))
-        ep._log({**{k: v for k, v in m.items() if k not in ("t", "token_ids", "logprobs")}, "replayed": True})
+        ep.log({**{k: v for k, v in m.items() if k not in ("t", "token_ids", "logprobs")}, "replayed": True})
         if m["role"] == "assistant":
             ep.box.next_turn()
             ep.tokens_in += int(m.get("prompt_tokens") or 0)
@@ -230,7 +230,7 @@ def _restore_job(ep, src: Source, k: int, PendingJob) -> None:
     pending = PendingJob(index=k - 1, job_dir=target / "job", output_dir=target / "output", agent_path="job.yaml")
     ep.box.complete(pending, result)
     if k < src.at:
-        ep._log({"event": "job", "job": k, "status": result.status, "replayed": True})
+        ep.log({"event": "job", "job": k, "status": result.status, "replayed": True})
         if ep.steering is not None:
             ep.steering.after_job(ep, result, live=False)
 

@@ -258,7 +258,7 @@ class Steering:
                                                fmt)
         self._resolve(ep, rec)
         self.records.append(rec)
-        ep._log({"event": "strategy_job", **rec.brief(), "ran": ran, "base_dev": self.base_dev})
+        ep.log({"event": "strategy_job", **rec.brief(), "ran": ran, "base_dev": self.base_dev})
         jobs_left = ep.box.limits.max_jobs - ep.box.state.submitted
         if not live or jobs_left <= 0 or ep.box.state.finished:
             return []
@@ -268,7 +268,7 @@ class Steering:
         for iv in self.s.interventions:
             if int(iv["after_job"]) == k:
                 self.interventions.append({"after_job": k, "message": iv["message"]})
-                ep._log({"event": "intervention", "after_job": k, "message": iv["message"]})
+                ep.log({"event": "intervention", "after_job": k, "message": iv["message"]})
                 msgs.append({"role": "user", "content": iv["message"]})
         if self.s.mode == "check":
             msgs.append({"role": "user", "content": self._open_check(ep, rec, jobs_left)})
@@ -282,7 +282,7 @@ class Steering:
                 row = {"after_job": before.job, "next_job": rec.job, "type": sug.type, "target": sug.target,
                        "value": sug.value, "adopted": adopted(sug, before, rec)}
                 self.adoptions.append(row)
-                ep._log({"event": "adoption", **row})
+                ep.log({"event": "adoption", **row})
             if ev.prediction is not None and rec.dev_score is not None:
                 self.evaluations[-1]["prediction_error"] = abs(ev.prediction - rec.dev_score)
             self._pending_suggestions = None
@@ -301,14 +301,14 @@ class Steering:
                    "hidden_rose": None if rec.hidden_score is None or prev is None or prev.hidden_score is None
                    else rec.hidden_score > prev.hidden_score}
             d["outcome"] = out
-            ep._log({"event": "decision_outcome", "after_job": d["after_job"], "decision": d["decision"], **out})
+            ep.log({"event": "decision_outcome", "after_job": d["after_job"], "decision": d["decision"], **out})
 
     def _evaluate(self, ep, rec: JobRecord) -> list[dict[str, Any]]:
         ev = self.evaluator.evaluate(self.records, self.base_dev, ep.task, episode=ep.id,
                                      seed=ep.seed * 1000 + 500 + rec.job)
         row = ev.as_dict()
         self.evaluations.append(row)
-        ep._log({"event": "evaluation", **row})
+        ep.log({"event": "evaluation", **row})
         if ev.suggestions:
             self._pending_suggestions = (rec, ev)
         if self.journal is not None and not ev.malformed:
@@ -330,7 +330,7 @@ class Steering:
                                                                                           else None), hint=hint)
         label = str(last_exec.label) if last_exec else "no job has trained yet"
         text = protocol.check_message(rec.job, label, series[-3:], self.base_dev, hint, self.s.dev_size, jobs_left)
-        ep._log({"event": "check", "after_job": rec.job, "hint": bool(hint), "shown": series[-3:]})
+        ep.log({"event": "check", "after_job": rec.job, "hint": bool(hint), "shown": series[-3:]})
         return text
 
     @property
@@ -360,7 +360,7 @@ class Steering:
         o.attempts += 1
         if decision is None:
             o.problems.append(problem)
-            ep._log({"event": "decision_attempt", "after_job": o.job, "attempt": o.attempts, "problem": problem})
+            ep.log({"event": "decision_attempt", "after_job": o.job, "attempt": o.attempts, "problem": problem})
             if o.attempts <= self.s.max_reasks:
                 ep._add_message({"role": "user", "content": f"Your answer to the check is malformed: {problem}. "
                                  "Answer again with one decide call."})
@@ -370,7 +370,7 @@ class Steering:
                **({k: v for k, v in decision.as_dict().items() if k != "decision"} if decision else
                   {"component": None, "alternative": None, "reason": None, "strategy": None, "scores": None})}
         self.decisions.append(row)
-        ep._log({"event": "decision", **row})
+        ep.log({"event": "decision", **row})
         self._open = None
         if decision is None:
             ep._add_message({"role": "user", "content": "Your answer was logged as malformed. Go on with your next job."})

@@ -132,7 +132,7 @@ def play(cfg: DictConfig):
                      episode_id="0", seed=int(cfg.seed), job_kwargs=job_kwargs(cfg), model_name=str(cfg.agent.model),
                      steering=steering)
         if hasattr(backend, "event_log"):
-            backend.event_log = ep._log  # trimming, retries and warnings of a served agent go into the trajectory
+            backend.event_log = ep.log  # trimming, retries and warnings of a served agent go into the trajectory
         priced = (f" (USD {cfg.agent.usd_per_1m_tokens_in:g} / {cfg.agent.usd_per_1m_tokens_out:g} per 1M tokens in / "
                   f"out, {prices})") if prices else ""
         print(f"at-episode: {cfg.agent.backend} agent {cfg.agent.model} on {task.name}{priced} ...")
@@ -142,7 +142,7 @@ def play(cfg: DictConfig):
         except BaseException as e:  # summary.json is written however the episode ends
             crash = e
             ep.status = "interrupted" if isinstance(e, KeyboardInterrupt) else "error"
-            ep._log({"event": ep.status, "message": f"{type(e).__name__}: {e}"})
+            ep.log({"event": ep.status, "message": f"{type(e).__name__}: {e}"})
         finally:
             backend.close()  # a vllm engine's worker processes go now, not at interpreter exit
         result = ep.finish()
