@@ -164,16 +164,21 @@ def _hermes_body(body: str) -> tuple[list[Call], list[str]]:
     return _json_calls(obj, ("arguments",))
 
 
-def parse_hermes(text: str) -> ParsedCalls:
-    """``<tool_call>{json call or list of calls}</tool_call>``; the closing tag may be missing at the end.
-    A block with any malformed call is no call at all (it stays in the content)."""
+def _parse_blocks(text: str, body) -> ParsedCalls:
+    """The calls of every ``<tool_call>`` block, read by ``body``; a block with any malformed call is no call."""
     found, errors = [], []
     for m in _TOOL_CALL.finditer(text):
-        calls, errs = _hermes_body(m.group(1))
+        calls, errs = body(m.group(1))
         errors += errs
         if calls and not errs:
             found.append((m.start(), m.end(), calls))
     return _assemble(text, found, errors)
+
+
+def parse_hermes(text: str) -> ParsedCalls:
+    """``<tool_call>{json call or list of calls}</tool_call>``; the closing tag may be missing at the end.
+    A block with any malformed call is no call at all (it stays in the content)."""
+    return _parse_blocks(text, _hermes_body)
 
 
 def render_hermes(calls: list[Call]) -> str:
@@ -320,13 +325,7 @@ def _qwen3_coder_body(body: str) -> tuple[list[Call], list[str]]:
 def parse_qwen3_coder(text: str) -> ParsedCalls:
     """``<tool_call><function=name><parameter=key>value</parameter>...</function></tool_call>``; closing tags
     may be missing at the end; a block holding Hermes JSON instead is read as Hermes."""
-    found, errors = [], []
-    for m in _TOOL_CALL.finditer(text):
-        calls, errs = _qwen3_coder_body(m.group(1))
-        errors += errs
-        if calls and not errs:
-            found.append((m.start(), m.end(), calls))
-    return _assemble(text, found, errors)
+    return _parse_blocks(text, _qwen3_coder_body)
 
 
 def _xml_text(value: Any) -> str:
