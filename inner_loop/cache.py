@@ -94,7 +94,7 @@ def key_parts(job_dir: str | Path, task, *, hidden_n: int, model_dir: str | Path
     from inner_loop.models import resolve_model
 
     job_dir = Path(job_dir)
-    spec = load_job(job_dir)
+    spec = load_job(job_dir, task.family)
     base = Path(model_dir) if model_dir else Path(resolve_model(spec.base_model, cache_dir=cache_dir))
     out = Path(output_dir) if output_dir else job_dir / "output"
     return {

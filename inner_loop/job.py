@@ -81,11 +81,11 @@ def _baseline(base_dir: Path, family: str, n: int, cache_dir, device: str = "cpu
 
 def job_train_seconds(res: JobResult) -> float:
     """The training seconds the staged reward's speed stage uses: the cost model's estimate for the steps the
-    job ran (``seconds["train_estimated"]``), else (a result from before it existed) the measured ones.
+    job ran (``seconds["train_estimated"]``), else (a result without it) the measured ones.
 
     Not the wall clock: on a shared machine the measured seconds of the same job move by tens of percent
-    with the load, which made two runs of one seed reward the same jobs differently, and with
-    std-scaled group advantages those differences decided ties: the runs went apart from step 1."""
+    with the load, so two runs of one seed would reward the same jobs differently, and with std-scaled
+    group advantages such differences decide ties: the runs would part from step 1."""
     return float(res.seconds.get("train_estimated", res.seconds.get("train", 0.0)))
 
 
@@ -166,7 +166,7 @@ def run_job(job_dir: str | Path, task: TaskSpec | str | Path, *, cache_dir: str 
     policy = SandboxPolicy.coerce(sandbox)
     with HARNESS_LOCK:  # the dry run loads a model in this process
         if warm and wrap is None:
-            prestart_warm_worker(job_dir)
+            prestart_warm_worker(job_dir, task.family)
         report = validate_job(job_dir, task, dry_run=dry_run, cache_dir=cache_dir, model_dir=model_dir,
                               cost_model=cost_model, sandbox=policy, output_dir=out)
     res.seconds["validate"] = round(time.monotonic() - t_start, 3)
@@ -181,7 +181,7 @@ def run_job(job_dir: str | Path, task: TaskSpec | str | Path, *, cache_dir: str 
         return _finish(res, out, t_start, price_per_hour, tracker)
 
     try:
-        spec = load_job(job_dir)
+        spec = load_job(job_dir, task.family)
     except JobSpecError as e:  # changed between validation and now
         res.detail = str(e)
         return _finish(res, out, t_start, price_per_hour, tracker)
@@ -238,7 +238,7 @@ def run_job(job_dir: str | Path, task: TaskSpec | str | Path, *, cache_dir: str 
     return _finish(res, out, t_start, price_per_hour, tracker, log)
 
 
-def prestart_warm_worker(job_dir: Path) -> None:
+def prestart_warm_worker(job_dir: Path, task_family: str | None = None) -> None:
     """Start the warm-worker forkserver now, so that its ~10 s of imports overlap the validation.
 
     Only for a job that will take the warm path (no agent-written code or data); once per process."""
@@ -246,7 +246,7 @@ def prestart_warm_worker(job_dir: Path) -> None:
     from inner_loop.worker import warm_context
 
     try:
-        spec = load_job(job_dir)
+        spec = load_job(job_dir, task_family)
     except JobSpecError:
         return
     if not (spec.uses_agent_code or spec.uses_agent_data):

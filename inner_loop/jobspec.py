@@ -15,7 +15,7 @@ from pathlib import Path, PurePosixPath
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from evaluation.families import FAMILIES, MAX_AGENT_SEED
 from inner_loop.jobfiles import MAX_JOB_YAML_BYTES
@@ -115,12 +115,26 @@ class DataSource(_Strict):
     accepted samples (sft only).
     """
 
-    family: str
+    family: str = Field(description="the family whose generator draws the items",
+                        json_schema_extra={"shown_default": "the task's family"})
     seed: int = Field(0, ge=0, lt=MAX_AGENT_SEED, description=f"generator seed in [0, {MAX_AGENT_SEED})")
     size: int = Field(1000, ge=1, le=100_000, description="items drawn from the generator")
     weight: float = Field(1.0, gt=0, le=1000, description="share in the mix (normalised over sources)")
     self_generated: SelfGenerated | None = Field(
         None, description="sft only: train on the model's own answers that the reward accepts (true: defaults)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _task_family(cls, data, info: ValidationInfo):
+        # A source without ``family`` is the task's own: a job that says "train on the task's data" reads the
+        # same for every task (the task comes in as the validation context, see ``load_job``).
+        if isinstance(data, dict) and "family" not in data:
+            family = (info.context or {}).get("task_family")
+            if not family:
+                raise ValueError("[family] family missing and no task to take it from; "
+                                 "give one, e.g. family: calc_chain")
+            data = {**data, "family": family}
+        return data
 
     @field_validator("family")
     @classmethod
@@ -398,6 +412,11 @@ def error_field(err: dict) -> tuple[str, str]:
     return ".".join(loc) or "<root>", msg
 
 
+def parse_job(raw, task_family: str | None = None) -> JobSpec:
+    """``JobSpec`` of a parsed ``job.yaml`` mapping for a task of ``task_family`` (raises ``ValidationError``)."""
+    return JobSpec.model_validate(raw, context={"task_family": task_family})
+
+
 def describe_errors(e: ValidationError) -> list[tuple[str, str]]:
     """All errors of a failed JobSpec validation as ``(field, message)`` pairs."""
     return [error_field(err) for err in e.errors()]
@@ -484,14 +503,16 @@ def read_job_yaml(path: str | Path) -> object:
         raise JobSpecError(f"{path.name}{where} is not valid YAML: {what}") from None
 
 
-def load_job(job_dir: str | Path) -> JobSpec:
-    """Read and validate ``job.yaml``; raises ``JobSpecError`` (one line per problem) on bad input."""
+def load_job(job_dir: str | Path, task_family: str | None = None) -> JobSpec:
+    """Read and validate ``job.yaml``; raises ``JobSpecError`` (one line per problem) on bad input.
+
+    ``task_family`` is the family of the task the job is for: a data source without ``family`` is its."""
     path = job_path(job_dir)
     if not path.is_file():
         raise JobSpecError(f"{path} not found; a job folder needs a {JOB_FILE}")
     raw = read_job_yaml(path)
     try:
-        return JobSpec.model_validate(raw)
+        return parse_job(raw, task_family)
     except ValidationError as e:
         lines = [f"{field}: {msg}" for field, msg in describe_errors(e)]
         raise JobSpecError(f"{path} is invalid:\n" + "\n".join(lines)) from None

@@ -23,7 +23,7 @@ from evaluation.prompts import for_task
 from evaluation.tasks import TaskSpec, TaskSpecError, load_task
 from inner_loop.cost import CostEstimate, CostModel, estimate_job
 from inner_loop.data import DataFileError, build_rows_with_origins
-from inner_loop.jobspec import DPO_IGNORED, GRPO_ONLY, JOB_FILE, JobSpec, error_field, read_job_yaml
+from inner_loop.jobspec import DPO_IGNORED, GRPO_ONLY, JOB_FILE, JobSpec, error_field, parse_job, read_job_yaml
 from inner_loop.jobfiles import (MAX_REWARD_FILE_BYTES, job_file_problems, job_folder_problems, oversized)
 from inner_loop.sandbox import SandboxPolicy
 
@@ -380,7 +380,7 @@ def _resolve_task(task: TaskSpec | str | Path, report: ValidationReport) -> Task
         return None
 
 
-def _load_spec(report: ValidationReport, job_dir: Path) -> JobSpec | None:
+def _load_spec(report: ValidationReport, job_dir: Path, task_family: str | None) -> JobSpec | None:
     if not job_dir.is_dir():
         what = "is a file, not a folder" if job_dir.exists() else "does not exist"
         report.add("job_dir", f"job folder {str(job_dir)!r} {what}", "create the folder and write job.yaml in it")
@@ -402,7 +402,7 @@ def _load_spec(report: ValidationReport, job_dir: Path) -> JobSpec | None:
                    "write top-level keys: base_model, algorithm, hyperparameters, data, reward, seed")
         return None
     try:
-        return JobSpec.model_validate(raw)
+        return parse_job(raw, task_family)
     except ValidationError as e:
         _schema_findings(report, e)
         return None
@@ -430,7 +430,7 @@ def validate_job(job_dir: str | Path, task: TaskSpec | str | Path, *, dry_run: b
         spec_task = _resolve_task(task, report)
         if _check_links(report, job_dir, [JOB_FILE]):
             return report
-        spec = _load_spec(report, job_dir)
+        spec = _load_spec(report, job_dir, spec_task.family if spec_task else None)
         if spec is None or spec_task is None:
             return report
         policy = SandboxPolicy.coerce(sandbox)

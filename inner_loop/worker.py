@@ -93,7 +93,7 @@ def run(job_dir: Path, model: Path, family: str, output_dir: Path, max_steps: in
             status["planned_steps"] = update["planned_steps"]
             write_status(output_dir, {"status": "running", **update})
 
-        spec = load_job(job_dir)
+        spec = load_job(job_dir, family)
         status["device"] = device = resolve_device(device)
         status.update(run_stages(spec, job_dir, model, family, output_dir, max_steps=max_steps,
                                  max_seconds=max_seconds, ran=status["ran"], on_update=running,

@@ -31,10 +31,8 @@ log = logging.getLogger(__name__)
 
 AGENT_MODEL = "tiny-agent"
 # The agent's cache folder version (``tiny-agent-seed0-v<N>``): bump it whenever the transcripts or the
-# warm start change (2: the build of 2026-11-30; a novice drawing fewer choices, tried as 3 on 2026-12-01,
-# imitated worse: docs/outer_loop.md; 4: transcripts without baseline lookups, so the warm start no
-# longer waits for the inner models).
-AGENT_BUILD_VERSION = 4
+# warm start change.
+AGENT_BUILD_VERSION = 5
 # The tiny agent sees tools as one line of signatures (outer_loop.episode, tool_schemas: names):
 # full JSON schemas would be ~1,900 of its ~2,500 context tokens per turn.
 TOOL_STYLE = "names"

@@ -84,7 +84,9 @@ def sample_job(task, rng: random.Random) -> dict[str, Any]:
     job["hyperparameters"] = hp
     # Few keys (seeds and reward weights keep their defaults): short jobs are what a tiny agent can
     # write reliably, and identical jobs repeat, so the job cache serves repeats instead of retraining.
-    job["data"] = {"sources": [{"family": family.name, "size": rng.choice(DATA_SIZES)}]}
+    # The source names no family: it is the task's own, so the job reads the same on every task and what
+    # the agent learns about it carries over to families it has never seen.
+    job["data"] = {"sources": [{"size": rng.choice(DATA_SIZES)}]}
     if algorithm == "grpo":
         names = default_rewards(family.scorer)
         if len(names) > 1 and rng.random() < 0.5:

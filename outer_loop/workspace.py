@@ -207,7 +207,10 @@ def _schema_lines(model, indent: int, shown: set | None = None) -> list[str]:
         ann = f.annotation
         nested = _nested_model(ann, BaseModel)
         typ = _type_name(ann)
-        if f.is_required():
+        shown_default = (f.json_schema_extra or {}).get("shown_default") if isinstance(f.json_schema_extra, dict) else None
+        if shown_default:  # filled in from the task when left out
+            default = f"default: {shown_default}"
+        elif f.is_required():
             default = "required"
         elif f.default_factory is not None:
             value = f.default_factory()

@@ -20,6 +20,16 @@ from agent_trainer.tracking import check_reachable
 from scripts._errors import user_errors
 
 
+def _task_family(cfg: DictConfig) -> str | None:
+    """The task's family, or None when the task cannot be read (``cli.start_run`` then says why)."""
+    from evaluation.tasks import load_task
+
+    try:
+        return load_task(resolve_path(cfg.task.spec_path)).family
+    except Exception:
+        return None
+
+
 def run(cfg: DictConfig) -> float | None:
     """Run the job folder ``cfg.job_dir`` on ``cfg.task.spec_path``; print the result, return the hidden score."""
     job_dir = resolve_path(cfg.job_dir)
@@ -28,7 +38,7 @@ def run(cfg: DictConfig) -> float | None:
 
         # The warm worker's imports (~9 s of TRL) start now, beside everything else this command does
         # before training (config, run folder, validation's model load), not after it.
-        prestart_warm_worker(job_dir)
+        prestart_warm_worker(job_dir, _task_family(cfg))
     folder = cli.start_run(cfg)
     if cfg.dry_run:
         return None

@@ -91,6 +91,7 @@ def test_novice_jobs_are_valid_and_each_mistake_breaks_them(tasks, tmp_path):
     for k, task in enumerate(tasks):
         job = sample_job(task, rng)
         assert yaml.safe_load(render_job(job)) == job  # the compact flow-style text round-trips
+        assert "family" not in render_job(job)  # the task's own data: the same text on every task, held-out too
         assert _validate(job, task, tmp_path, f"ok{k}")
         for mistake in MISTAKES:
             bad = break_job(job, mistake, task)

@@ -171,3 +171,17 @@ def test_stage_errors_point_into_the_stage():
     selfgen_grpo = dict(GRPO, data={"sources": [{"family": "calc_chain", "self_generated": {}}]})
     (field, msg), = errors_of(selfgen_grpo)
     assert field == "data.sources.0.self_generated" and "grpo samples and scores its own completions" in msg
+
+
+def test_a_source_without_family_is_the_tasks_own(tmp_path: Path):
+    from inner_loop.validate import validate_job
+
+    (tmp_path / "job.yaml").write_text("base_model: tiny-s\nalgorithm: sft\n"
+                                       "hyperparameters: {max_steps: 10}\ndata: {sources: [{size: 100}]}\n")
+    assert [s.family for s in load_job(tmp_path, "triage").data.sources] == ["triage"]
+    with pytest.raises(JobSpecError, match="data.sources.0.family: family missing and no task"):
+        load_job(tmp_path)
+    # Validated for a task, the job is the task's: no finding about its family, the same job on any task.
+    for task in TINY_TASKS[:2]:
+        report = validate_job(tmp_path, task, dry_run=False)
+        assert report.ok and not [f for f in report.findings if "family" in f.field], report.render()
