@@ -4,14 +4,9 @@
     >>> from inner_loop.calibrate import calibrate
     >>> calibrate("smollm2-135m")["factors"]         # {"sft": ..., "grpo": ..., "sft:chat": ..., ...}
 
-Runs a short SFT-LoRA and a short GRPO-LoRA job of the model on calc_chain (in the raw format, and
-again in the chat format when the tokenizer has a chat template: its rows are 5-8x longer) as jobs
-run (``inner_loop.worker.run_worker``: its own process, ``threads`` torch threads), takes the
-seconds per step of the training loop (after the first, warm-up step) and divides them by what the
-cost model's tiny-s coefficients give for the same job: that ratio is the model's factor per
-algorithm on this machine (DPO takes SFT's). ``inner_loop.cost.save_profile`` stores it under this
-machine's key in ``<cache>/cost_profiles.json``; ``CostModel.measured`` reads it, so validation,
-budgets and the staged reward's speed stage price that model's jobs by what it costs here.
+Times short SFT-LoRA and GRPO-LoRA jobs (raw and chat format) against the tiny-s coefficients and stores
+the factors in ``<cache>/cost_profiles.json``, which ``CostModel.measured`` reads: docs/real_models.md,
+"Costs per machine".
 """
 
 from __future__ import annotations

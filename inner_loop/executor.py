@@ -2,18 +2,11 @@
 
     >>> ex = make_executor("local_parallel", max_parallel=2)
     >>> results = ex.run([{"job_dir": d, "task": spec, "output_dir": out}, ...])   # run_job kwargs
+    >>> ex.plan(requests)                                                          # what would run (dry_run)
 
-- ``sequential``: one job after the other in this process's thread.
-- ``local_parallel``: up to ``max_parallel`` jobs at once. Each job's training already runs in its
-  own child process (``inner_loop.worker``), so threads here only wait on those children and run
-  the harness's scoring; torch threads per job default to cores / max_parallel. On GPUs
-  (``device`` cuda or auto in the requests, ``gpus_per_job`` > 0) each running job holds its own
-  ``gpus_per_job`` GPUs (its ``CUDA_VISIBLE_DEVICES``), taken from the ones this process sees and
-  given back when it ends: ``hardware=gpu_node`` runs 8 jobs on 8 GPUs, one each.
-- ``submitit_local``, ``slurm``, ``ray``: the scale-out engines (``inner_loop.launchers``).
-
-Results come back in the order of the requests, whatever order the jobs finish in. Every executor
-also has ``plan(requests)``: what it would run, without running it (``dry_run=true``).
+Kinds: ``sequential``, ``local_parallel`` (threads waiting on the jobs' own processes; on GPUs each
+running job holds ``gpus_per_job`` of them), ``submitit_local``, ``slurm``, ``ray`` (``inner_loop.launchers``).
+Results come back in request order. docs/inner_loop.md, "Executors".
 """
 
 from __future__ import annotations

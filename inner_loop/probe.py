@@ -1,18 +1,9 @@
 """The validation probe's dry run: load the base model, try the first rows, score a few samples.
 
-Called by ``inner_loop.validate.validate_job(..., dry_run=True)``; it adds findings to a report.
-
-- SFT: tokenize the first batch as the trainer does (``runners.train.sft_ids``: the prompt's tokens,
-  then the answer's and eos; loss on the answer only), compute the first loss.
-- GRPO: for the first prompts, one greedy and a few sampled completions at the job's temperature
-  and completion length; score them with the job's rewards *in a child process* (the rewards
-  may be agent code); warn when the weighted reward has no spread.
-
-Library rewards are scored in a child process (this module's ``main``), started through
-``inner_loop.isolation``: an isolated interpreter in a private temporary folder that never sees the
-job folder, a clean environment, CPU-time and file-size limits, a wall timeout, killed with its
-whole process group. Agent-written rewards run in the sandboxed reward host
-(``inner_loop.reward_proxy``) instead.
+Called by ``inner_loop.validate.validate_job(..., dry_run=True)``; it adds findings to a report. Library
+rewards are scored in an isolated child process (this module's ``main``, through ``inner_loop.isolation``),
+agent-written ones in the sandboxed reward host (``inner_loop.reward_proxy``). docs/inner_loop.md,
+"Validation".
 """
 
 from __future__ import annotations
@@ -201,7 +192,7 @@ def dry_run(report, spec, job_dir: Path, rows: list[dict], *, cache_dir=None, mo
         report.add("base_model", f"base model {spec.base_model!r}: {e}", "pick a model with a chat template")
         return
     report.probe["model_parameters"] = sum(p.numel() for p in model.parameters())
-    # One thread: the probe's tensors are tiny, and on a busy shared machine two threads were ~30x slower.
+    # One thread: the probe's tensors are tiny, and on a busy shared machine two threads are ~30x slower.
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

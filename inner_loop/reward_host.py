@@ -2,19 +2,10 @@
 
     python -I reward_host.py --fd 3 --cwd JOB_DIR     # started by inner_loop.reward_proxy, never by hand
 
-The harness starts this file inside its own bubblewrap sandbox (``inner_loop.sandbox``), mounted
-alone at ``/sandbox/reward_host.py``: no project package is importable, no file is writable, the
-uid is its own. Over the inherited socket ``--fd`` it receives length-prefixed JSON messages:
-
-- ``{"op": "load", "source", "filename"}``: run a reward file's source as a fresh module (one per
-  file name); answer ``{"ok": true, "names": [its callables]}`` or ``{"error": traceback}``;
-- ``{"op": "call", "filename", "name", "prompts", "completions", "kwargs", "state"}``: call the function
-  as TRL does (``f(prompts=..., completions=..., **kwargs)``, ``trainer_state`` rebuilt from
-  ``state``, ``log_metric`` collected, ``log_extra`` a no-op); answer ``{"values", "metrics"}`` or
-  ``{"error": traceback}``.
-
-The other side (``inner_loop.reward_proxy``) treats every answer as untrusted: the agent's code
-shares this process and may write anything to the socket. Standard library only, on purpose.
+Over the inherited socket ``--fd``: length-prefixed JSON, ``{"op": "load", "source", "filename"}`` ->
+``{"ok", "names"}`` and ``{"op": "call", "filename", "name", "prompts", "completions", "kwargs", "state"}``
+-> ``{"values", "metrics"}``, or ``{"error": traceback}``. Standard library only: it runs with no project
+package importable (docs/security.md). ``inner_loop.reward_proxy`` treats every answer as untrusted.
 """
 
 import argparse

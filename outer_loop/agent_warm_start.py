@@ -1,21 +1,12 @@
-"""A pretrained causal LM as the agent: a warm start on the novice's transcripts, in the model's own chat format.
+"""A pretrained causal LM as the agent, warm-started on the scripted novice's transcripts in its own chat format.
 
     at-episode agent=smollm2                         # agent.model: smollm2-agent, built here on first use
     >>> from outer_loop.agent_warm_start import resolve_agent
     >>> resolve_agent("smollm2-agent")               # <cache>/models/smollm2-agent-seed0-v1/
     >>> resolve_agent("smollm2-135m")                # any other name: inner_loop.models.resolve_model
 
-A small instruct model does not write the project's tool calls on its own (SmolLM2-135M-Instruct answered
-every turn with prose: docs/real_models.md, "A pretrained agent"). As the tiny agent is (``outer_loop.
-agent_model``), it is first supervised on the scripted novice's episodes (``outer_loop.novice``), here only
-the successful ones (the last ``validate_job`` before the submission said VALID), rendered exactly as the
-local backend renders an episode for this model (``outer_loop.backends.chat_prompt``: its template, the
-project's tool prompt where the template drops tools, calls in the model's tool format). The loss covers
-the assistant's tokens only; a LoRA is trained and merged into the weights, and the merged model is saved
-with the base model's tokenizer and a manifest: the agent's *base*, on which at-train puts a fresh LoRA.
-
-Not built by ``at-models`` (it needs the imported model and minutes of CPU): built on first use, once,
-under a lock, into the model cache.
+Built once, on first use and under a lock, into the model cache (not by ``at-models``). What it is
+trained on and how: docs/real_models.md, "A pretrained agent".
 """
 
 from __future__ import annotations

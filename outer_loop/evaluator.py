@@ -5,22 +5,7 @@
     >>> e = ev.evaluate(history, base_dev=0.12, task=task)     # Evaluation(prediction, evaluation, analysis, suggestions)
     >>> adopted(e.suggestions[0], before=history[-1], after=next_job)
 
-A suggestion is typed ``execution`` (how the job is run: ``learning_rate``, ``max_steps``,
-``batch_size``, ``num_generations``, ``warmup_ratio``, ``lr_scheduler``, ``weight_decay``,
-``base_model``, ``reward``) or ``strategy`` (what is run: ``algorithm``, ``data_source``, ``stage``,
-``adapter``); the type follows from the target, and a suggestion whose type does not match its
-target is dropped as malformed. ``value`` is a number or ``increase``/``decrease`` for numeric
-targets, a name for the others.
-
-Adoption: the next submitted job carried a suggestion out when its value of the target (read from
-its ``job.yaml`` snapshot and its ``ran`` record) equals the suggested one (numbers: within 5%, or
-moved towards it), moved in the suggested direction, or, for ``algorithm`` / ``data_source``,
-appears in one of its stages. The paper this reproduces found 22/22 execution suggestions adopted
-and 0/21 strategy ones; ``outer_loop.steering`` logs both rates.
-
-The prediction is the dev score the next job will reach; its error is measured when that job ran.
-What is not covered: the LLM evaluator sees the agent-visible results and dev scores only (never
-hidden scores); a malformed LLM answer is logged and yields no suggestions.
+Suggestion types and targets, the adoption rule and the metrics: docs/strategy.md, "Evaluator agent".
 """
 
 from __future__ import annotations

@@ -6,25 +6,7 @@
     >>> replay(ep, src)                                        # conversation, workspace, jobs, budget as at job k
     >>> ep.play(); ep.finish()
 
-The fork point is the moment right after job k's result entered the conversation (arXiv
-2608.19072's protocol: every branch forks from the same point with the same remaining budget).
-``replay`` rebuilds that moment in a fresh episode folder from the source's ``trajectory.jsonl``
-and ``jobs/``: the logged messages (not re-sampled), the workspace (the agent's ``write_file`` calls
-re-run through the tools), the validations, the jobs 1..k (snapshots and results copied, handed to
-the tools as finished jobs), the turn count, and the spending (the prefix's LLM calls and jobs are
-recorded again in the fork's ledger under the branch, marked ``replayed``), so the turn, job, token
-and USD caps leave every branch exactly what the source had left. Sampling seeds depend on the
-episode seed and the turn number, so the ``continue`` branch samples what the source sampled
-until a new job's timing text makes the conversations differ.
-
-Branch messages (given after job k's result, after anything the strategy layer says there):
-``continue`` none; ``switch:<x>`` the concrete "Switch to <x> instead of <current>" (``x`` an
-algorithm, a data source, ``lora``/``full``, or stages such as ``'sft>grpo'``); ``reconsider`` the
-vague "Reconsider your strategy." What is not replayed: an evaluator's LLM calls before the fork
-point are not charged again; a journal starts from the source episode's entries before job k; the
-strategy layer keeps the jobs 1..k (labels, dev scores) but not the checks, evaluations and
-adoptions before the fork point, so a branch's decision and adoption metrics count what happens
-after it.
+What is replayed, the branch messages and what a fork leaves out: docs/strategy.md, "Forks".
 """
 
 from __future__ import annotations
@@ -90,7 +72,7 @@ def _job_marks(events: list[dict[str, Any]]) -> list[int]:
     marks = [i for i, e in enumerate(events) if e.get("event") == "job"]
     if marks:
         return marks
-    # Trajectories written before episodes logged a "job" record: the submit_job tool message.
+    # A trajectory without "job" records: each submit_job tool message marks a job.
     return [i for i, e in enumerate(events) if e.get("event") == "message" and e.get("role") == "tool"
             and e.get("name") == "submit_job" and str(e.get("content", "")).startswith("job status")]
 

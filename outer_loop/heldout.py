@@ -1,30 +1,8 @@
 """Held-out evaluation: the held-out families played with no update from them, on the same episode
 seeds at every evaluation, so two evaluations differ only by the policy that played them.
 
-When (``outer.heldout_every > 0`` and ``outer.heldout_episodes > 0``, with held-out families):
-
-- start (``outer.heldout_at_start``): in step 0, before its update: the warm start;
-- every ``heldout_every`` steps: in step s (s % heldout_every == 0, s > 0), before its update: the
-  policy after s updates, which also played step s's training episodes;
-- end: in the last step, after its update: the policy the run leaves. A periodic evaluation due in
-  the last step is left out (the end's follows it one update later).
-
-Each evaluation plays ``heldout_episodes`` episodes per held-out task; episode g of task i has the seed
-``hash((*SEED_BASE, i, g))`` at every evaluation and in every run, whatever its ``seed`` (training episodes
-hash ``(seed, step, i, g)``): held-out play draws nothing from the training episodes' seeds, start and
-end are paired episode by episode, and runs of different seeds are scored on the same episodes. The
-warm start is the same policy in every run (a fresh LoRA adds nothing), so the start evaluation is the
-same in every run too: with the job cache on, a run after the first gets its jobs from the cache.
-
-Metrics (bare names in ``metrics.jsonl``, ``heldout/...`` in MLflow): ``heldout_reward_mean`` with its
-bootstrap 95% interval ``heldout_reward_lo`` / ``heldout_reward_hi`` (``outer_loop.bootstrap``), the stages
-and choices as for training, ``heldout_rewards`` (each episode's reward in episode order, for the paired
-gain; a list, so not logged to MLflow) and ``seconds_heldout``. The end's are ``heldout_end_*`` in the last
-step's row; MLflow gets them under the same ``heldout/heldout_*`` keys at step ``steps`` (the policy after
-that many updates, as step s's training metrics are the policy after s updates), so the held-out curve
-runs from 0 to the end. With a start and an end: ``heldout_gain`` = mean over episodes of end - start,
-with ``heldout_gain_lo`` / ``heldout_gain_hi`` from a paired bootstrap (episode indices resampled, each
-episode's start and end together).
+When it runs (start, every ``outer.heldout_every`` steps, end), its seeds, its metrics and the paired
+gain: docs/outer_loop.md, "Held-out evaluation".
 """
 
 from __future__ import annotations

@@ -6,16 +6,8 @@
     >>> j.read(kind="plan", last=5)
     >>> SkillLibrary().names()                   # ['grpo_vs_sft', 'learning_rate', 'lora_vs_full', 'when_to_switch']
 
-Kinds: ``plan`` (with hypothesis, success criteria and abort criteria), ``observation``,
-``lesson``, ``eval_result``, ``eval_analysis`` (the evaluator agent writes the last two too).
-Entries are only ever appended (one ``write`` per line, flushed): nothing rewrites the file, so a
-journal shared by a run's episodes (``strategy.journal_path``) is their common memory.
-
-The tools (``journal_write``, ``journal_read``, ``list_skills``, ``read_skill``) are registered on an
-episode's ``ToolBox`` only when the strategy config enables them, so the default tool set of an
-agent (the one the tiny agent was trained on) does not change. What is not covered: entries are
-the agent's text, unchecked beyond their shape; a journal shared between processes relies on
-appends of one line being atomic (true for local files, not promised on network file systems).
+``journal_tools`` / ``skill_tools``: the ``(schema, impl)`` pairs a ``ToolBox`` registers when the strategy
+config enables them. Entry kinds, and a journal shared by episodes: docs/strategy.md, "Journal and skills".
 """
 
 from __future__ import annotations

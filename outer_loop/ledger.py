@@ -8,18 +8,8 @@
     >>> ledger.check("job", ledger.estimate_job("cpu", seconds=90), episode="e0")
     >>> ledger.record_job(episode="e0", device="cpu", seconds=41.2, status="ok")
 
-File: ``runs/<run_id>/ledger.jsonl``, one JSON object per line, written with one ``write`` on an
-``O_APPEND`` descriptor, then flushed and fsynced, under an exclusive ``flock`` (so episodes in
-several processes may share one ledger: before each append a writer folds in the lines others
-added). Every record carries the running totals of the run and of its episode.
-
-Budgets are checked *before* a call or job: ``check`` raises ``BudgetExhausted`` when a cap is
-already reached or the estimate would cross it. With honest estimates a cap is never crossed;
-with an underestimate it is crossed by at most that one call or job.
-
-Reopening restores the totals by summing the records (a resumed run keeps counting). A last line
-cut short (the process was killed mid-write) is dropped and the file truncated back to the last
-complete record; a damaged line anywhere else is an error (something other than this ledger wrote).
+``check`` raises ``BudgetExhausted`` before a call or job that would cross a cap. The file, sharing it
+between processes and reopening it: docs/outer_loop.md, "An episode".
 """
 
 from __future__ import annotations

@@ -68,7 +68,7 @@ def choices_plot(rows: list[dict], path: Path) -> Path:
 
 def heldout_points(rows: list[dict]) -> list[tuple[int, float, float | None, float | None]]:
     """``(x, mean, lo, hi)`` of every held-out evaluation: a row's own at its step (before its update), its
-    end evaluation at the next step (after the update); lo/hi None where a row has no interval (older runs)."""
+    end evaluation at the next step (after the update); lo/hi None where a row has no interval."""
     out = []
     for r in rows:
         for prefix, x in (("heldout_", r["step"]), ("heldout_end_", r["step"] + 1)):

@@ -1,21 +1,10 @@
 """The CONTINUE/SWITCH protocol (``strategy=check``): the ``decide`` tool, its validation, the switch rule.
 
-After each job result (while jobs are left) the agent gets a check message and must answer with
-one call::
+    >>> hint = switch_hint(dev_scores, base_dev, window=2, min_gain=0.01)   # "" when the rule does not fire
+    >>> decision, problem = parse_decision(arguments, shown_scores, current_of(ran))   # (None, why) if malformed
 
-    decide(strategy="full_sft/curated/single", scores=[0.21, 0.24], decision="SWITCH",
-           component="algorithm", alternative="grpo", reason="two sft jobs gained < 0.01 ...")
-
-- ``strategy``: the agent's current strategy in its own words (logged, not graded);
-- ``scores``: its last three dev scores (fewer while fewer jobs ran), as shown in the check message;
-- ``decision``: ``CONTINUE`` (``reason``: why scores should still rise) or ``SWITCH`` (``component``:
-  ``algorithm`` | ``data_source`` | ``stage``, ``alternative``: a concrete value different from the
-  current one, e.g. ``grpo``, ``self_generated``, ``sft>grpo``; ``reason``: why).
-
-``parse_decision`` returns the decision or what is wrong with it (the agent reads that text when it
-is asked again). ``switch_hint`` is the configurable rule that marks when SWITCH should be considered:
-the last ``window`` dev-score gains (the first one against the base model) were all below
-``min_gain``. The rule is a hint in the message, never an override of the agent's answer.
+The tool's fields and the rule: docs/strategy.md, "CONTINUE/SWITCH". The rule is a hint in the
+message, never an override of the agent's answer.
 """
 
 from __future__ import annotations

@@ -3,18 +3,8 @@
     >>> runs = collect(uri, ["runs/<sweep id>"])          # e.g. at-train -m seed=0,1,2 hydra/launcher=joblib
     >>> write_seed_report(runs, "runs/<compare run>")    # seeds.md, seeds.csv (only when the runs differ in seed)
 
-Per seed, from MLflow only (``outer_loop.compare.collect``: metric histories and latest values):
-
-- training: reward first 3 -> last 3 steps (``reward_mean`` history) and its gain, as at-train's summary;
-- held-out: start (step 0, before any update) and end (the step after the last training step: the
-  policy after the last update), each with its bootstrap 95% interval, and the paired gain
-  ``heldout_gain`` with its paired-bootstrap interval (``outer_loop.heldout``);
-- choices: ``share_algorithm_sft`` and ``valid_first_try``, first 3 -> last 3 steps.
-
-Then per setting (the runs' other differing params, e.g. ``outer.lr``): mean ± sd over seeds of each
-number (sd with n - 1), the seeds whose training gain is above ``GAIN_BAR`` (0.10), and those whose
-held-out gain interval lies above 0. A run that lacks a number (no held-out start: an older run or
-``outer.heldout_at_start=false``) shows ``-`` and is left out of that column's mean.
+Numbers from MLflow only (``outer_loop.compare_runs.collect``). The columns: docs/outer_loop.md,
+"Three seeds and a seed report".
 """
 
 from __future__ import annotations

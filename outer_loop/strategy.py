@@ -1,7 +1,5 @@
-"""Strategy labels s = (p, d, g) of executed jobs, the switch detector and switch metrics.
-
-A job's strategy is read from what actually ran (``result.json``'s ``ran``), never from what the
-agent said it would do (arXiv 2608.19072: agents execute well but lock into their first strategy).
+"""Strategy labels s = (p, d, g) of executed jobs, read from what ran (``result.json``'s ``ran``), the switch
+detector and switch metrics.
 
     >>> from outer_loop.strategy import label, switches, sequence_metrics
     >>> a = label({"stages": [{"algorithm": "sft", "peft": "full", "data_source": "curated", "steps": 50}]})
@@ -10,27 +8,8 @@ agent said it would do (arXiv 2608.19072: agents execute well but lock into thei
     >>> switches([a, a, b])                  # [Switch(position=3, components=('p',))]
     >>> sequence_metrics([a, a, b])          # switch_rate 0.5, switch_p 1, first_switch 3, ...
 
-The three components (each a short string, so labels print and compare as text):
-
-- ``p``, the method: the algorithm and adapter of the stage that produced the scored model (the
-  last stage that trained): ``full_sft``, ``peft_sft``, ``rl`` (GRPO), ``peft_rl``, ``preference``
-  (DPO), ``peft_preference``, ``distillation``, ``peft_distillation``; an algorithm not listed
-  keeps its own name (``peft_`` in front with an adapter).
-- ``d``, the data source: ``curated`` (the family's reference items), ``self_generated``
-  (the model's own samples kept by the reward), ``agent`` (a data file the agent wrote),
-  ``mixed`` (several of these in one stage, or stages with different sources).
-- ``g``, the stage structure: ``single`` for one stage, else the algorithms in order
-  (``sft>grpo``). ``single`` rather than the algorithm's name, so that changing the algorithm of
-  a one-stage job is one switch of ``p`` and not also one of ``g``; every component then carries
-  information the others do not (``grpo`` -> ``sft>grpo`` switches ``g`` only).
-
-Stages that trained zero steps did not run and are dropped; a job with no stage left (invalid,
-refused over budget, crashed before its first step) has no label and is not an executed job.
-A switch is two adjacent *executed* jobs whose labels differ in any component.
-
-``ran`` is ``{"stages": [{"algorithm", "peft", "data_source", "steps"}, ...]}`` (written by the
-inner loop into ``result.json``). ``ran_of`` derives the same structure from an older result and
-the job snapshot it ran from, for results written before the inner loop recorded it.
+The components' values and what counts as a switch: docs/strategy.md, "Strategy labels and switches".
+``ran_of`` derives ``ran`` from a job snapshot for a result that lacks it.
 """
 
 from __future__ import annotations
@@ -194,7 +173,7 @@ def ran_of(result: Any, job_dir: str | Path | None = None) -> dict[str, Any]:
     get = result.get if isinstance(result, dict) else (lambda k, default=None: getattr(result, k, default))
     own = get("ran")
     status, steps = get("status"), int(get("steps") or 0)
-    # An empty record is the default of results written before the inner loop kept one: derive it then.
+    # The result's own record, unless it has none or an empty one for a job that trained steps: derive it then.
     if isinstance(own, dict) and isinstance(own.get("stages"), list) and (
             own["stages"] or status in NOT_RUN or steps == 0):
         return own

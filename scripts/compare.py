@@ -2,24 +2,12 @@
 rates, suggestion adoption, cost per unit of reward).
 
     at-compare runs=[<run id>,<run id>]            # MLflow run ids (a fork's parent brings its branches)
-    at-compare runs=[runs/2026-12-03_13-40-01_train]   # a sweep folder: each numbered run sub-folder
-    at-compare runs=[2026-12-03_13-40-01_train/0,<run id>]   # run folders (or run_ids in runs_dir), mixed
+    at-compare runs=[runs/<sweep id>]              # a sweep folder: each numbered run sub-folder (+ seeds.md)
+    at-compare runs=[<sweep id>/0,<run id>]        # run folders (or run_ids in runs_dir), mixed
     at-compare experiments=[agent-trainer]         # every top-level run of an experiment
     at-compare runs=[...] group_by=[agent.model]   # one table row per model instead of per differing setting
-    at-compare runs=[runs/<sweep id>]              # after at-train -m seed=0,1,2 ...: also seeds.md
 
-A run folder's ``run.json`` (or ``outer_run.json``) names its MLflow run and store; a sweep job that
-failed before its MLflow run existed is skipped with a note. ``group_by`` (default ``[]``: the params
-whose values differ between the runs, else agent.model and strategy.mode) defines a setting.
-
-Writes ``runs/<run_id>/`` (or ``out=``): ``compare.md`` / ``compare.csv`` (one row per run, a column per
-setting key), ``configs.md`` / ``configs.csv`` (one row per setting, e.g. ``outer.lora_r=4``),
-``reward_curves.png``, ``stages.png``, ``switches.png``, ``adoption.png``, ``cost.png`` (legends name
-the differing settings; a panel no run has data for is not drawn, an empty PNG not written, with a
-note) and ``plot_data.json`` (the numbers drawn, and why a panel is missing). When the runs differ in
-``seed``: ``seeds.md`` / ``seeds.csv`` (``outer_loop.seed_report``: per seed the training gain, held-out start,
-end and paired gain with their 95% intervals, choice shares; mean ± sd over seeds per setting). Reads
-MLflow at the run folders' ``tracking_uri``, else ``tracking.tracking_uri``; logs nothing.
+Writes ``runs/<run_id>/`` (or ``out=``); logs nothing. The files: docs/sweeps.md, "Compare".
 """
 
 from __future__ import annotations

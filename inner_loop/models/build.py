@@ -106,10 +106,11 @@ class ModelBuildConfig:
 # [0.03, 0.40], tiny-m where it beats tiny-s by 0.02 on every family and stays <= 0.48 (the acceptance
 # bounds are [0.02, 0.5], tiny-s < tiny-m). Gated checks every 10 steps catch the moments when all six
 # families are in their bands at once (they cross the band edges at different steps). tiny-m steers
-# gently from the default mix: seeds 0-6 stopped it at 670-950 steps, against 1,450 for seed 0 with
-# build 3's recipe. tiny-s keeps build 3's recipe up to step 500 (it passes there on seeds 0-2), so its
-# bytes, and every figure measured on them, stay the same where it did; its gated checks start after
-# step 500 (seed 3 passed at 510, against 900 without them). See docs/baselines.md.
+# gently (1.5x / 0.67x) from the default mix: seeds 0-6 stop it at 670-950 steps, against 1,450 for seed 0
+# with hard steering (3x / 0.3x) and full checks only. tiny-s steers hard with full checks only up to
+# step 500 (it passes there on seeds 0-2, so its bytes are those the outer-loop figures were measured
+# on); its gated checks start after step 500 (seed 3 passes at 510, against 900 without them). See
+# docs/baselines.md.
 TINY_S = ModelBuildConfig(name="tiny-s", hidden_size=64, num_layers=2, intermediate_size=192, steps=1200,
                           calibration=Calibration(min_steps=400, low=0.03, high=0.40, up=3.0, down=0.3,
                                                   gate_every=10, gate_after=100))

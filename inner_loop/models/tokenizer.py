@@ -1,17 +1,12 @@
-"""The project's own BPE tokenizer, shared by the tiny inner models and (later) the tiny agent model.
+"""The project's own BPE tokenizer, shared by the tiny inner models and the tiny agent model.
 
     >>> from inner_loop.models.tokenizer import build_tokenizer
     >>> tok = build_tokenizer()                # deterministic: same corpus, same merges, same ids
     >>> tok.save_pretrained("some/folder")     # then AutoTokenizer.from_pretrained("some/folder")
 
-Text format of the inner tasks (the contract between pretraining, the inner trainers and the
-hidden evaluation): the model is fed ``prompt`` exactly as the family writes it (e.g.
-``calc: 12+7-3=``) and must continue with ``answer`` (``16``) and then ``eos_token``
-(``<|im_end|>``); no separator is inserted. The pre-tokenizer isolates punctuation and splits
-digits, so the tokens of ``prompt`` are always a prefix of the tokens of ``prompt + answer``.
-
-Special tokens follow Qwen3: ``<|endoftext|>`` pads, ``<|im_end|>`` ends a turn and is the
-eos token, tool calls are wrapped in ``<tool_call>`` tags by the Jinja ``chat_template``.
+Text format: ``prompt`` as the family writes it, then ``answer`` and ``eos_token`` (``<|im_end|>``), no
+separator; the tokens of ``prompt`` are always a prefix of those of ``prompt + answer``. Special tokens
+and the chat template follow Qwen3.
 """
 
 from __future__ import annotations

