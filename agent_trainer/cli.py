@@ -1,7 +1,8 @@
 """Helpers shared by the thin ``at-*`` entry points in ``scripts/``.
 
 A script declares ``@hydra.main`` over ``cli.call(run, cfg)``, a plain ``run(cfg)`` (what tests call)
-that starts with ``cli.start_run(cfg)``, and ``main()`` as ``cli.main(_hydra_main, "<config name>")``.
+that starts with ``cli.start_run(cfg)`` (or ``cli.open_run(cfg)``, which also returns the validated
+config), and ``main()`` as ``cli.main(_hydra_main, "<config name>")``.
 ``main`` turns ``task=``, ``model=``, ``rerun=`` and a positional argument into Hydra overrides and
 checks the config before Hydra starts, so a user mistake is one line on stderr and exit code 2.
 The rules and a whole script: docs/sweeps.md, "The command line of every at-* command".
@@ -24,7 +25,7 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from agent_trainer.config import CONFIG_DIR, ConfigError, check_installed, compose_config, validate
+from agent_trainer.config import CONFIG_DIR, Config, ConfigError, check_installed, compose_config, validate
 from agent_trainer.paths import PROJECT_ROOT, resolve_path
 from agent_trainer import sweeps
 from agent_trainer.registry import BASE_MODELS_ENV, INCLUDE_PATH_ENV
@@ -367,11 +368,18 @@ def run_dir(cfg: DictConfig) -> Path:
 
 
 def start_run(cfg: DictConfig) -> Path:
-    """Validate ``cfg``, fix its run_id, create the run folder with the resolved config and versions.json.
+    """``open_run``'s run folder, for commands that read ``cfg`` itself."""
+    return open_run(cfg)[0]
+
+
+def open_run(cfg: DictConfig) -> tuple[Path, Config]:
+    """Validate ``cfg``, fix its run_id, create the run folder with the resolved config and versions.json;
+    returns the folder and the validated config (the typed objects the run reads from then on).
 
     Also exports the configured registry entries (``task.include_path``, ``base_models``) to this
     process's environment, where the registries and every child process find them."""
-    export_registries(validate(cfg))
+    conf = validate(cfg)
+    export_registries(conf)
     if not cfg.get("dry_run"):
         check_installed(cfg)
     folder = run_dir(cfg).resolve()
@@ -380,6 +388,7 @@ def start_run(cfg: DictConfig) -> Path:
     runs = Path(str(cfg.runs_dir)).resolve()
     with writable(cfg):
         cfg.run_id = str(folder.relative_to(runs)) if folder.is_relative_to(runs) else folder.name
+    conf.run_id = cfg.run_id
     (folder / "config.resolved.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     (folder / "versions.json").write_text(json.dumps(package_versions(), indent=2) + "\n")
     info = sweeps.job_info(_command())
@@ -388,7 +397,7 @@ def start_run(cfg: DictConfig) -> Path:
     sweeps.write_run_file(folder, status="running", **_run_record(info))
     if cfg.get("dry_run"):
         print(f"dry run: resolved config written to {folder / 'config.resolved.yaml'}")
-    return folder
+    return folder, conf
 
 
 def export_registries(obj) -> None:

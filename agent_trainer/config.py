@@ -21,7 +21,7 @@ import importlib.util
 import os
 import re
 from dataclasses import dataclass, field, fields, is_dataclass
-from enum import StrEnum
+from enum import Enum, StrEnum
 from pathlib import Path
 from typing import Any, Optional, Sequence
 from urllib.parse import urlsplit
@@ -128,6 +128,10 @@ class AgentConfig:
     validate_dry_run: bool = doc(False, "validate_job also runs the dry run (seconds per call); submission always probes")
     tool_format: str = doc("auto", "how the agent writes tool calls in text: auto (from its chat template) | hermes | "
                                    "llama3 | mistral | qwen3_coder (outer_loop.backends.toolcalls)")
+    sampler: str = doc("auto", "at-train: what samples the agent's turns: auto (the backend's: the policy's own model "
+                               "for local, an in-process engine for vllm) | served (a vLLM server at agent.base_url "
+                               "with runtime LoRA loading; the LoRA is pushed to it after each update; "
+                               "outer_loop.backends.served_sampler)")
 
 
 @dataclass
@@ -503,9 +507,7 @@ def validate(cfg: DictConfig) -> Config:
     _check(o.steps >= 1 and o.tasks_per_step >= 1, "outer.steps and outer.tasks_per_step must be >= 1")
     _check(o.lr > 0 and o.clip_eps > 0 and o.kl_beta >= 0, "outer.lr and outer.clip_eps must be > 0, outer.kl_beta >= 0")
     _check(o.lr_warmup_steps >= 0, f"outer.lr_warmup_steps must be >= 0, got {o.lr_warmup_steps}")
-    _check(o.focus_entropy_of in ("policy", "reference"),
-           f"outer.focus_entropy_of must be 'policy' or 'reference', got {o.focus_entropy_of!r}")
-    _check(0 < o.focus_top_frac <= 1, f"outer.focus_top_frac must be in (0, 1] (1 = every agent token), got {o.focus_top_frac}")
+    check_update(o)
     _check(o.max_steps_off_policy >= 0 and o.heldout_every >= 0, "outer.max_steps_off_policy and outer.heldout_every must be >= 0")
     _check(o.heldout_episodes >= 0,
            f"outer.heldout_episodes must be >= 0 (0 = no held-out evaluation), got {o.heldout_episodes}")
@@ -602,6 +604,12 @@ def _check_agent(a: AgentConfig, train: bool = False) -> None:
             url, port_ok = None, False
         _check(url is not None and port_ok and url.scheme in ("http", "https") and bool(url.hostname),
                f"agent.base_url must be an http(s) URL such as http://127.0.0.1:8000/v1, got {a.base_url!r}")
+    _check(a.sampler in ("auto", "served"), f"agent.sampler must be auto or served, got {a.sampler!r}")
+    if a.sampler == "served":
+        _check(a.backend == Backend.local, f"agent.sampler=served trains a policy held here (agent.backend=local) and "
+                                           f"samples from a server; agent.backend={a.backend} has its own sampler")
+        _check(a.base_url is not None, "agent.sampler=served needs agent.base_url, the vLLM server's URL ending in "
+                                       "/v1 (e.g. http://127.0.0.1:8000/v1)")
     _check(a.timeout_s > 0 and a.max_retries >= 0 and a.retry_backoff_s >= 0,
            "agent.timeout_s must be > 0, agent.max_retries and agent.retry_backoff_s >= 0")
     _check(a.context_tokens is None or a.context_tokens >= 256,
@@ -632,6 +640,45 @@ def _check_strategy(s: StrategyConfig) -> None:
                "strategy.evaluator.api_key_env takes the NAME of an environment variable, not the key itself")
         _check(e.backend != Backend.openai or e.api_key_env is not None,
                "strategy.evaluator.backend=openai needs strategy.evaluator.api_key_env (the variable's name)")
+
+
+def check_update(o: Any, key: str = "outer") -> None:
+    """The rules of the outer update's settings, for ``OuterConfig`` and ``outer_loop.policy.PolicyConfig``."""
+    _check(o.loss_aggregation in ("token", "episode"),
+           f"{key}.loss_aggregation must be 'token' or 'episode', got {o.loss_aggregation!r}")
+    _check(0 < o.focus_top_frac <= 1,
+           f"{key}.focus_top_frac must be in (0, 1] (1 = every agent token), got {o.focus_top_frac}")
+    _check(o.focus_entropy_of in ("policy", "reference"),
+           f"{key}.focus_entropy_of must be 'policy' or 'reference', got {o.focus_entropy_of!r}")
+
+
+# --- from the schema to the code's settings objects ----------------------------------------------
+
+
+def typed(cfg: DictConfig | Config) -> Config:
+    """``cfg`` as validated schema objects (``cfg`` itself when it is that already)."""
+    return cfg if isinstance(cfg, Config) else validate(cfg)
+
+
+def settings_from(cls: type, node: Any, **values: Any) -> Any:
+    """A settings dataclass ``cls`` filled from the schema object ``node``: each of its fields that ``node``
+    has by the same name takes that value, ``values`` gives the others, the rest keep ``cls``'s defaults.
+    Enum members become their values and schema objects plain dicts: the values are typed once, by the schema."""
+    own = {f.name for f in fields(cls) if f.init}
+    given = {f.name: getattr(node, f.name) for f in fields(node) if f.name in own}
+    return cls(**{k: _plain(v) for k, v in {**given, **values}.items()})
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if is_dataclass(value) and type(value).__module__ == __name__:
+        return {f.name: _plain(getattr(value, f.name)) for f in fields(value)}
+    return value
 
 
 def field_help(schema: type) -> dict[str, str]:

@@ -28,6 +28,7 @@ from typing import Any
 
 import yaml
 
+from agent_trainer.config import AgentConfig, BudgetConfig, StrategyConfig
 from evaluation.staged_reward import RewardWeights, staged_reward
 from outer_loop.tools import PendingJob, ToolBox, ToolLimits
 from outer_loop.workspace import Workspace
@@ -43,19 +44,20 @@ NO_TOOL_CALL = "No tool call was found in your answer. Answer with one tool call
 
 @dataclass
 class EpisodeSettings:
-    """How an episode runs (the ``agent`` and ``budget`` config groups map onto it)."""
+    """How an episode runs: the ``agent`` group's fields of the same names, ``budget.max_jobs_per_episode`` and
+    ``strategy.episode_reward``, with the schema's defaults (``agent_trainer.config``)."""
 
-    max_turns: int = 8
-    max_jobs: int = 1
-    temperature: float = 1.0
-    max_new_tokens: int = 384
-    validate_dry_run: bool = False       # the dry run costs seconds per validate_job; submission always probes
+    max_turns: int = AgentConfig.max_turns
+    max_jobs: int = BudgetConfig.max_jobs_per_episode
+    temperature: float = AgentConfig.temperature
+    max_new_tokens: int = AgentConfig.max_new_tokens
+    validate_dry_run: bool = AgentConfig.validate_dry_run   # the dry run costs seconds per validate_job
     # "full" tool schemas (descriptions included), "compact" ones (names and argument types), or
     # "names": no schemas, one line in the system prompt. A tiny agent's context is short (full schemas
     # cost it ~1,900 tokens per turn); a frontier model or a server with native tool calls wants "full".
-    tool_schemas: str = "full"
+    tool_schemas: str = AgentConfig.tool_schemas
     reward: RewardWeights = field(default_factory=RewardWeights)
-    reward_pick: str = "last"            # which job's outcome the reward uses when several ran: last | best
+    reward_pick: str = StrategyConfig.episode_reward.value   # which job's outcome the reward uses: last | best
 
 
 def tool_schemas_for(schemas: list[dict[str, Any]], style: str) -> list[dict[str, Any]] | None:

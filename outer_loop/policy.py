@@ -53,39 +53,37 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader
 
+from agent_trainer.config import OuterConfig, check_update
+
 ADAPTER_DIR = "adapter"
 OPTIMIZER_FILE = "optimizer.pt"
 
 
 @dataclass
 class PolicyConfig:
-    """Settings of the outer update (the ``outer`` config group maps onto this)."""
+    """Settings of the outer update: the ``outer`` group's fields of the same names, with the schema's
+    defaults and rules (``agent_trainer.config.OuterConfig``), plus two that no config sets."""
 
-    lr: float = 1e-4
-    lr_warmup_steps: int = 0        # optimizer steps of linear lr warm-up (0 = full lr from the first)
-    lora_r: int = 16
-    lora_alpha: float = 32.0
+    lr: float = OuterConfig.lr
+    lr_warmup_steps: int = OuterConfig.lr_warmup_steps
+    lora_r: int = OuterConfig.lora_r
+    lora_alpha: float = OuterConfig.lora_alpha
+    lora_target_modules: str | list[str] = OuterConfig.lora_target_modules
+    clip_eps: float = OuterConfig.clip_eps
+    clip_eps_high: float | None = OuterConfig.clip_eps_high   # None = clip_eps
+    kl_beta: float = OuterConfig.kl_beta
+    scale_by_std: bool = OuterConfig.scale_by_std
+    epochs: int = OuterConfig.epochs
+    micro_batch_size: int = OuterConfig.micro_batch_size
+    max_grad_norm: float = OuterConfig.max_grad_norm
+    loss_aggregation: str = OuterConfig.loss_aggregation
+    focus_top_frac: float = OuterConfig.focus_top_frac
+    focus_entropy_of: str = OuterConfig.focus_entropy_of
     lora_dropout: float = 0.0
-    target_modules: str | list[str] = "all-linear"
-    clip_eps_low: float = 0.2
-    clip_eps_high: float = 0.28
-    kl_beta: float = 0.0
-    scale_by_std: bool = False
-    epochs: int = 1                 # passes over a step's rollouts
-    micro_batch_size: int = 8       # turn samples per forward pass
-    max_grad_norm: float = 1.0
     weight_decay: float = 0.0
-    loss_aggregation: str = "token"  # "token" (DAPO) | "episode" (each episode weighs the same)
-    focus_top_frac: float = 1.0      # share of agent tokens the loss covers, highest-entropy first (1 = all)
-    focus_entropy_of: str = "policy"  # whose entropy ranks them: "policy" (current) | "reference" (adapter off)
 
     def __post_init__(self) -> None:
-        if self.loss_aggregation not in ("token", "episode"):
-            raise ValueError(f"loss_aggregation must be 'token' or 'episode', got {self.loss_aggregation!r}")
-        if not 0 < self.focus_top_frac <= 1:
-            raise ValueError(f"focus_top_frac must be in (0, 1], got {self.focus_top_frac}")
-        if self.focus_entropy_of not in ("policy", "reference"):
-            raise ValueError(f"focus_entropy_of must be 'policy' or 'reference', got {self.focus_entropy_of!r}")
+        check_update(self, "PolicyConfig")
 
 
 @dataclass
@@ -306,7 +304,8 @@ class PolicyModule(L.LightningModule):
         mask = batch["loss_mask"]
         adv = batch["advantages"].view(-1, 1)
         ratio = torch.exp((new - batch["old_logprobs"]) * mask)
-        surrogate = torch.minimum(ratio * adv, torch.clamp(ratio, 1 - cfg.clip_eps_low, 1 + cfg.clip_eps_high) * adv)
+        high = cfg.clip_eps if cfg.clip_eps_high is None else cfg.clip_eps_high
+        surrogate = torch.minimum(ratio * adv, torch.clamp(ratio, 1 - cfg.clip_eps, 1 + high) * adv)
         kl = torch.zeros_like(new)
         if cfg.kl_beta > 0:
             with torch.no_grad(), self.model.disable_adapter():
@@ -325,7 +324,7 @@ class PolicyModule(L.LightningModule):
         loss = ((-surrogate * pg_weighted).sum() / pg_norm
                 + cfg.kl_beta * (kl * weighted).sum() / norm) * self.accumulate
         with torch.no_grad():
-            clipped = ((ratio - 1).abs() > cfg.clip_eps_low).float()
+            clipped = ((ratio - 1).abs() > cfg.clip_eps).float()
             for k, v in {
                 "loss": loss.item() / self.accumulate,
                 "ratio_mean": ((ratio * mask).sum() / n_tokens).item(),
@@ -385,7 +384,7 @@ class AgentPolicy:
             model = PeftModel.from_pretrained(base, str(adapter_dir), is_trainable=True)
         else:
             lora = LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
-                              target_modules=config.target_modules, task_type="CAUSAL_LM")
+                              target_modules=config.lora_target_modules, task_type="CAUSAL_LM")
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(seed)
                 model = get_peft_model(base, lora)

@@ -33,6 +33,9 @@ from typing import Any
 
 import yaml
 
+from agent_trainer.config import (
+    Backend, EvaluatorConfig, EvaluatorKind, StrategyConfig, StrategyMode, settings_from,
+)
 from evaluation.prompts import for_task
 from outer_loop import protocol, strategy
 from outer_loop.evaluator import Evaluation, JobRecord, adopted
@@ -44,68 +47,62 @@ _DEV_CACHE: dict[tuple[str, str, int], float] = {}
 
 @dataclass
 class SteeringSettings:
-    """What the ``strategy`` config group turns on (plain values; ``settings_from_config`` maps the group)."""
+    """What the ``strategy`` group turns on: its fields of the same names (plain values) and
+    ``evaluator.show_to_agent``, with the schema's defaults (``agent_trainer.config.StrategyConfig``)."""
 
-    mode: str = "none"
-    dev_size: int = 64
-    rule_window: int = 2
-    rule_min_gain: float = 0.01
-    max_reasks: int = 1
+    mode: str = StrategyConfig.mode.value
+    dev_size: int = StrategyConfig.dev_size
+    rule_window: int = StrategyConfig.rule_window
+    rule_min_gain: float = StrategyConfig.rule_min_gain
+    max_reasks: int = StrategyConfig.max_reasks
     interventions: list[dict[str, Any]] = field(default_factory=list)   # {"after_job": int, "message": str}
-    journal: bool = False
-    journal_path: str | None = None
-    skills: bool = False
-    skills_dir: str | None = None
-    show_evaluation: bool = True
+    journal: bool = StrategyConfig.journal
+    journal_path: str | None = StrategyConfig.journal_path
+    skills: bool = StrategyConfig.skills
+    skills_dir: str | None = StrategyConfig.skills_dir
+    show_evaluation: bool = EvaluatorConfig.show_to_agent
 
 
-def settings_from_config(s) -> SteeringSettings:
-    """``SteeringSettings`` from the ``strategy`` config node."""
-    return SteeringSettings(
-        mode=str(getattr(s.mode, "value", s.mode)), dev_size=int(s.dev_size), rule_window=int(s.rule_window),
-        rule_min_gain=float(s.rule_min_gain), max_reasks=int(s.max_reasks),
-        interventions=[{"after_job": int(i.after_job), "message": str(i.message)} for i in s.interventions],
-        journal=bool(s.journal), journal_path=s.journal_path, skills=bool(s.skills), skills_dir=s.skills_dir,
-        show_evaluation=bool(s.evaluator.show_to_agent))
+def settings_from_config(s: StrategyConfig) -> SteeringSettings:
+    """``SteeringSettings`` from the ``strategy`` group (``agent_trainer.config.StrategyConfig``)."""
+    return settings_from(SteeringSettings, s, show_evaluation=s.evaluator.show_to_agent)
 
 
-def wanted(s) -> bool:
-    """Whether the ``strategy`` config asks for any steering (else episodes run exactly as without it)."""
-    kind = str(getattr(s.evaluator.kind, "value", s.evaluator.kind))
-    return str(getattr(s.mode, "value", s.mode)) != "none" or bool(s.interventions) or bool(s.journal) \
-        or bool(s.skills) or kind != "none"
+def wanted(s: StrategyConfig) -> bool:
+    """Whether the ``strategy`` group asks for any steering (else episodes run exactly as without it)."""
+    return s.mode != StrategyMode.none or s.evaluator.kind != EvaluatorKind.none \
+        or any((s.interventions, s.journal, s.skills))
 
 
-def make_evaluator(e, *, ledger=None, cache_dir=None):
-    """The evaluator of a ``strategy.evaluator`` config node (None for kind none)."""
+def make_evaluator(e: EvaluatorConfig, *, ledger=None, cache_dir=None):
+    """The evaluator of the ``strategy.evaluator`` group (None for kind none)."""
     from outer_loop.evaluator import LLMEvaluator, RuleEvaluator
 
-    kind = str(getattr(e.kind, "value", e.kind))
-    if kind == "none":
+    if e.kind == EvaluatorKind.none:
         return None
-    if kind == "rule":
+    if e.kind == EvaluatorKind.rule:
         return RuleEvaluator()
     from outer_loop.backends import make_backend
 
-    backend_kind = str(getattr(e.backend, "value", e.backend))
-    if backend_kind == "local" and not e.model_path:
+    if e.backend == Backend.local and not e.model_path:
         from inner_loop.models import resolve_model
         from outer_loop.agent_model import register
 
         register()
-        backend = make_backend({"kind": "local", "model_path": str(resolve_model(str(e.model), cache_dir=cache_dir)),
-                                "model_name": str(e.model)})
+        backend = make_backend({"kind": "local", "model_path": str(resolve_model(e.model, cache_dir=cache_dir)),
+                                "model_name": e.model})
     else:
-        backend = make_backend({"kind": backend_kind, "model": str(e.model), "base_url": e.base_url,
+        backend = make_backend({"kind": e.backend.value, "model": e.model, "base_url": e.base_url,
                                 "api_key_env": e.api_key_env, **({"model_path": e.model_path} if e.model_path else {})})
     if ledger is not None:
-        ledger.prices.llm.setdefault(str(e.model), (float(e.usd_per_1m_tokens_in), float(e.usd_per_1m_tokens_out)))
-    return LLMEvaluator(backend, model_name=str(e.model), temperature=float(e.temperature),
-                        max_new_tokens=int(e.max_new_tokens), ledger=ledger)
+        ledger.prices.llm.setdefault(e.model, (e.usd_per_1m_tokens_in, e.usd_per_1m_tokens_out))
+    return LLMEvaluator(backend, model_name=e.model, temperature=e.temperature, max_new_tokens=e.max_new_tokens,
+                        ledger=ledger)
 
 
-def make_steering(s, *, run_dir=None, ledger=None, cache_dir=None, extra_interventions=()) -> "Steering | None":
-    """A fresh ``Steering`` for one episode from the ``strategy`` config node, or None when nothing is on."""
+def make_steering(s: StrategyConfig, *, run_dir=None, ledger=None, cache_dir=None,
+                  extra_interventions=()) -> "Steering | None":
+    """A fresh ``Steering`` for one episode from the ``strategy`` group, or None when nothing is on."""
     if not wanted(s) and not extra_interventions:
         return None
     settings = settings_from_config(s)

@@ -5,18 +5,11 @@
     ...               jobs_dir="runs/r1/episodes/0/jobs", ledger=ledger, episode="0")
     >>> tools = box.schemas()                          # give these to AgentBackend.generate
     >>> box.call("write_file", {"path": "job.yaml", "content": "..."})   # ToolResult(text, ok, data)
-    >>> box.call("validate_job", '{"path": "."}')      # JSON-string arguments are accepted too
     >>> box.state.outcome(task)                        # harness side: inputs of the staged reward
 
-Tools: ``list_files``, ``read_file``, ``write_file`` (confined to the workspace, see
-``outer_loop.workspace``), ``lookup_baseline``, ``validate_job``, ``submit_job``, ``finish``.
-Bad calls (unknown tool, wrong types, missing or extra keys, a path outside the workspace, a spent
-budget) come back as ``ToolResult(ok=False)`` with a message the agent can act on.
-
-``submit_job`` copies the job folder out of the workspace (into ``jobs_dir``) and runs the copy, so
-the agent can neither change a job after submitting it nor read its ``result.json`` (which holds
-the hidden score); the agent gets ``JobResult.visible()`` only. The full results stay in
-``state.jobs`` for the harness.
+Tools: ``list_files``, ``read_file``, ``write_file``, ``lookup_baseline``, ``validate_job``, ``submit_job``,
+``finish``; a bad call is ``ToolResult(ok=False)`` with a message the agent can act on. ``submit_job`` runs
+a copy of the job folder and shows the agent ``JobResult.visible()`` only (never the hidden score).
 """
 
 from __future__ import annotations
@@ -27,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from agent_trainer.config import AgentConfig, BudgetConfig
 from outer_loop.workspace import Workspace, WorkspaceError
 
 
@@ -41,10 +35,10 @@ class ToolResult:
 
 @dataclass
 class ToolLimits:
-    """Per-episode limits (from the agent/budget config)."""
+    """Per-episode limits (``agent.max_turns``, ``budget.max_jobs_per_episode``; the schema's defaults)."""
 
-    max_turns: int = 8
-    max_jobs: int = 3
+    max_turns: int = AgentConfig.max_turns
+    max_jobs: int = BudgetConfig.max_jobs_per_episode
     max_read_chars: int = 8000
     max_result_chars: int = 6000
 

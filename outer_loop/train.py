@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agent_trainer.config import Config, OuterConfig
 from outer_loop import heldout
 from outer_loop.episode import Episode, EpisodeResult, EpisodeSettings, reward_metrics
 from outer_loop.policy import AgentPolicy, PolicyConfig, TurnSample, device_kwargs, group_advantages, merge_turns
@@ -44,19 +45,20 @@ REPLAY_FILE = "replay.json"      # rollouts kept for the next update (max_steps_
 
 @dataclass
 class TrainSettings:
-    """What ``at-train`` does per step (from the ``outer`` config group)."""
+    """What ``at-train`` does per step: the ``outer`` group's fields of the same names and ``seed``, with the
+    schema's defaults (``agent_trainer.config``), and the objects built from the other groups."""
 
-    steps: int = 10
-    tasks_per_step: int = 2
-    group_size: int = 4
+    steps: int = OuterConfig.steps
+    tasks_per_step: int = OuterConfig.tasks_per_step
+    group_size: int = OuterConfig.group_size
     train_tasks: list[str] = field(default_factory=list)     # task spec paths
     heldout_tasks: list[str] = field(default_factory=list)
-    heldout_every: int = 5         # 0: no held-out evaluation at all
-    heldout_episodes: int = 2      # per held-out task and evaluation
-    heldout_at_start: bool = True
-    max_steps_off_policy: int = 0
-    seed: int = 0
-    overlap_jobs: bool = True      # start an episode's last job while the next episodes are sampled
+    heldout_every: int = OuterConfig.heldout_every          # 0: no held-out evaluation at all
+    heldout_episodes: int = OuterConfig.heldout_episodes    # per held-out task and evaluation
+    heldout_at_start: bool = OuterConfig.heldout_at_start
+    max_steps_off_policy: int = OuterConfig.max_steps_off_policy
+    seed: int = Config.seed
+    overlap_jobs: bool = OuterConfig.overlap_jobs   # start an episode's last job while the next ones are sampled
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     episode: EpisodeSettings = field(default_factory=EpisodeSettings)
     job_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -217,8 +219,11 @@ class Trainer:
         self.backend.close()
 
     def sync_sampler(self) -> None:
-        """Give a separate sampler (vLLM) the policy's current weights; the local backend shares them already."""
-        if hasattr(self.backend, "load_weights"):
+        """Give a separate sampler (vLLM) the policy's current weights; the local backend shares them already.
+        A served sampler (``agent.sampler=served``) gets the LoRA itself, saved under the run folder."""
+        if hasattr(self.backend, "push_adapter"):
+            self.backend.push_adapter(self.policy, self.run_dir)
+        elif hasattr(self.backend, "load_weights"):
             self.backend.load_weights(self.policy.merged_weights())
 
     # --- one step --------------------------------------------------------------------------

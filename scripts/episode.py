@@ -1,25 +1,13 @@
 """``at-episode``: one agent episode on one task, from the task to the staged reward.
 
     at-episode task=examples/tasks/calc_chain_v1_tiny.json                 # the tiny local agent
-    at-episode task=calc_chain_v1_fast agent=openai agent.model=gpt-x agent.base_url=http://host/v1 \
+    at-episode task=calc_chain_v1_fast agent=openai agent.model=gpt-x agent.base_url=http://host/v1 \\
         agent.api_key_env=OPENAI_API_KEY
 
-Writes ``runs/<run_id>/`` (resolved config, ledger.jsonl, episodes/0/ with the workspace, the
-trajectory, the job and summary.json) and one MLflow run; prints a summary table. summary.json is
-written however the episode ends.
-
-A served agent (``agent=openai``): a missing key variable, a bad ``agent.base_url`` or an unpriced model
-on a remote server is one line (exit 2) before any run folder exists; the server's trouble (timeouts,
-refused connections, 5xx, bodies that are no chat completion) ends the episode as ``backend_error``.
-
-Exit codes (how the episode ended; ``status`` in summary.json):
-    0    finished: the agent called finish, submitted every job it may, or used its turns after a submission
-    1    an unexpected error (a traceback; summary.json has status ``error``)
-    2    a user mistake (one line, before any work)
-    3    backend_error: the agent's backend failed (the message is printed and in trajectory.jsonl)
-    4    budget_exhausted: a budget cap (budget.*) stopped the episode
-    5    max_turns without a submission: agent.max_turns ran out before any job was submitted
-    130  interrupted (Ctrl-C)
+Writes ``runs/<run_id>/`` (resolved config, ledger.jsonl, episodes/0/ with the workspace, trajectory, job
+and summary.json, written however the episode ends) and one MLflow run. Exit codes: 0 finished, 1 an
+unexpected error, 2 a user mistake, 3 backend_error, 4 budget_exhausted, 5 max_turns without a
+submission, 130 interrupted (docs/real_models.md, "A served agent").
 """
 
 from __future__ import annotations
@@ -113,7 +101,7 @@ def play(cfg: DictConfig):
     """``run``, returning the whole ``EpisodeResult`` (None for a dry run)."""
     check_agent(cfg)
     prices = resolve_agent_prices(cfg)
-    folder = cli.start_run(cfg)
+    folder, conf = cli.open_run(cfg)
     if cfg.dry_run:
         return None
     check_reachable(cfg)  # a closed MLflow server fails here, in seconds
@@ -124,12 +112,12 @@ def play(cfg: DictConfig):
 
     task = load_task(resolve_path(cfg.task.spec_path))
     backend = make_agent_backend(cfg)
-    ledger = make_ledger(cfg, folder)
+    ledger = make_ledger(conf, folder)
     with cli.tracker(cfg, "at-episode") as tr:
         tr.log_config(cfg)
-        steering = make_steering(cfg.strategy, run_dir=folder, ledger=ledger, cache_dir=cfg.cache_dir)
-        ep = Episode(backend, task, folder / "episodes" / "0", ledger=ledger, settings=episode_settings(cfg),
-                     episode_id="0", seed=int(cfg.seed), job_kwargs=job_kwargs(cfg), model_name=str(cfg.agent.model),
+        steering = make_steering(conf.strategy, run_dir=folder, ledger=ledger, cache_dir=conf.cache_dir)
+        ep = Episode(backend, task, folder / "episodes" / "0", ledger=ledger, settings=episode_settings(conf),
+                     episode_id="0", seed=conf.seed, job_kwargs=job_kwargs(conf), model_name=conf.agent.model,
                      steering=steering)
         if hasattr(backend, "event_log"):
             backend.event_log = ep.log  # trimming, retries and warnings of a served agent go into the trajectory

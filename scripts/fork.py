@@ -40,7 +40,7 @@ def adopt_source_settings(cfg: DictConfig, src: Path) -> None:
     old = OmegaConf.load(src / "config.resolved.yaml")
     with cli.writable(cfg):
         for group in SOURCE_GROUPS:
-            if group in old:  # keys this version no longer has (an older source run) are left out
+            if group in old:  # keys of the source run this version does not have are left out
                 known = {k: v for k, v in old[group].items() if k in cfg[group]}
                 cfg[group] = OmegaConf.merge(cfg[group], known)
         cfg.seed = old.get("seed", cfg.seed)
@@ -60,7 +60,7 @@ def run(cfg: DictConfig) -> list[dict] | None:
     slugs = [b.slug for b in branches]
     if not branches or len(set(slugs)) != len(slugs):
         raise cli.UserError(f"branches must be distinct and non-empty, got {list(cfg.branches)}")
-    folder = cli.start_run(cfg)
+    folder, conf = cli.open_run(cfg)
     if cfg.dry_run:
         return None
     from evaluation.tasks import load_task
@@ -70,23 +70,23 @@ def run(cfg: DictConfig) -> list[dict] | None:
     from scripts.episode import log_strategy, make_agent_backend
     task = load_task(resolve_path(cfg.task.spec_path))
     backend = make_agent_backend(cfg)
-    ledger = make_ledger(cfg, folder)
+    ledger = make_ledger(conf, folder)
     rows = []
     name = f"fork-{src_dir.name}-ep{src.episode_id}-at{src.at}"
     with cli.tracker(cfg, "at-fork", label=name, tags={"source_run": src_dir.name}) as tr:
         tr.log_config(cfg)
         for b in branches:
             print(f"at-fork: branch {b.name} from job {src.at} of {src_dir.name}/episodes/{src.episode_id} ...")
-            settings = settings_from_config(cfg.strategy)
+            settings = settings_from_config(conf.strategy)
             settings.journal_path = None     # each branch its own journal: branches must not see each other
             if b.message:
                 settings.interventions.append({"after_job": src.at, "message": b.message})
-            steering = Steering(settings, evaluator=make_evaluator(cfg.strategy.evaluator, ledger=ledger,
-                                                                   cache_dir=cfg.cache_dir),
-                                run_dir=folder, cache_dir=cfg.cache_dir)
-            ep = Episode(backend, task, folder / "episodes" / b.slug, ledger=ledger, settings=episode_settings(cfg),
-                         episode_id=b.slug, seed=int(cfg.seed), job_kwargs=job_kwargs(cfg),
-                         model_name=str(cfg.agent.model), steering=steering)
+            steering = Steering(settings, evaluator=make_evaluator(conf.strategy.evaluator, ledger=ledger,
+                                                                   cache_dir=conf.cache_dir),
+                                run_dir=folder, cache_dir=conf.cache_dir)
+            ep = Episode(backend, task, folder / "episodes" / b.slug, ledger=ledger, settings=episode_settings(conf),
+                         episode_id=b.slug, seed=conf.seed, job_kwargs=job_kwargs(conf),
+                         model_name=conf.agent.model, steering=steering)
             if steering.journal is not None:
                 fork.copy_journal(src, steering.journal)
             fork.replay(ep, src)

@@ -75,12 +75,12 @@ def resume_changes(cfg: DictConfig, previous: Path) -> dict[str, tuple[str, str]
 
 def run(cfg: DictConfig) -> float | None:
     """Train (or resume) on ``cfg``; returns the mean reward over the last 3 steps."""
-    folder = cli.start_run(cfg)
+    folder, conf = cli.open_run(cfg)
     if cfg.dry_run:
         from outer_loop.run_config import execution_plan
 
         # Builds every setting object and the executor: a dry run fails where a real run would.
-        plan = execution_plan(cfg)
+        plan = execution_plan(conf)
         (folder / "plan.json").write_text(json.dumps(plan, indent=2, default=str) + "\n")
         cli.print_kv({k: v for k, v in plan.items() if k != "sbatch"})
         if plan.get("sbatch"):
@@ -110,7 +110,7 @@ def run(cfg: DictConfig) -> float | None:
             print("at-train: changed on resume: " + "; ".join(f"{k} {a} -> {b}" for k, (a, b) in changes.items()))
     trainer = None
     try:
-        trainer = build_trainer(cfg, run_dir, tracker=tracker, resume=previous is not None)
+        trainer = build_trainer(conf, run_dir, tracker=tracker, resume=previous is not None)
         rows = trainer.fit()
         summary = trainer.finish(rows)
     except BaseException as e:

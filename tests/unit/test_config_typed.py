@@ -1,0 +1,188 @@
+"""Config values are typed once: the objects the code receives carry the validated schema's values.
+
+Every config file is composed and validated; the settings built from it (``PolicyConfig``, ``TrainSettings``,
+``EpisodeSettings``, ``SteeringSettings``, ``ToolLimits``, the ``run_job`` keywords) must hold exactly the
+schema's values, their defaults must be the schema's, and ``outer_loop`` must not copy config values by hand.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import fields, is_dataclass
+from enum import Enum
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from agent_trainer import config as schema
+from agent_trainer.config import (
+    COMMAND_SCHEMAS, CONFIG_DIR, GROUP_SCHEMAS, AgentConfig, BudgetConfig, Config, EvaluatorConfig, OuterConfig,
+    StrategyConfig, validate,
+)
+from outer_loop import run_config
+from outer_loop.episode import Episode, EpisodeSettings
+from outer_loop.policy import PolicyConfig
+from outer_loop.steering import SteeringSettings, settings_from_config
+from outer_loop.tools import ToolLimits
+from outer_loop.train import TrainSettings
+
+ROOT = Path(__file__).resolve().parents[2]
+NOT_GROUPS = {"local"}
+
+
+def config_files() -> list[str]:
+    """``group=option`` for every YAML file of every group, and ``@<name>`` for every command's config."""
+    groups = sorted(f"{d.name}={f.stem}" for d in CONFIG_DIR.iterdir() if d.is_dir() and d.name not in NOT_GROUPS
+                    for f in d.glob("*.yaml"))
+    return groups + [f"@{name}" for name in sorted(COMMAND_SCHEMAS)]
+
+
+@pytest.fixture(scope="module")
+def typed(tmp_path_factory):
+    """``typed("group=option" | "@command")`` -> the validated ``Config`` (one Hydra context for all)."""
+    runs = tmp_path_factory.mktemp("runs")
+    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+        def make(which: str) -> Config:
+            name, overrides = (which[1:], []) if which.startswith("@") else ("config", [which])
+            if name == "job":
+                overrides.append("job_dir=examples/jobs/sft_full")
+            return validate(compose(name, overrides=[f"runs_dir={runs}", *overrides]))
+        yield make
+
+
+def plain(value):
+    """What a settings object holds for a schema value: enum members as their values, schema objects as dicts."""
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, list):
+        return [plain(v) for v in value]
+    if is_dataclass(value):
+        return {f.name: plain(getattr(value, f.name)) for f in fields(value)}
+    return value
+
+
+def assert_carries(obj, sources: dict[str, tuple[object, str]], not_config: set[str]) -> None:
+    """Each field of ``obj`` equals (value and type) ``getattr(node, key)`` of its source in ``sources``
+    (the same-named field of the first node that has one when not listed), or is a known non-config field."""
+    for f in fields(obj):
+        if f.name in not_config:
+            continue
+        assert f.name in sources, f"{type(obj).__name__}.{f.name} has no source in the schema"
+        node, key = sources[f.name]
+        want, got = plain(getattr(node, key)), getattr(obj, f.name)
+        assert got == want and type(got) is type(want), f"{type(obj).__name__}.{f.name}: {got!r} != {want!r}"
+
+
+def same_names(cls: type, *nodes) -> dict[str, tuple[object, str]]:
+    out: dict[str, tuple[object, str]] = {}
+    for node in nodes:
+        for f in fields(node):
+            if f.name in {g.name for g in fields(cls)}:
+                out.setdefault(f.name, (node, f.name))
+    return out
+
+
+@pytest.mark.parametrize("which", config_files())
+def test_settings_carry_the_schema_values(typed, which, tmp_path):
+    c = typed(which)
+    s = run_config.train_settings(c)
+
+    assert_carries(s.policy, same_names(PolicyConfig, c.outer), not_config={"lora_dropout", "weight_decay"})
+    assert_carries(s, {**same_names(TrainSettings, c.outer), "seed": (c, "seed")},
+                   not_config={"train_tasks", "heldout_tasks", "policy", "episode", "job_kwargs"})
+    assert s.heldout_tasks == [c.task.spec_pattern.format(family=f) for f in c.task.held_out_families]
+    if c.task.train_families:
+        assert s.train_tasks == [c.task.spec_pattern.format(family=f) for f in c.task.train_families]
+
+    assert_carries(s.episode, {**same_names(EpisodeSettings, c.agent),
+                               "max_jobs": (c.budget, "max_jobs_per_episode"),
+                               "reward_pick": (c.strategy, "episode_reward")}, not_config={"reward"})
+    assert run_config.episode_settings(c) == s.episode
+
+    assert_carries(settings_from_config(c.strategy),
+                   {**same_names(SteeringSettings, c.strategy),
+                    "show_evaluation": (c.strategy.evaluator, "show_to_agent")}, not_config=set())
+
+    i, h = c.inner, c.hardware
+    kw = run_config.job_kwargs(c)
+    assert_carries_dict(kw, {"cache_dir": (c, "cache_dir"), "hidden_n": (i, "eval_size"), "timeout_s": (i, "timeout_s"),
+                             "price_per_hour": (h, "usd_per_hour"), "threads": (h, "threads_per_job"),
+                             "warm": (i, "warm_workers"), "cache": (i, "cache"), "device": (h, "device"),
+                             "vllm": (h, "inner_vllm")}, not_config={"sandbox"})
+    assert s.job_kwargs == {**kw, "progress": False}
+
+
+def assert_carries_dict(d: dict, sources: dict[str, tuple[object, str]], not_config: set[str]) -> None:
+    assert set(d) == set(sources) | not_config
+    for k, (node, key) in sources.items():
+        want = plain(getattr(node, key))
+        assert d[k] == want and type(d[k]) is type(want), f"job_kwargs[{k!r}]: {d[k]!r} != {want!r}"
+
+
+def test_tool_limits_come_from_the_episode_settings(typed, tmp_path):
+    c = typed("experiment=smoke")
+    settings = run_config.episode_settings(c)
+    from evaluation.tasks import load_task
+
+    ep = Episode(backend=None, task=load_task(ROOT / "examples/tasks/calc_chain_v1_tiny.json"),
+                 episode_dir=tmp_path / "ep", settings=settings)
+    assert (ep.box.limits.max_turns, ep.box.limits.max_jobs) == (c.agent.max_turns, c.budget.max_jobs_per_episode)
+
+
+def test_defaults_are_the_schema_defaults():
+    """Settings built without a config (tests, benches) get the schema's defaults: one place for each."""
+    o, a, b, s = OuterConfig(), AgentConfig(), BudgetConfig(), StrategyConfig()
+    assert_carries(PolicyConfig(), same_names(PolicyConfig, o), not_config={"lora_dropout", "weight_decay"})
+    assert_carries(TrainSettings(), {**same_names(TrainSettings, o), "seed": (Config(), "seed")},
+                   not_config={"train_tasks", "heldout_tasks", "policy", "episode", "job_kwargs"})
+    assert_carries(EpisodeSettings(), {**same_names(EpisodeSettings, a), "max_jobs": (b, "max_jobs_per_episode"),
+                                       "reward_pick": (s, "episode_reward")}, not_config={"reward"})
+    assert_carries(SteeringSettings(), {**same_names(SteeringSettings, s),
+                                        "show_evaluation": (EvaluatorConfig(), "show_to_agent")}, not_config=set())
+    assert_carries(ToolLimits(), {"max_turns": (a, "max_turns"), "max_jobs": (b, "max_jobs_per_episode")},
+                   not_config={"max_read_chars", "max_result_chars"})
+
+
+def test_clip_eps_high_null_means_clip_eps():
+    assert OuterConfig().clip_eps_high is None and PolicyConfig().clip_eps_high is None
+    with pytest.raises(ValueError, match="loss_aggregation"):
+        PolicyConfig(loss_aggregation="sequence")
+
+
+# --- no hand copies ------------------------------------------------------------------------------
+
+SCHEMA_FIELDS = {f.name for cls in (*GROUP_SCHEMAS.values(), *COMMAND_SCHEMAS.values(), EvaluatorConfig,
+                                    schema.Intervention, schema.BaseModelEntry) for f in fields(cls)}
+CONFIG_NAMES = {"cfg", "conf", "c", "o", "a", "h", "b", "s", "e", "i", "t", "agent", "outer", "hardware", "inner",
+                "budget", "strategy", "task"}
+
+
+def hand_copies(source: str, rel: str) -> list[str]:
+    """``int(o.lr)``-style casts of a config value (a schema field read off a config-like name) in ``source``."""
+    found = []
+    for fn in ast.walk(ast.parse(source)):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for node in ast.walk(fn):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                    and node.func.id in ("int", "float", "str", "bool") and len(node.args) == 1
+                    and isinstance(node.args[0], ast.Attribute) and node.args[0].attr in SCHEMA_FIELDS):
+                continue
+            root = node.args[0]
+            while isinstance(root, ast.Attribute):
+                root = root.value
+            if isinstance(root, ast.Name) and root.id in CONFIG_NAMES:
+                found.append(f"{rel}:{node.lineno} {fn.name}: {ast.unparse(node)}")
+    return found
+
+
+def test_outer_loop_copies_no_config_value_by_hand():
+    found = [hit for p in sorted((ROOT / "outer_loop").rglob("*.py"))
+             for hit in hand_copies(p.read_text(), str(p.relative_to(ROOT)))]
+    assert not found, "read the typed config (agent_trainer.config.typed / settings_from) instead:\n" + "\n".join(found)
+
+
+def test_the_hand_copy_check_finds_one():
+    sample = "def f(cfg, o):\n    return float(o.lr), int(cfg.outer.steps), str(o.hint), str(o)\n"
+    assert [h.split(": ", 1)[1] for h in hand_copies(sample, "x.py")] == ["float(o.lr)", "int(cfg.outer.steps)"]
