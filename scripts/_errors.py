@@ -13,6 +13,7 @@ USER_ERROR_CLASSES = (
     ("inner_loop.models", "ModelNotFoundError"),
     ("inner_loop.models", "ModelError"),
     ("inner_loop.job", "JobError"),
+    ("outer_loop.backends.served_sampler", "ServedSamplerError"),   # agent.sampler=served: the server's answer
 )
 
 
