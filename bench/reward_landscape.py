@@ -60,9 +60,9 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)
-    from evaluation.staged_reward import JobOutcome, staged_reward
+    from evaluation.staged_reward import staged_reward
     from evaluation.tasks import load_task
-    from inner_loop.job import job_train_seconds, run_job
+    from inner_loop.job import run_job
     from outer_loop.novice import render_job
 
     root = workdir(a.workdir, "landscape")
@@ -76,9 +76,7 @@ def main() -> None:
         (d / "job.yaml").write_text(render_job(job_for(family, base, algorithm, lr, steps)))
         t0 = time.time()
         r = run_job(d, task, output_dir=d / "out", warm=True, cache=True, threads=1, progress=False, dry_run=False)
-        reward = staged_reward(0, JobOutcome(status=r.status, post_score=r.hidden_score, baseline=r.baseline,
-                                             train_seconds=job_train_seconds(r),
-                                             budget_seconds=task.budget.max_seconds))
+        reward = staged_reward(0, r.outcome(task.budget.max_seconds))
         row = dict(family=family, base=base, algorithm=algorithm, lr=lr, steps=steps, status=r.status,
                    post=r.hidden_score, baseline=r.baseline, reward=round(reward.total, 3),
                    quality=round(reward.quality, 3), seconds=round(time.time() - t0, 1))

@@ -79,16 +79,6 @@ def _baseline(base_dir: Path, family: str, n: int, cache_dir, device: str = "cpu
     return float(get_baseline(base_dir, family, n, cache_dir=cache_dir, device=device, fmt=fmt or RAW))
 
 
-def job_train_seconds(res: JobResult) -> float:
-    """The training seconds the staged reward's speed stage uses: the cost model's estimate for the steps the
-    job ran (``seconds["train_estimated"]``), else (a result without it) the measured ones.
-
-    Not the wall clock: on a shared machine the measured seconds of the same job move by tens of percent
-    with the load, so two runs of one seed would reward the same jobs differently, and with std-scaled
-    group advantages such differences decide ties: the runs would part from step 1."""
-    return float(res.seconds.get("train_estimated", res.seconds.get("train", 0.0)))
-
-
 def eval_device(device: str, gpus: str | None) -> str:
     """Where the harness scores a job's model: the job's first GPU as this process numbers it, else the CPU.
 

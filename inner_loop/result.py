@@ -49,7 +49,7 @@ class JobResult:
     # train: the training loop; process: the child's whole life (imports, data, training, saving);
     # eval: hidden score and baseline; validate: the harness's validation; total: everything (wall
     # seconds, measured). train_estimated (a job that ran): the cost model's seconds for the steps run,
-    # the same on every run of the job: the staged reward's speed stage reads it (``job_train_seconds``).
+    # the same on every run of the job: the staged reward's speed stage reads it (``train_seconds``).
     seconds: dict = field(default_factory=lambda: {"validate": 0.0, "train": 0.0, "process": 0.0, "eval": 0.0,
                                                    "total": 0.0})
     estimated_usd: float | None = None
@@ -74,6 +74,24 @@ class JobResult:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+    @property
+    def train_seconds(self) -> float:
+        """The training seconds the staged reward's speed stage uses: the cost model's estimate for the steps the
+        job ran (``seconds["train_estimated"]``), else (a result without it) the measured ones.
+
+        Not the wall clock: on a shared machine the measured seconds of the same job move by tens of percent
+        with the load, so two runs of one seed would reward the same jobs differently, and with std-scaled
+        group advantages such differences decide ties: the runs would part from step 1."""
+        return float(self.seconds.get("train_estimated", self.seconds.get("train", 0.0)))
+
+    def outcome(self, budget_seconds: float):
+        """The staged reward's input (``evaluation.staged_reward.JobOutcome``) for a task of ``budget_seconds``."""
+        from evaluation.staged_reward import JobOutcome
+
+        return JobOutcome(status=self.status, post_score=self.hidden_score, baseline=self.baseline,
+                          train_seconds=self.train_seconds, budget_seconds=float(budget_seconds),
+                          flagged=self.flagged)
 
     def visible(self) -> dict[str, Any]:
         """What an agent may see: status, findings, errors of its own code, training curves, time and cost.

@@ -77,16 +77,10 @@ class EpisodeState:
 
     def outcome(self, task, pick: str = "last"):
         """``evaluation.staged_reward.JobOutcome`` of the last (or ``best``-scoring) submitted job, or None."""
-        from evaluation.staged_reward import JobOutcome
-        from inner_loop.job import job_train_seconds
-
         if not self.jobs:
             return None
         res = self.jobs[-1] if pick == "last" else max(self.jobs, key=lambda r: r.hidden_score or -1.0)
-        return JobOutcome(status=res.status, post_score=res.hidden_score, baseline=res.baseline,
-                          train_seconds=job_train_seconds(res),
-                          budget_seconds=float(task.budget.max_seconds),
-                          flagged=bool(getattr(res, "flagged", False) or getattr(res, "contaminated", False)))
+        return res.outcome(task.budget.max_seconds)
 
 
 def tool_schema(name: str, description: str, properties: dict[str, Any], required: list[str]) -> dict[str, Any]:

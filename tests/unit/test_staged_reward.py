@@ -80,7 +80,7 @@ def test_a_worse_model_is_punished_and_speed_is_clipped():
 def test_the_speed_stage_reads_the_cost_models_seconds_not_the_wall_clock():
     """Two runs of one job measure different seconds (machine load); the reward must not follow them."""
     from inner_loop.cost import CostModel, estimate_cost
-    from inner_loop.job import JobResult, job_train_seconds
+    from inner_loop.result import JobResult
     from inner_loop.jobspec import JobSpec
 
     spec = JobSpec.model_validate({"base_model": "tiny-m", "algorithm": "sft",
@@ -90,6 +90,7 @@ def test_the_speed_stage_reads_the_cost_models_seconds_not_the_wall_clock():
     assert est.train_seconds() == round(100 * est.step_seconds, 3) and est.train_seconds(40) < est.train_seconds()
     quiet, busy = ({"train": t, "train_estimated": est.train_seconds(100)} for t in (3.1, 5.7))
     runs = [JobResult("ok", "t", "calc_chain", "j", "o", "h", seconds=s) for s in (quiet, busy)]
-    assert job_train_seconds(runs[0]) == job_train_seconds(runs[1]) == est.train_seconds(100)
+    assert runs[0].train_seconds == runs[1].train_seconds == est.train_seconds(100)
+    assert runs[0].outcome(90).train_seconds == est.train_seconds(100) and runs[0].outcome(90).budget_seconds == 90
     old = JobResult("ok", "t", "calc_chain", "j", "o", "h", seconds={"train": 4.2})
-    assert job_train_seconds(old) == 4.2, "a result stored before the estimate existed keeps its measured seconds"
+    assert old.train_seconds == 4.2, "a result stored before the estimate existed keeps its measured seconds"
