@@ -111,7 +111,9 @@ def staged_reward(validation_failures: int | None, job: JobOutcome | None,
             up = post - base
             nup = normalized_uplift(post, base)
             quality = w.post * post + w.uplift * nup
-            if job.status == "timeout":
+            if job.status == "timeout" and quality > 0:
+                # Only the credit is cut: a harmful model that also ran out of time keeps its whole penalty,
+                # or slowing a bad job down would pay.
                 quality *= w.timeout_quality_factor
         if job.status == "ok":
             speed = _clip(1.0 - job.train_seconds / max(1e-9, job.budget_seconds), 0.0, 1.0)

@@ -69,6 +69,12 @@ def test_failed_jobs_earn_no_quality_or_speed():
                                           budget_seconds=90))
     full = staged_reward(0, ok_job(post=0.6, base=0.2, secs=90, budget=90))
     assert timeout.quality == pytest.approx(0.5 * full.quality) and timeout.speed == 0.0
+    # A model made worse earns its whole penalty, timeout or not: running out of time never pays.
+    for post in (0.0, 0.1):
+        harm_ok = staged_reward(0, ok_job(post=post, base=0.2, secs=89, budget=90))
+        harm_timeout = staged_reward(0, JobOutcome(status="timeout", post_score=post, baseline=0.2,
+                                                   train_seconds=90, budget_seconds=90))
+        assert harm_timeout.quality == harm_ok.quality < 0 and harm_timeout.total <= harm_ok.total
 
 
 def test_a_worse_model_is_punished_and_speed_is_clipped():
