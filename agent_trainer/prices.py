@@ -6,15 +6,8 @@
     >>> agent_prices("SmolLM2-135M-Instruct", "http://127.0.0.1:8000/v1")  # a local server
     (0.0, 0.0, 'local server')
 
-USD per 1M tokens (input, output), the providers' list prices when this table was written: check
-them for a real budget and override with ``agent.usd_per_1m_tokens_in`` / ``..._out`` (given
-prices always win). A dated snapshot (``gpt-4.1-mini-2025-04-14``) costs what its base name costs.
-
-An unknown model costs 0 on a local server (loopback, a private or link-local address, ``localhost``,
-a host name without dots: a machine of this network), whose cost is its hardware's. On any other
-server an unknown model has no price, and ``agent_prices`` raises: charging it 0 would make the
-budget caps (``budget.max_usd_*``) meaningless while the provider bills, so the run is refused
-before it starts rather than warned about once a paid episode is under way.
+USD per 1M tokens (input, output); ``agent.usd_per_1m_tokens_in`` / ``..._out`` override them. An unknown
+model costs 0 on a local server and raises on any other (docs/real_models.md, "A served agent").
 """
 
 from __future__ import annotations

@@ -3,15 +3,10 @@
     >>> from agent_trainer.registry import Registry
     >>> FAMILIES = Registry("task family")
     >>> FAMILIES.register("calc_chain", CalcChain)
-    >>> FAMILIES["calc_chain"]                 # KeyError-free lookup with one error style:
     >>> FAMILIES["calc"]                       # UnknownName: unknown task family 'calc'; known: calc_chain, ...
 
-A registry is a read-only ``Mapping`` (``in``, iteration, ``items()``) plus ``register``. Every
-unknown name raises the registry's error class (``UnknownName`` by default, a ``ValueError``) with
-the known names in the message. ``loaders`` are called once before the first lookup and again
-whenever their ``key()`` changes: that is how entries from configuration (an include path, a
-user's model folders) join without editing the package (see ``evaluation.families`` and
-``inner_loop.models``).
+A read-only ``Mapping`` plus ``register``; ``loaders`` add entries from configuration (called before the first
+lookup and again whenever their ``key()`` changes: see ``evaluation.families`` and ``inner_loop.models``).
 """
 
 from __future__ import annotations

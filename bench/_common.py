@@ -6,7 +6,8 @@ machine state, and prints a table plus one ``RATIO`` line per claim::
     RATIO harness_overhead 1.08 (target <= 1.15): PASS
 
 ``--json PATH`` also writes the numbers (for bench/RESULTS.md). Torch runs on one thread per process
-unless a benchmark says otherwise (the machine is shared; FACTS.md).
+unless a benchmark says otherwise: the benchmark machine may run other work at the same time, and one
+thread per process keeps the timings comparable between runs.
 """
 
 from __future__ import annotations

@@ -5,16 +5,8 @@
     >>> ep.run_pending()       # deferred jobs (at-train runs a whole batch of them in parallel instead)
     >>> result = ep.finish()   # staged reward, trajectory and summary written to the episode folder
 
-Several jobs per episode (``max_jobs`` > 1): the agent sees each job's visible result before it writes
-the next. Jobs run inside ``submit_job`` by default; with ``defer_jobs`` the episode pauses after each
-submission (``ep.waiting``) until the caller has run the job and called ``complete_job`` (``play_all``
-does that for a batch). ``settings.reward_pick`` chooses the job whose outcome is rewarded (last | best).
-``steering`` (``outer_loop.steering``) adds the strategy layer: check protocol, interventions,
-journal and skills tools, evaluator; ``summary.json`` always carries the jobs' strategy labels.
-
-The episode folder holds ``workspace/`` (as the agent left it), ``jobs/`` (the submitted snapshots
-and their outputs, which the agent never sees), ``trajectory.jsonl`` (every message, tool call and
-result, with token counts and the sampler's log-probs of the agent's tokens) and ``summary.json``.
+The episode folder and the staged reward: docs/outer_loop.md, "An episode"; several jobs per episode,
+deferred jobs (``play_all``) and ``steering``: docs/strategy.md.
 """
 
 from __future__ import annotations

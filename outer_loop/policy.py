@@ -1,40 +1,9 @@
 """The agent's policy: a causal LM with a PEFT LoRA adapter, updated by a group-relative policy gradient.
 
-Objective (per outer step, maximised; we minimise its negative)::
-
-    J(theta) = 1/T * sum_{episodes e} sum_{agent tokens t in e}
-                 min( rho_t * A_e , clip(rho_t, 1 - eps_low, 1 + eps_high) * A_e )
-               - beta * KL_t
-
-    rho_t = exp( log pi_theta(y_t | ctx) - log mu(y_t | ctx) )       # importance ratio to the sampler
-    A_e   = (R_e - mean_{group}(R)) [/ (std_{group}(R) + 1e-6) if scale_by_std]
-    KL_t  = exp(ref_t - new_t) - (ref_t - new_t) - 1                  # k3 estimator, ref = adapter disabled
-
-where T is the number of agent tokens in the batch (``loss_aggregation="token"``: a token-level mean,
-as in DAPO) or, with ``loss_aggregation="episode"``, each token is weighted by 1 / (its episode's agent
-tokens) so that every episode counts once whatever its length (a long, rambling episode with a
-negative advantage cannot dominate the step: the failure that makes small policies collapse); mu is the
-policy that sampled the rollout (its log-probs are recorded by the backend at sampling time, at the
-sampling temperature), and only the agent's own sampled tokens count: prompts, tool results and
-the harness's messages are context, never targets. Rollouts sampled by a policy more than
-``max_steps_off_policy`` updates old are dropped before they reach this module. There is no value
-function; with ``beta = 0`` no reference forward pass is made. Each epoch over a step's batch is ONE
-optimizer step (the micro-batches' gradients are accumulated, normalised over the whole batch), so
-every update compares whole groups; ``epochs > 1`` re-uses the batch with the ratio clipped.
-
-``focus_top_frac = rho < 1`` keeps only the "forking" tokens in the sums above: the top rho share of
-the step's agent tokens by the entropy of the current policy at their position (measured once per
-step, before the first epoch, at the sampling temperature; ``focus_entropy_of="reference"`` measures
-it with the adapter disabled instead, so the choice points stay those of the warm start and a token
-the update itself made uncertain is not pulled into the policy gradient), as in "Beyond the 80/20 Rule:
-High-Entropy Minority Tokens Drive Effective RL" (Wang et al., 2025). A tiny warm-started agent is
-near-deterministic on most of its tokens (what it copies: keys, names, syntax); their gradients
-carry no decision, only noise that Adam turns into full-size steps, so the update spends itself on
-them and on wrecking what was copied right. The normalisers (T, or each episode's token count) count
-the kept tokens only; the KL term still covers every agent token (it is what anchors the copied
-ones).
-
-Usage::
+Each update maximises a clipped, importance-weighted objective over the agent's own sampled tokens only
+(advantage: the episode's reward minus its group's mean; an optional k3 KL to the adapter-disabled model;
+token or episode aggregation; optionally only the high-entropy tokens). The formula and every setting:
+docs/outer_loop.md, "The update, precisely".
 
     policy = AgentPolicy.from_pretrained(model_dir, PolicyConfig(lora_r=16))
     stats = policy.update(samples)          # one outer step over a list of TurnSample
@@ -265,7 +234,7 @@ def _quiet_lightning() -> None:
 
 
 class PolicyModule(L.LightningModule):
-    """Lightning module for the clipped, group-relative policy-gradient step described above."""
+    """Lightning module for the clipped, group-relative policy-gradient step (docs/outer_loop.md: "The update")."""
 
     def __init__(self, model, config: PolicyConfig):
         super().__init__()

@@ -1,28 +1,13 @@
 """Steering an episode between its jobs: the CONTINUE/SWITCH check, interventions, journal, skills, evaluator.
 
-One ``Steering`` per episode, given to ``Episode(..., steering=...)``; the episode calls three hooks:
-
-- ``attach(episode)``: registers the enabled tools (``decide``; ``journal_write``/``journal_read``;
-  ``list_skills``/``read_skill``) on the episode's ``ToolBox``; a config with none of them leaves
-  the agent's tool set exactly as it is (the tiny agent was trained on it);
-- ``after_job(episode, result, live)``: records the job (strategy label from what ran, public dev
-  score), resolves the previous decision's outcome and the previous suggestions' adoption, and,
-  while jobs are left, returns the messages to put into the conversation: the evaluator's
-  evaluation, the interventions scheduled after this job, the check (``strategy=check``);
-- ``handle_turn(episode, generation)``: while a check is open, the agent's turn is its answer:
-  a valid ``decide`` call is recorded; anything else is malformed, asked again ``max_reasks``
-  times, then logged as ``MALFORMED`` and the episode goes on.
+One ``Steering`` per episode; the episode calls its hooks ``attach`` (registers the enabled tools),
+``after_job`` (records the job, returns the messages to add) and ``handle_turn`` (reads the answer to a check).
 
     >>> steer = make_steering(cfg.strategy, run_dir=folder, ledger=ledger, cache_dir=cfg.cache_dir)
     >>> ep = Episode(backend, task, folder / "episodes" / "0", steering=steer, ...)
 
-Every event goes into the episode's ``trajectory.jsonl`` (``strategy_job``, ``evaluation``,
-``adoption``, ``intervention``, ``check``, ``decision_attempt``, ``decision``, ``decision_outcome``)
-and ``summary()`` / ``metrics()`` into ``summary.json`` and MLflow.
-
-The dev score is the trained model's mean score on ``dev_size`` items of the family's public
-generator (seed ``DEV_SEED``, an agent seed: never the hidden set), scored by the harness so that
-the agent and the evaluator have comparable numbers across jobs without seeing hidden scores.
+Events go into the episode's ``trajectory.jsonl``, ``summary()`` / ``metrics()`` into ``summary.json`` and
+MLflow. The protocol, the dev score and the settings: docs/strategy.md.
 """
 
 from __future__ import annotations

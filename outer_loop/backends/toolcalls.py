@@ -6,23 +6,8 @@
     >>> calls      # [{"id": "call_...", "name": "read_file", "arguments": {"path": "GUIDE.md"}}]
     >>> fmt.render([{"name": "read_file", "arguments": {"path": "GUIDE.md"}}])   # the turn as that model writes it
 
-Each model family writes its calls its own way; a format knows one of them:
-
-- ``hermes`` (Hermes, Qwen2.5/Qwen3, SmolLM2, the tiny agent): ``<tool_call>{"name": ..., "arguments": {...}}
-  </tool_call>``, also a list of calls in one block (SmolLM2) and a missing closing tag at the end of the text.
-- ``llama3``: Llama 3.x JSON calls ``{"name": ..., "parameters": {...}}`` (or ``"arguments"``), optionally after
-  ``<|python_tag|>``, one per line, as a list, or separated by ``;``.
-- ``mistral``: ``[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`` and the newer ``[TOOL_CALLS]name[ARGS]{...}``.
-- ``qwen3_coder``: the XML of Qwen3-Coder, ``<tool_call><function=name><parameter=key>value</parameter>...``.
-
-OpenAI-native ``tool_calls`` objects (no text) go through ``parse_openai_tool_calls``.
-
-Every parser returns ``ParsedCalls(content, calls, errors)`` and never raises. A call is ``{"id", "name",
-"arguments"}`` with ``arguments`` a dict: a JSON string holding an object (even doubly encoded) is decoded.
-A call that is malformed is no call: its text stays in ``content`` (the agent sees what it wrote) and
-``errors`` says why, one line per bad call. Without any call, ``content`` is the text, stripped.
-Not covered: Llama's built-in-tool syntax (``<|python_tag|>brave_search.call(...)``), pythonic calls
-(``[f(a=1)]``), and Qwen3-Coder ``<function=...>`` blocks outside ``<tool_call>`` tags.
+Formats: ``hermes``, ``llama3``, ``mistral``, ``qwen3_coder``; OpenAI-native ``tool_calls`` go through
+``parse_openai_tool_calls``. Parsers never raise: a malformed call stays in ``content`` and ``errors`` says why.
 """
 
 from __future__ import annotations

