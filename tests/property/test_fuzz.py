@@ -181,7 +181,7 @@ def test_malformed_job_yaml_is_refused_with_findings_only(tmp_path):
             (job / "reward.py").write_text(reward, errors="surrogatepass")
         before = sorted(os.listdir(tmp_path)), sorted(os.listdir(job))
         try:
-            spec = load_job(job)
+            spec = load_job(job, TASK.family)  # as validation reads it: a source without family is the task's
         except JobSpecError as e:
             spec = None
             assert str(e).strip()
