@@ -44,14 +44,14 @@ def test_a_job_sized_for_an_hour_on_a_gpu_profile_is_accepted(tmp_path):
 def test_calibration_measures_a_model_and_predicts_its_steps(built_models, tmp_path):
     from inner_loop.calibrate import calibrate
 
-    profile = calibrate("tiny-m", cache_dir=tmp_path / "cache", progress=False)
+    profile = calibrate("tiny-s", cache_dir=tmp_path / "cache", progress=False)
     factors = profile["factors"]
     assert {"sft", "grpo", "dpo", "sft:chat", "grpo:chat", "dpo:chat"} == set(factors), factors
     assert all(f > 0 for f in factors.values()) and factors["sft:chat"] > factors["sft"], factors
-    stored = json.loads((tmp_path / "cache" / "cost_profiles.json").read_text())[machine_key("cpu")]["tiny-m"]
+    stored = json.loads((tmp_path / "cache" / "cost_profiles.json").read_text())[machine_key("cpu")]["tiny-s"]
     assert stored["factors"] == factors and stored["measured"]["sft"]["steps_timed"] >= 10
     # The profile gives back the measured seconds per step for the job it timed.
     measured = profile["measured"]["sft"]["seconds_per_step"]
-    predicted = estimate_cost(load_job(_job(tmp_path / "j", 12, "tiny-m")),
+    predicted = estimate_cost(load_job(_job(tmp_path / "j", 12, "tiny-s")),
                               CostModel.measured("cpu", tmp_path / "cache")).step_seconds
     assert predicted == pytest.approx(measured, rel=0.05)
