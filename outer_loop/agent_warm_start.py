@@ -2,7 +2,7 @@
 
     at-episode agent=smollm2                         # agent.model: smollm2-agent, built here on first use
     >>> from outer_loop.agent_warm_start import resolve_agent
-    >>> resolve_agent("smollm2-agent")               # <cache>/models/smollm2-agent-seed0-v1/
+    >>> resolve_agent("smollm2-agent")               # <cache>/models/smollm2-agent-seed0-v2/
     >>> resolve_agent("smollm2-135m")                # any other name: inner_loop.models.resolve_model
 
 Built once, on first use and under a lock, into the model cache (not by ``at-models``). What it is
@@ -25,7 +25,7 @@ import torch
 
 log = logging.getLogger(__name__)
 
-WARM_START_VERSION = 1   # bump when the transcripts or the training change: a new cache folder
+WARM_START_VERSION = 2   # bump when the transcripts or the training change: a new cache folder
 _VALID = re.compile(r": VALID \(")
 
 
