@@ -100,6 +100,16 @@ class AgentBackend(ABC):
 
 # --- tool calls in text -------------------------------------------------------------------
 
+def quote_body(body: bytes | str, chars: int, redact=None) -> str:
+    """The first ``chars`` characters of a server's body on one line, for an error message (``redact``: a
+    function applied to them); ``(empty body)`` when it holds only whitespace."""
+    text = body.decode("utf-8", "replace") if isinstance(body, bytes) else str(body)
+    head = " ".join(text[:chars].split())
+    if redact is not None:
+        head = redact(head)
+    return repr(head + ("..." if len(text) > chars else "")) if text.strip() else "(empty body)"
+
+
 def parse_tool_calls(text: str, tool_format: str = "hermes") -> tuple[str, list[dict[str, Any]]]:
     """Split assistant text into (content, tool calls), read as ``tool_format`` (``hermes`` by default).
 

@@ -19,7 +19,7 @@ import re
 import time
 from typing import Any, Callable
 
-from outer_loop.backends.base import AgentBackend, BackendError, Generation
+from outer_loop.backends.base import AgentBackend, BackendError, Generation, quote_body
 from outer_loop.backends.toolcalls import parse_openai_tool_calls
 
 from outer_loop.backends.context import (
@@ -222,9 +222,7 @@ class OpenAIBackend(AgentBackend):
 
     def _head(self, body: bytes | str) -> str:
         """The first ~200 bytes of a body, on one line, redacted."""
-        text = body.decode("utf-8", "replace") if isinstance(body, bytes) else str(body)
-        head = " ".join(text[:HEAD_CHARS].split())
-        return repr(self._redact(head) + ("..." if len(text) > HEAD_CHARS else "")) if text.strip() else "(empty body)"
+        return quote_body(body, HEAD_CHARS, self._redact)
 
     def _redact(self, text: str) -> str:
         if self._secret:

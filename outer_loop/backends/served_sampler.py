@@ -24,7 +24,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from outer_loop.backends.base import AgentBackend, BackendError, Generation
+from outer_loop.backends.base import AgentBackend, BackendError, Generation, quote_body
 from outer_loop.backends.chat_prompt import render_prompt, template_support
 
 log = logging.getLogger(__name__)
@@ -238,9 +238,7 @@ class ServedSampler(AgentBackend):
 
 
 def _head(raw: bytes | str) -> str:
-    text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
-    head = " ".join(text[:HEAD_CHARS].split())
-    return repr(head + ("..." if len(text) > HEAD_CHARS else "")) if head else "(empty body)"
+    return quote_body(raw, HEAD_CHARS)
 
 
 def _message(raw: bytes) -> str:
