@@ -5,8 +5,9 @@
     >>> resolve_agent("smollm2-agent")               # <cache>/models/smollm2-agent-seed0-v2/
     >>> resolve_agent("smollm2-135m")                # any other name: inner_loop.models.resolve_model
 
-Built once, on first use and under a lock, into the model cache (not by ``at-models``). What it is
-trained on and how: docs/real_models.md, "A pretrained agent".
+Built once, on first use and under a lock, into the model cache (not by ``at-models``), with a progress bar
+over the transcripts and the training steps on a terminal (``progress=False``: none). What it is trained on and
+how: docs/real_models.md, "A pretrained agent".
 """
 
 from __future__ import annotations
@@ -57,19 +58,20 @@ def warm_start_dir(name: str, seed: int = 0, cache_dir=None) -> Path:
     return default_cache_dir(cache_dir) / "models" / f"{name}-seed{seed}-v{WARM_START_VERSION}"
 
 
-def resolve_agent(name: str, cache_dir=None, seed: int = 0) -> Path:
+def resolve_agent(name: str, cache_dir=None, seed: int = 0, progress: bool = True) -> Path:
     """The folder of agent model ``name``: a warm start of ``WARM_STARTS`` (built on first use), else the
-    registry's model (``inner_loop.models.resolve_model``: tiny-agent, smollm2-135m, base_models entries)."""
+    registry's model (``inner_loop.models.resolve_model``: tiny-agent, smollm2-135m, base_models entries).
+    ``progress``: progress bars while a model is built (on a terminal only)."""
     from inner_loop.models import resolve_model
 
     if name not in WARM_STARTS:
-        return resolve_model(name, cache_dir=cache_dir)
+        return resolve_model(name, cache_dir=cache_dir, progress=progress)
     from inner_loop.models.registry import file_lock, is_built
 
     final = warm_start_dir(name, seed, cache_dir)
     if is_built(final):
         return final
-    base = resolve_model(WARM_STARTS[name].base, cache_dir=cache_dir)
+    base = resolve_model(WARM_STARTS[name].base, cache_dir=cache_dir, progress=progress)
     with file_lock(final.parent / f".{final.name}.lock"):
         if is_built(final):
             return final
@@ -78,7 +80,7 @@ def resolve_agent(name: str, cache_dir=None, seed: int = 0) -> Path:
         try:
             log.warning("building the agent %s: a warm start of %s on novice transcripts (minutes, once)", name,
                         WARM_STARTS[name].base)
-            warm_start(base, tmp, WARM_STARTS[name], seed=seed, name=name)
+            warm_start(base, tmp, WARM_STARTS[name], seed=seed, name=name, progress=progress)
             if final.exists():
                 shutil.rmtree(final)
             tmp.replace(final)
@@ -94,9 +96,18 @@ def successful(messages: list[dict[str, Any]]) -> bool:
     return bool(results) and bool(_VALID.search(results[-1]))
 
 
-def transcripts(tokenizer, cfg: WarmStart, seed: int = 0, max_tries: int = 8) -> list[tuple[list[int], list[int]]]:
+def _progress_bar(progress: bool, **kwargs):
+    """A ``tqdm.auto`` bar (``kwargs``: total, desc, unit) drawn on a terminal only (tqdm's ``disable=None``), and
+    not at all when ``progress`` is false; it is cleared when it closes."""
+    from tqdm.auto import tqdm
+
+    return tqdm(disable=None if progress else True, leave=False, **kwargs)
+
+
+def transcripts(tokenizer, cfg: WarmStart, seed: int = 0, max_tries: int = 8,
+                progress: bool = True) -> list[tuple[list[int], list[int]]]:
     """``cfg.n_transcripts`` successful novice episodes as (token ids, assistant mask) in ``tokenizer``'s chat
-    format, rendered as the local backend renders them."""
+    format, rendered as the local backend renders them; ``progress``: a bar over them (``_progress_bar``)."""
     from outer_loop.agent_model import encode_transcript, play_novice, training_tasks
     from outer_loop.backends.chat_prompt import template_support
     from outer_loop.episode import tool_schemas_for
@@ -109,19 +120,25 @@ def transcripts(tokenizer, cfg: WarmStart, seed: int = 0, max_tries: int = 8) ->
     out = []
     work = Path(tempfile.mkdtemp(prefix="agent-warm-start-"))
     try:
-        for i in range(cfg.n_transcripts * max_tries):
-            if len(out) == cfg.n_transcripts:
-                break
-            messages = play_novice(tasks[i % len(tasks)], rng, work / f"{i:04d}", tool_style=cfg.tool_schemas)
-            if successful(messages):
-                out.append(encode_transcript(messages, tokenizer, tools, support=support, tool_format=cfg.tool_format))
+        with _progress_bar(progress, total=cfg.n_transcripts, desc="novice transcripts", unit="transcript") as bar:
+            for i in range(cfg.n_transcripts * max_tries):
+                if len(out) == cfg.n_transcripts:
+                    break
+                messages = play_novice(tasks[i % len(tasks)], rng, work / f"{i:04d}", tool_style=cfg.tool_schemas)
+                bar.set_postfix(played=i + 1, refresh=False)
+                if successful(messages):
+                    out.append(encode_transcript(messages, tokenizer, tools, support=support,
+                                                 tool_format=cfg.tool_format))
+                    bar.update(1)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return out
 
 
-def warm_start(base_dir: str | Path, out_dir: str | Path, cfg: WarmStart, seed: int = 0, name: str = "") -> dict:
-    """Supervise a LoRA of the model in ``base_dir`` on novice transcripts, merge it, save into ``out_dir``."""
+def warm_start(base_dir: str | Path, out_dir: str | Path, cfg: WarmStart, seed: int = 0, name: str = "",
+               progress: bool = True) -> dict:
+    """Supervise a LoRA of the model in ``base_dir`` on novice transcripts, merge it, save into ``out_dir``;
+    ``progress``: bars over the transcripts and the training steps (on a terminal only)."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -130,7 +147,7 @@ def warm_start(base_dir: str | Path, out_dir: str | Path, cfg: WarmStart, seed: 
     t0 = time.time()
     out = Path(out_dir)
     tokenizer = AutoTokenizer.from_pretrained(base_dir, local_files_only=True)
-    sequences = transcripts(tokenizer, cfg, seed)
+    sequences = transcripts(tokenizer, cfg, seed, progress=progress)
     t_transcripts = time.time() - t0
     threads = torch.get_num_threads()
     torch.set_num_threads(cfg.threads)
@@ -140,7 +157,7 @@ def warm_start(base_dir: str | Path, out_dir: str | Path, cfg: WarmStart, seed: 
             base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32, local_files_only=True)
             model = get_peft_model(base, LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha,
                                                     target_modules="all-linear", task_type="CAUSAL_LM"))
-            losses = _train(model, sequences, cfg, seed)
+            losses = _train(model, sequences, cfg, seed, progress)
         merged = model.merge_and_unload()
     finally:
         torch.set_num_threads(threads)
@@ -160,26 +177,30 @@ def _tail_mean(values: list[float]) -> float | None:
     return sum(tail) / len(tail) if tail else None
 
 
-def _train(model, sequences, cfg: WarmStart, seed: int) -> list[float]:
+def _train(model, sequences, cfg: WarmStart, seed: int, progress: bool = True) -> list[float]:
     """One transcript a step, ``cfg.epochs`` passes in a seeded order; the output layer runs on the positions
-    whose next token is the assistant's only (a 49 K vocabulary over every position costs a fifth of a step)."""
+    whose next token is the assistant's only (a 49 K vocabulary over every position costs a fifth of a step).
+    ``progress``: a bar over the steps, with the last loss."""
     inner = model.get_base_model()
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=0.0)
     gen = torch.Generator().manual_seed(seed)
     losses: list[float] = []
     model.train()
-    for _ in range(cfg.epochs):
-        for i in torch.randperm(len(sequences), generator=gen).tolist():
-            ids = torch.tensor([sequences[i][0]])
-            pick = torch.tensor(sequences[i][1][1:], dtype=torch.bool)
-            hidden = inner.model(input_ids=ids).last_hidden_state[0, :-1]
-            logits = inner.lm_head(hidden[pick])
-            loss = torch.nn.functional.cross_entropy(logits.float(), ids[0, 1:][pick])
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            losses.append(float(loss.detach()))
-            log.debug("warm start step %d: loss %.4f", len(losses), losses[-1])
+    with _progress_bar(progress, total=cfg.epochs * len(sequences), desc="warm start training", unit="step") as bar:
+        for _ in range(cfg.epochs):
+            for i in torch.randperm(len(sequences), generator=gen).tolist():
+                ids = torch.tensor([sequences[i][0]])
+                pick = torch.tensor(sequences[i][1][1:], dtype=torch.bool)
+                hidden = inner.model(input_ids=ids).last_hidden_state[0, :-1]
+                logits = inner.lm_head(hidden[pick])
+                loss = torch.nn.functional.cross_entropy(logits.float(), ids[0, 1:][pick])
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                losses.append(float(loss.detach()))
+                log.debug("warm start step %d: loss %.4f", len(losses), losses[-1])
+                bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
+                bar.update(1)
     model.eval()
     return losses

