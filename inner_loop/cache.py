@@ -1,6 +1,7 @@
 """Job cache: a job whose content was already run returns its stored result instead of training again.
 
     r = run_job(job_dir, task, cache=True)      # a hit: r.cached, r.cached_from (the run that trained it)
+    r = through_cache(Job.open(request), execute)   # what run_request does with settings.cache (inner_loop.job)
 
 ``cache_key`` hashes everything that decides a job's numbers (its files, task, base model, seed,
 libraries, harness source, settings that change an outcome). Only ``ok`` and ``diverged`` results are
@@ -86,29 +87,25 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def key_parts(job_dir: str | Path, task, *, hidden_n: int, model_dir: str | Path | None = None,
-              cache_dir: str | Path | None = None, output_dir: str | Path | None = None,
-              settings: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Everything the key hashes, readable (stored in the entry); raises when the job cannot be parsed."""
-    from inner_loop.jobspec import load_job
+def key_parts(job, settings: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Everything the key hashes, readable (stored in the entry), for a ``Job`` whose spec was parsed."""
     from inner_loop.models import resolve_model
 
-    job_dir = Path(job_dir)
-    spec = load_job(job_dir, task.family)
-    base = Path(model_dir) if model_dir else Path(resolve_model(spec.base_model, cache_dir=cache_dir))
-    out = Path(output_dir) if output_dir else job_dir / "output"
+    r, spec = job.request, job.spec
+    s = r.settings
+    base = Path(s.model_dir) if s.model_dir else Path(resolve_model(spec.base_model, cache_dir=s.cache_dir))
     return {
         "format": FORMAT,
-        "job_hash": job_hash(job_dir, spec),
-        "job_folder": folder_digest(job_dir, exclude=[out, job_dir / "output"]),  # outputs are never content
-        "task": _plain(task),
-        "hidden_n": int(hidden_n),
+        "job_hash": job_hash(r.job_dir, spec),
+        "job_folder": folder_digest(r.job_dir, exclude=[r.out, r.job_dir / "output"]),  # outputs are never content
+        "task": _plain(r.task),
+        "hidden_n": int(r.hidden_n),
         "base_model": spec.base_model,
         "base_model_digest": model_digest(base),
         "seed": spec.seed,
         "libraries": library_versions(),
         "harness": harness_digest(),
-        "settings": {k: _plain(v) for k, v in sorted((settings or {}).items())},
+        "settings": {k: _plain(v) for k, v in sorted((settings or outcome_settings(job)).items())},
     }
 
 
@@ -198,52 +195,41 @@ class JobCache:
         return res
 
 
-def run_cached(run: Callable[..., Any], job_dir: str | Path, task, **kwargs: Any):
-    """``run(job_dir, task, cache=False, **kwargs)`` behind the job cache (``run_job(cache=True)`` calls this).
+def through_cache(job, execute: Callable[[Any], Any]):
+    """``execute(job)`` behind the job cache: the stored result of an identical job, else a run that is stored.
 
-    A job the key cannot be computed for (job.yaml does not parse, unknown base model) runs uncached:
-    validation then reports what is wrong."""
-    from evaluation.tasks import TaskSpec, load_task
-    from inner_loop.cost import CostModel
-
-    t_start = time.monotonic()
-    task = task if isinstance(task, TaskSpec) else load_task(task)
-    job_dir = Path(job_dir)
-    out = Path(kwargs["output_dir"]) if kwargs.get("output_dir") else job_dir / "output"
-    # The cost model run_job would use (it decides a job's estimate and so its outcome).
-    cost_model = kwargs.get("cost_model") or CostModel.measured(kwargs.get("device") or "cpu",
-                                                                kwargs.get("cache_dir"))
-    price = kwargs["price_per_hour"] if kwargs.get("price_per_hour") is not None else cost_model.usd_per_hour
-    settings = outcome_settings(kwargs, cost_model, price)
+    A job without a parsed spec, or whose base model cannot be resolved, runs uncached: its validation
+    then reports what is wrong."""
+    if job.spec is None:
+        return execute(job)
     try:
-        parts = key_parts(job_dir, task, hidden_n=kwargs.get("hidden_n") or task.hidden_eval_size,
-                          model_dir=kwargs.get("model_dir"), cache_dir=kwargs.get("cache_dir"), output_dir=out,
-                          settings=settings)
-    except Exception:  # the job's fault: the uncached run's validation names it
-        return run(job_dir, task, cache=False, **kwargs)
+        parts = key_parts(job)
+    except Exception:  # the job's fault (unknown base model, ...): the validation names it
+        return execute(job)
+    r = job.request
     key = cache_key(parts)
-    cache = JobCache.under(kwargs.get("cache_dir"))
+    cache = JobCache.under(r.settings.cache_dir)
     with cache.locked(key):
         entry = cache.get(key)
         if entry is not None:
-            res = cache.restore(key, entry, job_dir, out, t_start, price)
-            if kwargs.get("tracker") is not None:
-                kwargs["tracker"].log_params({"job.cached": True, "job.cache_key": key})
-                track_result(kwargs["tracker"], res, out, [])
+            res = cache.restore(key, entry, r.job_dir, r.out, job.t_start, job.price_per_hour)
+            if r.settings.tracker is not None:
+                r.settings.tracker.log_params({"job.cached": True, "job.cache_key": key})
+                track_result(r.settings.tracker, res, r.out, [])
             return res
-        res = run(job_dir, task, cache=False, **kwargs)
+        res = execute(job)
         res.cache_key = key
-        write_json_atomic(out / RESULT_FILE, res.as_dict())
+        write_json_atomic(r.out / RESULT_FILE, res.as_dict())
         cache.put(key, res, parts)
     return res
 
 
-def outcome_settings(kwargs: dict[str, Any], cost_model, price: float) -> dict[str, Any]:
-    """The ``run_job`` settings that can change a job's outcome (the ``settings`` part of the key)."""
-    return {"dry_run": kwargs.get("dry_run", True), "cost_model": cost_model, "price_per_hour": price,
-            "timeout_s": kwargs.get("timeout_s"), "sandboxed": kwargs.get("wrap") is not None,
-            "sandbox": kwargs.get("sandbox"), "device": _device_of(kwargs.get("device", "cpu")),
-            "vllm": bool(kwargs.get("vllm", False))}
+def outcome_settings(job) -> dict[str, Any]:
+    """The settings of a ``Job`` that can change its outcome (the ``settings`` part of the key)."""
+    s = job.request.settings
+    return {"dry_run": s.dry_run, "cost_model": job.cost_model, "price_per_hour": job.price_per_hour,
+            "timeout_s": s.timeout_s, "sandboxed": s.wrap is not None, "sandbox": s.sandbox,
+            "device": _device_of(s.device), "vllm": bool(s.vllm)}
 
 
 def _device_of(device: str) -> str:
@@ -262,5 +248,5 @@ def cache_counts(results) -> dict[str, int]:
     return {"hits": hits, "misses": looked_up - hits}
 
 
-__all__ = ["JobCache", "run_cached", "key_parts", "cache_key", "cache_counts", "harness_digest", "model_digest",
+__all__ = ["JobCache", "through_cache", "key_parts", "cache_key", "cache_counts", "harness_digest", "model_digest",
            "folder_digest", "CACHEABLE"]

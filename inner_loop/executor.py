@@ -1,8 +1,8 @@
 """Job executors: how a batch of inner jobs runs (one interface; the outer loop does not know which).
 
     >>> ex = make_executor("local_parallel", max_parallel=2)
-    >>> results = ex.run([{"job_dir": d, "task": spec, "output_dir": out}, ...])   # run_job kwargs
-    >>> ex.plan(requests)                                                          # what would run (dry_run)
+    >>> results = ex.run([JobRequest.of(d, spec, out, settings=settings), ...])   # inner_loop.request
+    >>> ex.plan(requests)                                                        # what would run (dry_run)
 
 Kinds: ``sequential``, ``local_parallel`` (threads waiting on the jobs' own processes; on GPUs each
 running job holds ``gpus_per_job`` of them), ``submitit_local``, ``slurm``, ``ray`` (``inner_loop.launchers``).
@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 from agent_trainer.registry import Registry
 from inner_loop.job_env import gpu_ids
+from inner_loop.request import JobRequest, with_threads
 
 
 def visible_gpus() -> list[str]:
@@ -53,13 +54,13 @@ class SequentialExecutor:
     def __init__(self, max_parallel: int = 1, threads: int | None = None):
         self.max_parallel, self.threads = 1, threads
 
-    def plan(self, requests: list[dict[str, Any]] = ()) -> dict[str, Any]:
+    def plan(self, requests: list[JobRequest] = ()) -> dict[str, Any]:
         return {"executor": self.kind, "max_parallel": 1, "threads_per_job": self.threads or "torch default"}
 
-    def run(self, requests: list[dict[str, Any]]) -> list:
-        from inner_loop.job import run_job
+    def run(self, requests: list[JobRequest]) -> list:
+        from inner_loop.job import run_request
 
-        return [run_job(**({"threads": self.threads, **r} if r.get("threads") is None else r)) for r in requests]
+        return [run_request(r) for r in with_threads(requests, self.threads)]
 
 
 class LocalParallelExecutor:
@@ -75,10 +76,10 @@ class LocalParallelExecutor:
     @staticmethod
     def _on_gpu(requests) -> bool:
         """Whether some job needs a GPU slot (``auto`` only where this process sees a GPU)."""
-        wants = {r.get("device", "cpu") for r in requests if r.get("gpus") is None} - {"cpu"}
+        wants = {r.settings.device for r in requests if r.settings.gpus is None} - {"cpu"}
         return "cuda" in wants or ("auto" in wants and bool(visible_gpus()))
 
-    def plan(self, requests: list[dict[str, Any]] = ()) -> dict[str, Any]:
+    def plan(self, requests: list[JobRequest] = ()) -> dict[str, Any]:
         threads = self.threads or max(1, (os.cpu_count() or 1) // self.max_parallel)
         out = {"executor": self.kind, "max_parallel": self.max_parallel, "threads_per_job": threads}
         if self.gpus_per_job > 0 and self._on_gpu(requests):
@@ -88,25 +89,24 @@ class LocalParallelExecutor:
                 out["gpu_slots"] = f"none: {e}"
         return out
 
-    def run(self, requests: list[dict[str, Any]]) -> list:
-        from inner_loop.job import run_job
+    def run(self, requests: list[JobRequest]) -> list:
+        from inner_loop.job import run_request
 
-        threads = self.threads or max(1, (os.cpu_count() or 1) // self.max_parallel)
-        reqs = [{"threads": threads, **r} if r.get("threads") is None else r for r in requests]
+        reqs = with_threads(requests, self.threads or max(1, (os.cpu_count() or 1) // self.max_parallel))
         if not (self.gpus_per_job > 0 and self._on_gpu(reqs)):
             with ThreadPoolExecutor(max_workers=self.max_parallel, thread_name_prefix="inner-job") as pool:
-                return list(pool.map(lambda r: run_job(**r), reqs))
+                return list(pool.map(run_request, reqs))
         free: queue.Queue[str] = queue.Queue()
         slots = gpu_slots(self.gpus_per_job, self.max_parallel)
         for slot in slots:
             free.put(slot)
 
-        def on_gpus(r: dict[str, Any]):
+        def on_gpus(r: JobRequest):
             if not self._on_gpu([r]):
-                return run_job(**r)
+                return run_request(r)
             slot = free.get()   # never waits long: at most len(slots) jobs run at once
             try:
-                return run_job(**{**r, "gpus": slot})
+                return run_request(r.with_settings(gpus=slot))
             finally:
                 free.put(slot)
 

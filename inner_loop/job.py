@@ -1,34 +1,37 @@
-"""Run one inner job end to end: validate, train in a child process, score, write ``result.json``.
+"""One inner job end to end: validate, prepare, train (child process), score, record ``result.json``.
 
-    r = run_job("examples/jobs/sft_full", load_task("examples/tasks/calc_chain_v1_fast.json"))
+    r = run_job("examples/jobs/sft_full", load_task("examples/tasks/calc_chain_v1_fast.json"), threads=1)
+    r = run_request(JobRequest.of(job_dir, task, settings=settings))   # what the executors call
     r.status, r.hidden_score, r.baseline, r.uplift      # harness-side numbers
     r.visible()                                         # what the agent may see (no hidden score)
 
-``result.json`` holds the hidden score: keep ``output_dir`` out of the agent's reach. Statuses and
+``job.yaml`` is parsed once (``Job.open``) and the spec handed to every stage, the training process too.
+``result.json`` holds the hidden score: keep the output folder out of the agent's reach. Statuses and
 output files: docs/inner_loop.md, "Outcomes".
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import threading
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any
 
 from evaluation.prompts import for_task
-from evaluation.tasks import TaskSpec, load_task
+from evaluation.tasks import TaskSpec
 from inner_loop.job_env import gpu_ids, job_gpus
+from inner_loop.request import KILL_FACTOR, KILL_MARGIN_S, JobRequest, JobSettings
 from inner_loop.result import RESULT_FILE, JobResult, job_hash, library_versions, track_result, write_json_atomic
 
 # transformers' from_pretrained is not thread-safe (module-level init flags): jobs running in
 # parallel threads (inner_loop.executor) train in parallel child processes, but load and score
 # models in this process one at a time. A race here left weights on the meta device.
 HARNESS_LOCK = threading.RLock()
-KILL_FACTOR, KILL_MARGIN_S = 1.5, 60.0
+__all__ = ["Job", "run_job", "run_request", "execute", "JobRequest", "JobSettings", "HARNESS_LOCK", "KILL_FACTOR",
+           "KILL_MARGIN_S", "RESULT_FILE", "eval_device", "architecture_mismatch"]
 
 
 def _read_log(path: Path) -> list[dict]:
@@ -97,111 +100,141 @@ def eval_device(device: str, gpus: str | None) -> str:
     return f"cuda:{first}" if first.isdigit() else "cuda"
 
 
-def run_job(job_dir: str | Path, task: TaskSpec | str | Path, *, cache_dir: str | Path | None = None,
-            tracker=None, hidden_n: int | None = None, price_per_hour: float | None = None,
-            timeout_s: float | None = None, cost_model=None,
-            output_dir: str | Path | None = None, model_dir: str | Path | None = None, threads: int | None = None,
-            dry_run: bool = True, progress: bool = True,
-            wrap: Callable[[list[str]], list[str]] | None = None, warm: bool = False, cache: bool = False,
-            sandbox=None, device: str = "cpu", gpus: str | None = None, vllm: bool = False) -> JobResult:
-    """Validate, train (child process), score and record one job; never raises for a job's fault.
+@dataclass
+class Job:
+    """A request with what every stage needs, derived once: its cost model and sandbox policy, and
+    ``job.yaml`` read and parsed (``spec``; None when it could not be, with why in ``report``)."""
 
-    ``warm=True`` forks the training process from a pre-imported worker (``inner_loop.worker``),
-    saving the ~10 s import, for jobs without agent-written code or data; the others (and any
-    sandboxed run, ``wrap``) always take a fresh interpreter.
+    request: JobRequest
+    cost_model: Any            # inner_loop.cost.CostModel
+    policy: Any                # inner_loop.sandbox.SandboxPolicy
+    report: Any                # inner_loop.validate.ValidationReport: reading's findings, then validation's
+    spec: Any                  # inner_loop.jobspec.JobSpec | None
+    t_start: float
 
-    ``price_per_hour`` prices the machine (default: ``cost_model``'s, else ``CostModel()``'s $0.10);
-    ``cost_model`` (``inner_loop.cost.CostModel``) makes the validation's estimate fit other hardware.
-    ``model_dir`` uses that base-model folder instead of resolving ``base_model``; ``timeout_s``
-    overrides the hard kill deadline; ``wrap`` turns the child's argv into a sandboxed one (e.g.
-    a bubblewrap prefix); ``tracker`` is anything with ``log_params``/``log_metrics``/``log_artifact``
-    (``agent_trainer.tracking.Tracker``). ``cache=True`` returns the stored result of an identical job
-    (``inner_loop.cache``; the ``inner.cache`` config key, on by default in the commands).
+    @classmethod
+    def open(cls, request: JobRequest) -> "Job":
+        from inner_loop.validate import ValidationReport, internal_error, read_spec
 
-    ``sandbox`` (``inner_loop.sandbox.SandboxPolicy``, a dict of its fields, a bool, or None for the
-    default: on, unsafe execution refused) runs a job with agent-written code or data under
-    bubblewrap, its reward functions in a sandboxed reward host of their own; without bubblewrap
-    such a job is refused (``invalid``, a ``sandbox`` finding) unless the policy allows unsafe runs.
-    Agent data (and reward file text) are checked against the hidden set first: a job that contains
-    hidden items is ``flagged`` and scores as its baseline (``evaluation.contamination``).
+        t_start = time.monotonic()
+        report = ValidationReport(job_dir=str(request.job_dir))
+        try:
+            spec = read_spec(report, request.job_dir, request.task.family)
+        except Exception as e:  # a harness bug reaches the agent as a finding
+            internal_error(report, e)
+            spec = None
+        s = request.settings
+        return cls(request, s.cost(), s.policy(), report, spec, t_start)
 
-    ``device`` (``hardware.device``: ``cpu``, ``cuda``, ``auto``): where the job trains and is scored;
-    ``gpus``: its ``CUDA_VISIBLE_DEVICES`` (the local executor hands each parallel job its own; None:
-    what this process was given, as under SLURM or Ray); ``vllm``: GRPO generation through vLLM.
-    """
-    if cache:
-        args = {k: v for k, v in locals().items() if k != "cache"}  # first statement: only the arguments
-        from inner_loop.cache import run_cached
+    @property
+    def price_per_hour(self) -> float:
+        return self.cost_model.usd_per_hour
 
-        return run_cached(run_job, **args)
-    from inner_loop.cost import CostModel
-    from inner_loop.jobspec import JobSpecError, load_job
-    from inner_loop.validate import validate_job
-    from inner_loop.worker import run_worker
+    @property
+    def agent_files(self) -> bool:
+        """The job trains on agent-written data or calls agent-written reward code."""
+        return bool(self.spec is not None and (self.spec.uses_agent_code or self.spec.uses_agent_data))
 
-    t_start = time.monotonic()
-    cost_model = cost_model or CostModel.measured(device, cache_dir)
-    if price_per_hour is not None:
-        cost_model = dataclasses.replace(cost_model, usd_per_hour=price_per_hour)
-    price_per_hour = cost_model.usd_per_hour
-    task = task if isinstance(task, TaskSpec) else load_task(task)
-    job_dir = Path(job_dir)
-    out = Path(output_dir) if output_dir else job_dir / "output"
-    hidden_n = hidden_n or task.hidden_eval_size
-    res = JobResult(status="invalid", task=task.name, family=task.family, job_dir=str(job_dir), output_dir=str(out),
-                    job_hash=job_hash(job_dir), hidden_n=hidden_n, libraries=library_versions())
 
-    from inner_loop.sandbox import SandboxPolicy
+def run_job(job_dir: str | Path, task: TaskSpec | str | Path, *, output_dir: str | Path | None = None,
+            **settings: Any) -> JobResult:
+    """``run_request`` of the job in ``job_dir`` for ``task``; ``settings``: ``JobSettings`` fields."""
+    return run_request(JobRequest.of(job_dir, task, output_dir, **settings))
 
-    policy = SandboxPolicy.coerce(sandbox)
+
+def run_request(request: JobRequest) -> JobResult:
+    """Run one job, through the job cache (``inner_loop.cache``) when ``settings.cache``; never raises for a job's
+    fault. Every executor runs its requests through this."""
+    job = Job.open(request)
+    if request.settings.cache:
+        from inner_loop.cache import through_cache
+
+        return through_cache(job, execute)
+    return execute(job)
+
+
+def execute(job: Job) -> JobResult:
+    """The stages of a job: validate, prepare, train, score, record (no cache)."""
+    r = job.request
+    res = JobResult(status="invalid", task=r.task.name, family=r.task.family, job_dir=str(r.job_dir),
+                    output_dir=str(r.out), job_hash=job_hash(r.job_dir), hidden_n=r.hidden_n,
+                    libraries=library_versions())
+    if not validate(job, res):
+        return record(job, res)
+    res.job_hash = job_hash(r.job_dir, job.spec)
+    res.base_model, res.algorithm, res.seed = job.spec.base_model, job.spec.strategy_algorithm(), job.spec.seed
+    base_dir, wrap, reward_host = prepare(job, res)
+    log, saved = train(job, res, base_dir, wrap, reward_host)
+    if res.status in ("ok", "timeout") and saved and (r.out / "model").is_dir():
+        _check_trained(res, job.spec, r.job_dir, r.out, r.task.family, r.hidden_n)
+        with HARNESS_LOCK:
+            _score(res, r.out / "model", base_dir, r.settings.cache_dir, eval_device(r.settings.device, r.settings.gpus),
+                   for_task(r.task))
+    return record(job, res, log)
+
+
+def validate(job: Job, res: JobResult) -> bool:
+    """The validation (``inner_loop.validate``) into ``res``; False when the job may not run."""
+    from inner_loop.validate import check_spec
+
+    r, s = job.request, job.request.settings
     with HARNESS_LOCK:  # the dry run loads a model in this process
-        if warm and wrap is None:
-            prestart_warm_worker(job_dir, task.family)
-        report = validate_job(job_dir, task, dry_run=dry_run, cache_dir=cache_dir, model_dir=model_dir,
-                              cost_model=cost_model, sandbox=policy, output_dir=out)
-    res.seconds["validate"] = round(time.monotonic() - t_start, 3)
+        if job.spec is not None:
+            if s.warm and s.wrap is None and not job.agent_files:
+                from inner_loop.worker import warm_context
+
+                warm_context()  # the warm worker's ~10 s of imports overlap the validation
+            check_spec(job.report, job.spec, r.job_dir, r.task, dry_run=s.dry_run, cache_dir=s.cache_dir,
+                       model_dir=s.model_dir, cost_model=job.cost_model, sandbox=job.policy, output_dir=r.out)
+    report = job.report
+    res.seconds["validate"] = round(time.monotonic() - job.t_start, 3)
     res.findings = [asdict(f) for f in report.findings]
     est = report.estimated_cost
     res.estimated_usd = est.usd if est else None
-    if not report.ok:
-        over = est is not None and report.over_budget
-        res.status = "over_budget" if over else "invalid"
-        res.detail = (f"estimated ${est.usd:.4f} is over the task's ${task.budget.max_usd} cap; not run" if over
-                      else f"{len(report.errors)} validation error(s); nothing was trained")
-        return _finish(res, out, t_start, price_per_hour, tracker)
+    if report.ok and job.spec is not None:
+        return True
+    over = est is not None and report.over_budget
+    res.status = "over_budget" if over else "invalid"
+    res.detail = (f"estimated ${est.usd:.4f} is over the task's ${r.task.budget.max_usd} cap; not run" if over
+                  else f"{len(report.errors)} validation error(s); nothing was trained")
+    return False
 
-    try:
-        spec = load_job(job_dir, task.family)
-    except JobSpecError as e:  # changed between validation and now
-        res.detail = str(e)
-        return _finish(res, out, t_start, price_per_hour, tracker)
-    res.job_hash = job_hash(job_dir, spec)
-    res.base_model, res.algorithm, res.seed = spec.base_model, spec.strategy_algorithm(), spec.seed
-    base_dir = Path(model_dir) if model_dir else _base_model_dir(spec.base_model, cache_dir)
 
-    deadline = timeout_s or task.budget.max_seconds * KILL_FACTOR + KILL_MARGIN_S
-    fmt = for_task(task)  # how the job's rows, its hidden score and its baseline render prompts
-    agent_files = spec.uses_agent_code or spec.uses_agent_data
-    reward_host = None
-    if agent_files:
+def prepare(job: Job, res: JobResult):
+    """The base model's folder, and for a job with agent files: the contamination check, the sandbox wrapper
+    of the training process and the reward host of agent code. Returns ``(base_dir, wrap, reward_host)``."""
+    r, s, spec = job.request, job.request.settings, job.spec
+    base_dir = Path(s.model_dir) if s.model_dir else _base_model_dir(spec.base_model, s.cache_dir)
+    wrap, reward_host = s.wrap, None
+    if job.agent_files:
         from inner_loop.contamination import check_job
         from inner_loop.reward_proxy import RewardHost
         from inner_loop.sandbox import trainer_wrapper
 
-        found = check_job(spec, job_dir, task.family, hidden_n)
+        found = check_job(spec, r.job_dir, r.task.family, r.hidden_n)
         res.flagged, res.contamination = found.flagged, found.to_dict()
-        res.sandbox = "bwrap" if policy.use_bwrap() else "unsafe"
+        res.sandbox = "bwrap" if job.policy.use_bwrap() else "unsafe"
         if wrap is None and res.sandbox == "bwrap":
-            out.mkdir(parents=True, exist_ok=True)
-            wrap = trainer_wrapper(policy, job_dir=job_dir, output_dir=out, model_dir=base_dir, deadline_s=deadline,
-                                   threads=threads, gpus=job_gpus(device, gpus))
+            r.out.mkdir(parents=True, exist_ok=True)
+            wrap = trainer_wrapper(job.policy, job_dir=r.job_dir, output_dir=r.out, model_dir=base_dir,
+                                   deadline_s=r.deadline_s, threads=s.threads, gpus=job_gpus(s.device, s.gpus))
         if spec.uses_agent_code:
-            reward_host = RewardHost(policy, job_dir, out / "reward.log", deadline_s=deadline)
+            reward_host = RewardHost(job.policy, r.job_dir, r.out / "reward.log", deadline_s=r.deadline_s)
+    return base_dir, wrap, reward_host
+
+
+def train(job: Job, res: JobResult, base_dir: Path, wrap, reward_host) -> tuple[list[dict], bool]:
+    """The training process (``inner_loop.worker``), its outcome into ``res``; returns its train log and
+    whether it reported a saved model."""
+    from inner_loop.worker import run_worker
+
+    r, s, task = job.request, job.request.settings, job.request.task
+    est = job.report.estimated_cost
     try:
-        run = run_worker(job_dir, base_dir, task.family, out, max_steps=task.budget.max_steps,
-                         max_seconds=task.budget.max_seconds, deadline_s=deadline, threads=threads,
-                         progress=progress, wrap=wrap, warm=warm and wrap is None and not agent_files,
-                         reward_host=reward_host, device=device, gpus=gpus, vllm=vllm, fmt=fmt)
+        run = run_worker(r.job_dir, base_dir, task.family, r.out, spec=job.spec, max_steps=task.budget.max_steps,
+                         max_seconds=task.budget.max_seconds, deadline_s=r.deadline_s, threads=s.threads,
+                         progress=s.progress, wrap=wrap, warm=s.warm and wrap is None and not job.agent_files,
+                         reward_host=reward_host, device=s.device, gpus=s.gpus, vllm=s.vllm, fmt=for_task(task))
     finally:
         if reward_host is not None:
             reward_host.close()
@@ -210,7 +243,7 @@ def run_job(job_dir: str | Path, task: TaskSpec | str | Path, *, cache_dir: str 
     res.detail, res.error = st.get("detail", ""), st.get("error", "")
     res.steps, res.planned_steps = int(st.get("steps") or 0), int(st.get("planned_steps") or 0)
     res.seconds["train"], res.seconds["process"] = float(st.get("seconds") or 0.0), run.wall_seconds
-    log = _read_log(out / "train_log.jsonl")
+    log = _read_log(r.out / "train_log.jsonl")
     if log:  # a crash mid-run leaves the steps it made in the log only
         res.steps = max(res.steps, int(log[-1].get("step", 0)))
     if est is not None:   # the speed stage's clock: the cost model's seconds for the steps run (no load noise)
@@ -219,19 +252,24 @@ def run_job(job_dir: str | Path, task: TaskSpec | str | Path, *, cache_dir: str 
     res.reward_curve, res.loss_curve = _curve(log, "reward"), _curve(log, "loss")
     res.final_train_reward = res.reward_curve[-1][1] if res.reward_curve else None
     res.final_train_loss = res.loss_curve[-1][1] if res.loss_curve else None
+    return log, bool(st.get("model_dir"))
 
-    model_out = out / "model"
-    if res.status in ("ok", "timeout") and st.get("model_dir") and model_out.is_dir():
-        _check_trained(res, spec, job_dir, out, task.family, hidden_n)
-        with HARNESS_LOCK:
-            _score(res, model_out, base_dir, cache_dir, eval_device(device, gpus), fmt)
-    return _finish(res, out, t_start, price_per_hour, tracker, log)
+
+def record(job: Job, res: JobResult, log: list[dict] = ()) -> JobResult:
+    """Total seconds and USD, ``result.json``, and the tracker (when the request has one)."""
+    out, tracker = job.request.out, job.request.settings.tracker
+    res.seconds["total"] = round(time.monotonic() - job.t_start, 3)
+    res.usd = round(res.seconds["total"] / 3600 * job.price_per_hour, 6)
+    out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(out / RESULT_FILE, res.as_dict())
+    if tracker is not None:
+        track_result(tracker, res, out, log)
+    return res
 
 
 def prestart_warm_worker(job_dir: Path, task_family: str | None = None) -> None:
-    """Start the warm-worker forkserver now, so that its ~10 s of imports overlap the validation.
-
-    Only for a job that will take the warm path (no agent-written code or data); once per process."""
+    """Start the warm-worker forkserver now, so that its ~10 s of imports overlap what a command does before
+    its job runs. Only for a job that will take the warm path (no agent-written code or data); once per process."""
     from inner_loop.jobspec import JobSpecError, load_job
     from inner_loop.worker import warm_context
 
@@ -276,13 +314,3 @@ def _score(res: JobResult, checkpoint: Path, base_dir: Path, cache_dir, device: 
     res.seconds["eval"] = round(time.monotonic() - t0, 3)
     if res.hidden_score is not None and res.baseline is not None:
         res.uplift = round(res.hidden_score - res.baseline, 6)
-
-
-def _finish(res: JobResult, out: Path, t_start: float, price_per_hour: float, tracker, log: list[dict] = ()) -> JobResult:
-    res.seconds["total"] = round(time.monotonic() - t_start, 3)
-    res.usd = round(res.seconds["total"] / 3600 * price_per_hour, 6)
-    out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(out / RESULT_FILE, res.as_dict())
-    if tracker is not None:
-        track_result(tracker, res, out, log)
-    return res

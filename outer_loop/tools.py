@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from agent_trainer.config import AgentConfig, BudgetConfig
+from inner_loop.request import JobRequest, JobSettings
 from outer_loop.workspace import Workspace, WorkspaceError
 
 
@@ -162,7 +163,7 @@ class ToolBox:
     """The tools of one episode, bound to its workspace, task, ledger and limits."""
 
     def __init__(self, workspace: Workspace, task, *, limits: ToolLimits | None = None, jobs_dir: str | Path,
-                 ledger=None, episode: str = "0", device: str = "cpu", job_kwargs: dict[str, Any] | None = None,
+                 ledger=None, episode: str = "0", device: str = "cpu", job_settings: JobSettings | None = None,
                  validate_kwargs: dict[str, Any] | None = None, compute_missing_baselines: bool = True,
                  defer_jobs: bool = False):
         self.ws, self.task = workspace, task
@@ -172,10 +173,10 @@ class ToolBox:
             raise ValueError(f"jobs_dir {self.jobs_dir} is inside the workspace; the agent could read hidden "
                              f"scores there: put it next to the workspace, e.g. <episode>/jobs")
         self.ledger, self.episode, self.device = ledger, episode, device
-        self.job_kwargs = dict(job_kwargs or {})
+        self.job_settings = job_settings or JobSettings()
         self.validate_kwargs = dict(validate_kwargs or {})
-        if "sandbox" in self.job_kwargs:  # validate_job's dry run calls agent rewards under the same policy
-            self.validate_kwargs.setdefault("sandbox", self.job_kwargs["sandbox"])
+        # validate_job's dry run calls agent rewards under the jobs' sandbox policy
+        self.validate_kwargs.setdefault("sandbox", self.job_settings.sandbox)
         self.compute_missing_baselines = compute_missing_baselines
         self.defer_jobs = defer_jobs
         self.state = EpisodeState()
@@ -323,9 +324,9 @@ class ToolBox:
             when = ("its result follows when it has run" if self.state.submitted < self.limits.max_jobs
                     else "it runs when this episode's turns are over")
             return ToolResult(f"job {pending.agent_path} submitted; {when}", data={"pending": k})
-        from inner_loop.job import run_job
+        from inner_loop.job import run_request
 
-        result = run_job(snapshot, self.task, output_dir=output, **self.job_kwargs)
+        result = run_request(JobRequest(snapshot, self.task, output, self.job_settings))
         return self.complete(pending, result)
 
     def complete(self, pending: "PendingJob", result) -> ToolResult:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from agent_trainer.config import Config, OuterConfig
+from inner_loop.request import JobRequest, JobSettings
 from outer_loop import heldout
 from outer_loop.episode import Episode, EpisodeResult, EpisodeSettings, reward_metrics
 from outer_loop.policy import AgentPolicy, PolicyConfig, TurnSample, device_kwargs, group_advantages, merge_turns
@@ -51,7 +52,7 @@ class TrainSettings:
     overlap_jobs: bool = OuterConfig.overlap_jobs   # start an episode's last job while the next ones are sampled
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     episode: EpisodeSettings = field(default_factory=EpisodeSettings)
-    job_kwargs: dict[str, Any] = field(default_factory=dict)
+    job: JobSettings = field(default_factory=JobSettings)      # how each inner job runs (inner_loop.request)
 
 
 @dataclass
@@ -254,7 +255,7 @@ class Trainer:
                     shutil.rmtree(ep_dir)
                 episodes.append(Episode(self.backend, task, ep_dir, ledger=self.ledger, settings=self.s.episode,
                                         episode_id=ep_dir.name, seed=hash((*seed_base, t_i, g)) % (2**31),
-                                        defer_jobs=True, job_kwargs=self.s.job_kwargs, model_name=self.model_name,
+                                        defer_jobs=True, job_settings=self.s.job, model_name=self.model_name,
                                         steering=self.steering() if self.steering else None))
         # Not with a strategy layer: its after-job hooks may call an evaluator model while the agent samples.
         if (not self.s.overlap_jobs or self.steering is not None
@@ -298,13 +299,12 @@ class Trainer:
         pending = [(ep, p) for ep in episodes for p in ep.pending]
         if not pending:
             return
-        requests = [dict(job_dir=p.job_dir, task=ep.task, output_dir=p.output_dir, **self.s.job_kwargs)
-                    for ep, p in pending]
+        requests = [JobRequest(p.job_dir, ep.task, p.output_dir, self.s.job) for ep, p in pending]
         t0 = time.time()
         if self.executor is None:
-            from inner_loop.job import run_job
+            from inner_loop.job import run_request
 
-            results = [run_job(**r) for r in requests]
+            results = [run_request(r) for r in requests]
         else:
             results = self.executor.run(requests)
         with self._stats_lock:   # job feeder threads report here concurrently

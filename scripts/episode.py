@@ -107,7 +107,7 @@ def play(cfg: DictConfig):
     check_reachable(cfg)  # a closed MLflow server fails here, in seconds
     from evaluation.tasks import load_task
     from outer_loop.episode import Episode, reward_metrics
-    from outer_loop.run_config import episode_settings, job_kwargs, make_ledger
+    from outer_loop.run_config import episode_settings, job_settings, make_ledger
     from outer_loop.steering import make_steering
 
     task = load_task(resolve_path(cfg.task.spec_path))
@@ -117,7 +117,7 @@ def play(cfg: DictConfig):
         tr.log_config(cfg)
         steering = make_steering(conf.strategy, run_dir=folder, ledger=ledger, cache_dir=conf.cache_dir)
         ep = Episode(backend, task, folder / "episodes" / "0", ledger=ledger, settings=episode_settings(conf),
-                     episode_id="0", seed=conf.seed, job_kwargs=job_kwargs(conf), model_name=conf.agent.model,
+                     episode_id="0", seed=conf.seed, job_settings=job_settings(conf), model_name=conf.agent.model,
                      steering=steering)
         if hasattr(backend, "event_log"):
             backend.event_log = ep.log  # trimming, retries and warnings of a served agent go into the trajectory

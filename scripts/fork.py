@@ -65,7 +65,7 @@ def run(cfg: DictConfig) -> list[dict] | None:
         return None
     from evaluation.tasks import load_task
     from outer_loop.episode import Episode, reward_metrics
-    from outer_loop.run_config import episode_settings, job_kwargs, make_ledger
+    from outer_loop.run_config import episode_settings, job_settings, make_ledger
     from outer_loop.steering import Steering, make_evaluator, settings_from_config
     from scripts.episode import log_strategy, make_agent_backend
     task = load_task(resolve_path(cfg.task.spec_path))
@@ -85,7 +85,7 @@ def run(cfg: DictConfig) -> list[dict] | None:
                                                                    cache_dir=conf.cache_dir),
                                 run_dir=folder, cache_dir=conf.cache_dir)
             ep = Episode(backend, task, folder / "episodes" / b.slug, ledger=ledger, settings=episode_settings(conf),
-                         episode_id=b.slug, seed=conf.seed, job_kwargs=job_kwargs(conf),
+                         episode_id=b.slug, seed=conf.seed, job_settings=job_settings(conf),
                          model_name=conf.agent.model, steering=steering)
             if steering.journal is not None:
                 fork.copy_journal(src, steering.journal)

@@ -14,6 +14,7 @@ import importlib.util
 import json
 import shutil
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,7 @@ from evaluation.tasks import TaskSpec
 from inner_loop.cost import CostModel
 from inner_loop.executor import make_executor
 from inner_loop.job import RESULT_FILE
+from inner_loop.request import JobRequest
 
 pytestmark = pytest.mark.slow
 
@@ -50,9 +52,9 @@ def _write_jobs(root: Path) -> dict[str, Path]:
     return out
 
 
-def _requests(jobs: dict[str, Path], base_dir: Path, out_root: Path, cache_dir: Path, **kw) -> list[dict]:
-    return [dict(job_dir=job, task=TASK, output_dir=out_root / name, model_dir=base_dir, cache_dir=cache_dir,
-                 cost_model=FAST_COSTS, progress=False, threads=1, **kw) for name, job in jobs.items()]
+def _requests(jobs: dict[str, Path], base_dir: Path, out_root: Path, cache_dir: Path, **kw) -> list[JobRequest]:
+    return [JobRequest.of(job, TASK, out_root / name, model_dir=base_dir, cache_dir=cache_dir, cost_model=FAST_COSTS,
+                          progress=False, threads=1, **kw) for name, job in jobs.items()]
 
 
 def _numbers(r) -> tuple:
@@ -106,8 +108,8 @@ def test_a_repeated_job_is_a_cache_hit_with_the_same_result(reference, base_dir,
     cache = tmp_path / "cache"
     job = jobs["sft_a"]
     # Two identical jobs at once: one runs, the other waits on the key's lock and gets the hit.
-    pair = [dict(job_dir=job, task=TASK, output_dir=tmp_path / f"run{i}", model_dir=base_dir, cache_dir=cache,
-                 cost_model=FAST_COSTS, progress=False, threads=1, warm=True, cache=True) for i in (1, 2)]
+    pair = [JobRequest.of(job, TASK, tmp_path / f"run{i}", model_dir=base_dir, cache_dir=cache, cost_model=FAST_COSTS,
+                          progress=False, threads=1, warm=True, cache=True) for i in (1, 2)]
     first, second = make_executor("local_parallel", max_parallel=2).run(pair)
     assert sorted([first.cached, second.cached]) == [False, True]
     miss, hit = (first, second) if second.cached else (second, first)
@@ -117,14 +119,14 @@ def test_a_repeated_job_is_a_cache_hit_with_the_same_result(reference, base_dir,
     assert hit.seconds["train"] == miss.seconds["train"]
 
     # Later, sequentially: a hit again, costing a tiny fraction of the run (the ledger charges seconds["total"]).
-    third = make_executor("sequential").run([{**pair[0], "output_dir": tmp_path / "run3"}])[0]
+    third = make_executor("sequential").run([replace(pair[0], output_dir=tmp_path / "run3")])[0]
     assert third.cached and _numbers(third) == _numbers(miss)
     assert third.seconds["total"] < 0.05 * miss.seconds["total"], (third.seconds, miss.seconds)
     assert third.usd < 0.05 * miss.usd
     assert json.loads((tmp_path / "run3" / RESULT_FILE).read_text())["cached"] is True
 
     # Off by config: the same job runs again.
-    fresh = make_executor("sequential").run([{**pair[0], "output_dir": tmp_path / "run4", "cache": False}])[0]
+    fresh = make_executor("sequential").run([replace(pair[0], output_dir=tmp_path / "run4").with_settings(cache=False)])[0]
     assert not fresh.cached and fresh.cache_key is None and _numbers(fresh) == _numbers(miss)
 
 

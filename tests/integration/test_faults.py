@@ -24,6 +24,7 @@ from evaluation.tasks import load_task
 from outer_loop.ledger import Ledger
 from outer_loop.tools import ToolBox, ToolLimits
 from outer_loop.workspace import Workspace
+from inner_loop.request import JobSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 TASK = ROOT / "examples/tasks/calc_chain_v1_tiny.json"
@@ -55,7 +56,7 @@ def test_inner_job_killed_mid_training_ends_crashed_and_the_episode_goes_on(tmp_
     ledger = Ledger.open(tmp_path)
     box = ToolBox(ws, task, limits=ToolLimits(max_turns=8, max_jobs=2), jobs_dir=tmp_path / "ep" / "jobs",
                   ledger=ledger, validate_kwargs={"dry_run": False},
-                  job_kwargs={"dry_run": False, "threads": 1, "progress": False, "hidden_n": 16})
+                  job_settings=JobSettings(dry_run=False, threads=1, progress=False, hidden_n=16))
     assert box.call("write_file", {"path": "job.yaml", "content": yaml.safe_dump(JOB)}).ok
     output = (tmp_path / "ep" / "jobs" / "00" / "output").resolve()
     killed: list[int] = []

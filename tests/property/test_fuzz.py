@@ -186,6 +186,10 @@ def test_malformed_job_yaml_is_refused_with_findings_only(tmp_path):
             spec = None
             assert str(e).strip()
         assert spec is None or isinstance(spec, JobSpec)
+        if spec is not None:  # the harness hands the training process the spec as JSON (inner_loop.worker)
+            back = JobSpec.model_validate_json(spec.model_dump_json(exclude_unset=True),
+                                               context={"task_family": TASK.family})
+            assert back == spec
         report = validate_job(job, TASK, dry_run=False)
         assert isinstance(report, ValidationReport)
         internal = [f for f in report.findings if f.field == "<internal>"]

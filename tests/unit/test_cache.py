@@ -13,6 +13,8 @@ import yaml
 
 from evaluation.tasks import TaskSpec
 from inner_loop.cache import CACHED_FROM_FILE, JobCache, cache_counts, cache_key, key_parts
+from inner_loop.job import Job
+from inner_loop.request import JobRequest
 from inner_loop.job import RESULT_FILE, JobResult, run_job
 
 
@@ -30,8 +32,9 @@ def _job(root: Path, name: str = "job", seed: int = 0, lr: float = 1e-3) -> Path
     return job
 
 
-def _key(job: Path, base: Path, task: TaskSpec | None = None, **kw) -> str:
-    return cache_key(key_parts(job, task or _task(), hidden_n=16, model_dir=base, **kw))
+def _key(job: Path, base: Path, task: TaskSpec | None = None, hidden_n: int = 16, **settings) -> str:
+    request = JobRequest.of(job, task or _task(), hidden_n=hidden_n, model_dir=base, **settings)
+    return cache_key(key_parts(Job.open(request)))
 
 
 def test_same_content_same_key_wherever_the_folder_is(base_dir, tmp_path):
@@ -50,8 +53,8 @@ def test_every_part_of_a_jobs_content_changes_the_key(base_dir, tmp_path):
     assert _key(helper, base_dir) != ref
     assert _key(_job(tmp_path, "task"), base_dir, task=_task(max_steps=40)) != ref
     assert _key(_job(tmp_path, "n"), base_dir) == ref
-    assert cache_key(key_parts(_job(tmp_path, "n2"), _task(), hidden_n=32, model_dir=base_dir)) != ref
-    assert _key(_job(tmp_path, "sandbox"), base_dir, settings={"sandboxed": True}) != ref
+    assert _key(_job(tmp_path, "n2"), base_dir, hidden_n=32) != ref
+    assert _key(_job(tmp_path, "sandbox"), base_dir, wrap=lambda argv: argv) != ref, "sandboxed"
 
     other_weights = tmp_path / "base2"
     shutil.copytree(base_dir, other_weights)
@@ -152,3 +155,29 @@ def test_the_outer_step_counts_hits_misses_and_only_real_job_time():
     Trainer._count_jobs(trainer, rs[1:])
     assert trainer.job_stats == {"cache_hits": 1, "cache_misses": 2, "seconds_jobs_validate": 2.0,
                                  "seconds_jobs_process": 18.0, "seconds_jobs_eval": 4.0}
+
+
+def test_job_yaml_is_read_once_and_the_process_trains_what_was_validated(base_dir, tmp_path, monkeypatch):
+    """One read of job.yaml per job, cache key included; the training process gets the parsed spec, so a
+    job.yaml rewritten after validation changes nothing about the run."""
+    import inner_loop.jobspec as jobspec
+    import inner_loop.validate as validate
+    from inner_loop.job import execute
+
+    reads = []
+    real = jobspec.read_job_yaml
+    monkeypatch.setattr(validate, "read_job_yaml", lambda path: reads.append(path) or real(path))
+    monkeypatch.setattr(jobspec, "read_job_yaml", lambda path: reads.append(path) or real(path))
+    job = _job(tmp_path)
+    request = JobRequest.of(job, _task(), tmp_path / "out", model_dir=base_dir, cache_dir=tmp_path / "cache",
+                            progress=False, dry_run=False, threads=1, cache=True)
+    opened = Job.open(request)
+    assert len(reads) == 1 and opened.spec.hyperparameters.max_steps == 3
+    spec = yaml.safe_load((job / "job.yaml").read_text())
+    spec["hyperparameters"]["max_steps"] = 7
+    (job / "job.yaml").write_text(yaml.safe_dump(spec))
+    res = execute(opened)
+    assert res.status == "ok", res.detail + res.error
+    assert res.planned_steps == 3 and res.steps == 3, "the process trained the validated spec"
+    assert len(reads) == 1, reads
+    assert json.loads((tmp_path / "out" / "job_spec.json").read_text())["hyperparameters"]["max_steps"] == 3

@@ -20,6 +20,7 @@ from agent_trainer.config import (
     COMMAND_SCHEMAS, CONFIG_DIR, GROUP_SCHEMAS, AgentConfig, BudgetConfig, Config, EvaluatorConfig, OuterConfig,
     StrategyConfig, validate,
 )
+from inner_loop.request import JobSettings
 from outer_loop import run_config
 from outer_loop.episode import Episode, EpisodeSettings
 from outer_loop.policy import PolicyConfig
@@ -90,7 +91,7 @@ def test_settings_carry_the_schema_values(typed, which, tmp_path):
 
     assert_carries(s.policy, same_names(PolicyConfig, c.outer), not_config={"lora_dropout", "weight_decay"})
     assert_carries(s, {**same_names(TrainSettings, c.outer), "seed": (c, "seed")},
-                   not_config={"train_tasks", "heldout_tasks", "policy", "episode", "job_kwargs"})
+                   not_config={"train_tasks", "heldout_tasks", "policy", "episode", "job"})
     assert s.heldout_tasks == [c.task.spec_pattern.format(family=f) for f in c.task.held_out_families]
     if c.task.train_families:
         assert s.train_tasks == [c.task.spec_pattern.format(family=f) for f in c.task.train_families]
@@ -105,19 +106,21 @@ def test_settings_carry_the_schema_values(typed, which, tmp_path):
                     "show_evaluation": (c.strategy.evaluator, "show_to_agent")}, not_config=set())
 
     i, h = c.inner, c.hardware
-    kw = run_config.job_kwargs(c)
-    assert_carries_dict(kw, {"cache_dir": (c, "cache_dir"), "hidden_n": (i, "eval_size"), "timeout_s": (i, "timeout_s"),
-                             "price_per_hour": (h, "usd_per_hour"), "threads": (h, "threads_per_job"),
-                             "warm": (i, "warm_workers"), "cache": (i, "cache"), "device": (h, "device"),
-                             "vllm": (h, "inner_vllm")}, not_config={"sandbox"})
-    assert s.job_kwargs == {**kw, "progress": False}
+    job = run_config.job_settings(c)
+    sources = {"cache_dir": (c, "cache_dir"), "hidden_n": (i, "eval_size"), "timeout_s": (i, "timeout_s"),
+               "price_per_hour": (h, "usd_per_hour"), "threads": (h, "threads_per_job"), "warm": (i, "warm_workers"),
+               "cache": (i, "cache"), "device": (h, "device"), "vllm": (h, "inner_vllm")}
+    assert_carries_dict({k: getattr(job, k) for k in [*sources, "sandbox"]}, sources, not_config={"sandbox"})
+    others = {f.name for f in fields(JobSettings)} - set(sources) - {"sandbox"}
+    assert all(getattr(job, k) == getattr(JobSettings(), k) for k in others), "the rest are JobSettings' defaults"
+    assert s.job == job.replace(progress=False)
 
 
 def assert_carries_dict(d: dict, sources: dict[str, tuple[object, str]], not_config: set[str]) -> None:
     assert set(d) == set(sources) | not_config
     for k, (node, key) in sources.items():
         want = plain(getattr(node, key))
-        assert d[k] == want and type(d[k]) is type(want), f"job_kwargs[{k!r}]: {d[k]!r} != {want!r}"
+        assert d[k] == want and type(d[k]) is type(want), f"job settings[{k!r}]: {d[k]!r} != {want!r}"
 
 
 def test_tool_limits_come_from_the_episode_settings(typed, tmp_path):
@@ -135,7 +138,7 @@ def test_defaults_are_the_schema_defaults():
     o, a, b, s = OuterConfig(), AgentConfig(), BudgetConfig(), StrategyConfig()
     assert_carries(PolicyConfig(), same_names(PolicyConfig, o), not_config={"lora_dropout", "weight_decay"})
     assert_carries(TrainSettings(), {**same_names(TrainSettings, o), "seed": (Config(), "seed")},
-                   not_config={"train_tasks", "heldout_tasks", "policy", "episode", "job_kwargs"})
+                   not_config={"train_tasks", "heldout_tasks", "policy", "episode", "job"})
     assert_carries(EpisodeSettings(), {**same_names(EpisodeSettings, a), "max_jobs": (b, "max_jobs_per_episode"),
                                        "reward_pick": (s, "episode_reward")}, not_config={"reward"})
     assert_carries(SteeringSettings(), {**same_names(SteeringSettings, s),

@@ -16,12 +16,18 @@ import pytest
 
 from agent_trainer import config as at_config
 from agent_trainer.config import ConfigError, compose_config, validate
+from evaluation.tasks import TaskSpec
 from inner_loop import executor as ex
 from inner_loop.cache import cache_key, outcome_settings
-from inner_loop.job import eval_device
+from inner_loop.cost import CostModel
+from inner_loop.job import Job, eval_device
 from inner_loop.job_env import child_env, job_gpus
 from inner_loop.jobspec import JobSpec
+from inner_loop.request import JobRequest, JobSettings
 from inner_loop.runners.config import device_settings, resolve_device, trl_config
+
+TASK = TaskSpec(name="calc_test", family="calc_chain", allowed_base_models=["tiny-s"], hidden_eval_size=16,
+                budget={"max_steps": 50, "max_seconds": 60, "max_usd": 0.05})
 
 SPEC = JobSpec.model_validate({"base_model": "tiny-s", "algorithm": "grpo",
                                "hyperparameters": {"batch_size": 8, "num_generations": 4, "max_steps": 2},
@@ -103,31 +109,35 @@ def test_gpu_slots_split_the_visible_gpus_among_concurrent_jobs():
 
 
 def test_local_parallel_never_gives_one_gpu_to_two_running_jobs(monkeypatch):
-    """The slot bookkeeping, with run_job replaced by a recorder (no GPU here to run real jobs on)."""
+    """The slot bookkeeping, with run_request replaced by a recorder (no GPU here to run real jobs on)."""
     import inner_loop.job as job
 
     held, seen, lock = set(), [], threading.Lock()
 
-    def fake_run_job(**r):
+    def fake_run_request(r):
+        gpus = r.settings.gpus
         with lock:
-            assert r["gpus"] not in held, "two running jobs on one GPU"
-            held.add(r["gpus"])
-            seen.append(r["gpus"])
+            assert gpus not in held, "two running jobs on one GPU"
+            held.add(gpus)
+            seen.append(gpus)
         time.sleep(0.05)
         with lock:
-            held.discard(r["gpus"])
-        return r["job_dir"], r["gpus"]
+            held.discard(gpus)
+        return int(r.job_dir.name), gpus
 
-    monkeypatch.setattr(job, "run_job", fake_run_job)
+    def request(i, **settings):
+        return JobRequest(Path(str(i)), TASK, settings=JobSettings(**settings))
+
+    monkeypatch.setattr(job, "run_request", fake_run_request)
     monkeypatch.setattr(ex, "visible_gpus", lambda: ["0", "1", "2"])
     pool = ex.make_executor("local_parallel", max_parallel=2, gpus_per_job=1)
-    got = pool.run([{"job_dir": i, "device": "cuda"} for i in range(6)])
+    got = pool.run([request(i, device="cuda") for i in range(6)])
     assert [g[0] for g in got] == list(range(6)), "results in request order"
     assert set(seen) == {"0", "1"}, "max_parallel 2: two slots of the three GPUs"
-    cpu = pool.run([{"job_dir": 0, "device": "cpu", "gpus": ""}])
+    cpu = pool.run([request(0, device="cpu", gpus="")])
     assert cpu == [(0, "")]
     monkeypatch.setattr(ex, "visible_gpus", lambda: [])
-    assert pool.run([{"job_dir": 0, "device": "auto", "gpus": None}]) == [(0, None)], "auto without a GPU: the CPU"
+    assert pool.run([request(0, device="auto", gpus=None)]) == [(0, None)], "auto without a GPU: the CPU"
 
 
 def test_the_harness_scores_on_the_jobs_first_gpu_as_it_numbers_them(monkeypatch):
@@ -145,7 +155,9 @@ def test_the_harness_scores_on_the_jobs_first_gpu_as_it_numbers_them(monkeypatch
 def test_a_gpu_result_is_never_a_cache_hit_for_a_cpu_job():
     import torch
 
-    key = lambda **kw: cache_key({"settings": outcome_settings(kw, None, 0.1)})  # noqa: E731
+    def key(**settings):
+        job = Job(JobRequest(Path("j"), TASK, settings=JobSettings(**settings)), CostModel(), None, None, None, 0.0)
+        return cache_key({"settings": outcome_settings(job)})
     assert key(device="cpu") != key(device="cuda")
     assert key(device="cuda") != key(device="cuda", vllm=True)
     here = "cuda" if torch.cuda.is_available() else "cpu"

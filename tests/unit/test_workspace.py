@@ -11,6 +11,7 @@ from evaluation.tasks import parse_task
 from outer_loop.ledger import Budget, Ledger
 from outer_loop.tools import SCHEMAS, ToolBox, ToolLimits, check_arguments
 from outer_loop.workspace import GUIDE_FILE, TASK_FILE, Workspace, WorkspaceError
+from inner_loop.request import JobSettings
 
 VALID_JOB = """base_model: tiny-s
 algorithm: sft
@@ -37,7 +38,7 @@ def ws(tmp_path, task):
 def box(ws, task, tmp_path):
     return ToolBox(ws, task, limits=ToolLimits(max_turns=3, max_jobs=2, max_read_chars=100),
                    jobs_dir=tmp_path / "episode" / "jobs", validate_kwargs={"dry_run": False},
-                   job_kwargs={"dry_run": False, "progress": False})
+                   job_settings=JobSettings(dry_run=False, progress=False))
 
 
 def test_workspace_holds_the_visible_task_and_a_generated_guide(ws):
