@@ -1,4 +1,4 @@
-"""Helpers shared by the thin ``at-*`` entry points in ``scripts/``.
+"""Helpers shared by the thin ``at-*`` entry points in ``agent_trainer/commands/``.
 
 A script declares ``@hydra.main`` over ``cli.call(run, cfg)``, a plain ``run(cfg)`` (what tests call)
 that starts with ``cli.start_run(cfg)`` (or ``cli.open_run(cfg)``, which also returns the validated

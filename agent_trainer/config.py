@@ -127,11 +127,11 @@ class AgentConfig:
                                     "in the system prompt; the tiny agent's context is short)")
     validate_dry_run: bool = doc(False, "validate_job also runs the dry run (seconds per call); submission always probes")
     tool_format: str = doc("auto", "how the agent writes tool calls in text: auto (from its chat template) | hermes | "
-                                   "llama3 | mistral | qwen3_coder (outer_loop.backends.toolcalls)")
+                                   "llama3 | mistral | qwen3_coder (agent_trainer.outer_loop.agents.toolcalls)")
     sampler: str = doc("auto", "at-train: what samples the agent's turns: auto (the backend's: the policy's own model "
                                "for local, an in-process engine for vllm) | served (a vLLM server at agent.base_url "
                                "with runtime LoRA loading; the LoRA is pushed to it after each update; "
-                               "outer_loop.backends.served_sampler)")
+                               "agent_trainer.outer_loop.agents.served_sampler)")
 
 
 @dataclass
@@ -143,7 +143,7 @@ class TaskConfig:
     held_out_families: list[str] = doc([], "families scored at the start, every outer.heldout_every steps and at the "
                                            "end, never trained on")
     include_path: list[str] = doc([], "folders of data-defined task families (*.yaml cards with their JSONL; "
-                                      "evaluation.families.data_family), searched besides the built-in ones")
+                                      "agent_trainer.evaluation.families.data_family), searched besides the built-in ones")
     spec_pattern: str = doc("examples/tasks/{family}_v1_fast.json",
                             "task spec file of a family for the outer loop ({family} is replaced)")
 
@@ -237,7 +237,7 @@ class InnerConfig:
     eval_batch_size: int = doc(64, "sequences per batch in the hidden evaluation")
     timeout_s: Optional[float] = doc(None, "hard kill deadline of a job's training process; null = task max_seconds x 1.5 + 60")
     sandbox: bool = doc(True, "run jobs with agent-written code or data in the sandbox (bubblewrap; "
-                              "inner_loop.sandbox); with it off (or bwrap missing) they are refused unless allow_unsafe")
+                              "agent_trainer.inner_loop.isolation.sandbox); with it off (or bwrap missing) they are refused unless allow_unsafe")
     allow_unsafe: bool = doc(False, "run jobs with agent-written code or data without bubblewrap when the sandbox is "
                                     "off or bwrap is missing (limits and a scrubbed environment only): trusted agents only")
     sandbox_memory_gb: Optional[float] = doc(16.0, "address-space cap of a sandboxed training process (GiB; raise "
@@ -246,14 +246,14 @@ class InnerConfig:
     sandbox_max_processes: int = doc(64, "processes + threads the agent's reward code may run at once")
     reward_timeout_s: float = doc(60.0, "seconds one call of the agent's reward code (or its import) may take")
     cache: bool = doc(True, "return the stored result of an identical job (same files, task, base model weights, "
-                            "seed, libraries, harness; inner_loop.cache) instead of running it again")
+                            "seed, libraries, harness; agent_trainer.inner_loop.run.cache) instead of running it again")
     warm_workers: bool = doc(True, "fork jobs without agent-written code from a pre-imported worker (saves ~10 s "
                                    "of imports per job); agent code always gets a fresh interpreter")
 
 
 @dataclass
 class ModelConfig:
-    """A base model for inner jobs and evaluation, resolved by ``inner_loop.models.resolve_model``."""
+    """A base model for inner jobs and evaluation, resolved by ``agent_trainer.inner_loop.models.resolve_model``."""
 
     name: str = doc(MISSING, "registry name: tiny-s | tiny-m | qwen3-0.6b | qwen3-1.7b")
     path: Optional[str] = doc(None, "a local folder with the weights; null = the registry's cache folder")
@@ -272,7 +272,7 @@ class BaseModelEntry:
 
 @dataclass
 class Intervention:
-    """A message put into the agent's conversation after a job's result (outer_loop.steering)."""
+    """A message put into the agent's conversation after a job's result (agent_trainer.outer_loop.strategy.steering)."""
 
     after_job: int = doc(1, "the job (1 = the first) after whose result the message is given")
     message: str = doc(MISSING, "the message, e.g. 'switch to GRPO instead of SFT' or 'reconsider your strategy'")
@@ -280,7 +280,7 @@ class Intervention:
 
 @dataclass
 class EvaluatorConfig:
-    """The evaluator agent: after each job it predicts, evaluates, analyses and suggests (outer_loop.evaluator)."""
+    """The evaluator agent: after each job it predicts, evaluates, analyses and suggests (agent_trainer.outer_loop.strategy.evaluator)."""
 
     kind: EvaluatorKind = doc(EvaluatorKind.none, "none | rule (heuristics, offline) | llm (a second agent)")
     backend: Backend = doc(Backend.local, "llm: where the evaluator runs: local | openai | vllm")
@@ -312,7 +312,7 @@ class StrategyConfig:
     journal_path: Optional[str] = doc(None, "journal file; null = one per episode; a relative path is inside the run "
                                             "folder and persists across the run's episodes (absolute: across runs)")
     skills: bool = doc(False, "give the agent list_skills / read_skill (short markdown skills)")
-    skills_dir: Optional[str] = doc(None, "folder of *.md skills; null = the seeded library (outer_loop/skills)")
+    skills_dir: Optional[str] = doc(None, "folder of *.md skills; null = the seeded library (agent_trainer/outer_loop/skills)")
     evaluator: EvaluatorConfig = doc(EvaluatorConfig, "the evaluator agent")
 
 
@@ -368,7 +368,7 @@ class EvalCommand(Config):
 
     table: bool = doc(False, "print the whole baseline table instead of one score")
     checkpoint: Optional[str] = doc(None, "a trained model folder to score against the base model's baseline; null = the base model")
-    prompt_format: Optional[str] = doc(None, "raw | chat (evaluation.prompts); null = the task spec's")
+    prompt_format: Optional[str] = doc(None, "raw | chat (agent_trainer.evaluation.prompts); null = the task spec's")
     table_models: list[str] = doc([], "table: these base models only; [] = every base model on disk")
 
 
@@ -643,7 +643,7 @@ def _check_strategy(s: StrategyConfig) -> None:
 
 
 def check_update(o: Any, key: str = "outer") -> None:
-    """The rules of the outer update's settings, for ``OuterConfig`` and ``outer_loop.policy.PolicyConfig``."""
+    """The rules of the outer update's settings, for ``OuterConfig`` and ``agent_trainer.outer_loop.rl.policy.PolicyConfig``."""
     _check(o.loss_aggregation in ("token", "episode"),
            f"{key}.loss_aggregation must be 'token' or 'episode', got {o.loss_aggregation!r}")
     _check(0 < o.focus_top_frac <= 1,

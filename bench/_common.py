@@ -44,7 +44,7 @@ def workdir(arg: Path | None, name: str) -> Path:
 
 def task(hidden_n: int | None = None, max_steps: int | None = None):
     """The calc_chain fast task, optionally with another hidden-eval size or step budget."""
-    from evaluation.tasks import load_task
+    from agent_trainer.evaluation.tasks import load_task
 
     t = load_task(TASK_SPEC)
     update: dict[str, Any] = {}

@@ -24,9 +24,9 @@ def main() -> None:
     p.add_argument("--hidden-n", type=int, default=200)
     a = p.parse_args()
     C.one_thread()
-    from evaluation.baselines import get_baseline
-    from inner_loop.job import run_job
-    from inner_loop.models import resolve_model
+    from agent_trainer.evaluation.baselines import get_baseline
+    from agent_trainer.inner_loop.run.job import run_job
+    from agent_trainer.inner_loop.models import resolve_model
 
     wd = C.workdir(a.workdir, "cache")
     task = C.task(hidden_n=a.hidden_n)

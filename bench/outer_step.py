@@ -48,10 +48,10 @@ def main() -> None:
     p.add_argument("--overrides", nargs="*", default=["experiment=smoke"])
     a = p.parse_args()
     C.one_thread()
-    import inner_loop.validate as validate_mod
+    import agent_trainer.inner_loop.spec.validate as validate_mod
     from agent_trainer.config import compose_config
-    from outer_loop.run_config import build_trainer, quiet_libraries
-    from outer_loop.train import Trainer
+    from agent_trainer.outer_loop.rl.run_config import build_trainer, quiet_libraries
+    from agent_trainer.outer_loop.rl.train import Trainer
 
     wd = C.workdir(a.workdir, "outer")
     cfg = compose_config([*a.overrides, "hardware=cpu", "hardware.threads_per_job=1", "inner.cache=false", "outer.overlap_jobs=false",

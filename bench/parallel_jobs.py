@@ -1,6 +1,6 @@
 """(c) N inner jobs in parallel against in sequence (throughput), one torch thread per job.
 
-The same N SFT jobs (seeds 0..N-1, tiny-s, calc_chain) run through ``inner_loop.executor``:
+The same N SFT jobs (seeds 0..N-1, tiny-s, calc_chain) run through ``agent_trainer.inner_loop.run.executor``:
 ``sequential`` with one thread per job, ``local_parallel`` (N at once, one thread each), and, for
 reference, ``sequential`` with all cores per job. Warm workers on, job cache off; a 2-step job
 starts the warm-worker forkserver before any timing. Checks that every mode gives the same scores.
@@ -27,8 +27,8 @@ def main() -> None:
     p.add_argument("--skip-all-cores", action="store_true", help="skip the sequential run with all cores per job")
     a = p.parse_args()
     C.one_thread()
-    from inner_loop.executor import make_executor
-    from inner_loop.job import run_job
+    from agent_trainer.inner_loop.run.executor import make_executor
+    from agent_trainer.inner_loop.run.job import run_job
 
     wd = C.workdir(a.workdir, "parallel")
     task = C.task(hidden_n=a.hidden_n)

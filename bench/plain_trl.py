@@ -29,7 +29,7 @@ def train_and_eval(model_dir: str, rows: list[dict], eval_items: list[dict], *, 
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import SFTConfig, SFTTrainer
 
-    from evaluation.families import get_family
+    from agent_trainer.evaluation.families import get_family
 
     if threads:
         torch.set_num_threads(threads)

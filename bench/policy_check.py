@@ -29,9 +29,9 @@ def main(argv: list[str]) -> None:
 
     torch.set_num_threads(1)
     from agent_trainer.config import compose_config
-    from outer_loop.episode import Episode
-    from outer_loop.run_config import agent_dir, quiet_libraries, train_settings
-    from outer_loop.train import Trainer
+    from agent_trainer.outer_loop.episode.episode import Episode
+    from agent_trainer.outer_loop.rl.run_config import agent_dir, quiet_libraries, train_settings
+    from agent_trainer.outer_loop.rl.train import Trainer
 
     if not argv:
         raise SystemExit(__doc__)
@@ -41,7 +41,7 @@ def main(argv: list[str]) -> None:
     settings = train_settings(cfg)
     shutil.rmtree(out, ignore_errors=True)
 
-    from evaluation.staged_reward import validation_score
+    from agent_trainer.evaluation.staged_reward import validation_score
 
     def proxy(ep) -> float:
         """The validation stage of a submitted job (jobs never run here, so there is no job outcome)."""

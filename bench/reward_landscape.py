@@ -31,9 +31,9 @@ FAMILIES = "calc_chain,reverse_text,sort_numbers,unit_convert,count_char"
 
 
 def job_for(family: str, base: str, algorithm: str, lr: float, steps: int) -> dict:
-    """The job a novice would write for these choices (outer_loop.novice's rendering and defaults)."""
-    from evaluation.families import get_family
-    from outer_loop.novice import default_rewards
+    """The job a novice would write for these choices (agent_trainer.outer_loop.agents.novice's rendering and defaults)."""
+    from agent_trainer.evaluation.families import get_family
+    from agent_trainer.outer_loop.agents.novice import default_rewards
 
     fam = get_family(family)
     hp: dict = {"learning_rate": lr, "max_steps": steps, "batch_size": 32}
@@ -60,10 +60,10 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)
-    from evaluation.staged_reward import staged_reward
-    from evaluation.tasks import load_task
-    from inner_loop.job import run_job
-    from outer_loop.novice import render_job
+    from agent_trainer.evaluation.staged_reward import staged_reward
+    from agent_trainer.evaluation.tasks import load_task
+    from agent_trainer.inner_loop.run.job import run_job
+    from agent_trainer.outer_loop.agents.novice import render_job
 
     root = workdir(a.workdir, "landscape")
     grid = itertools.product(a.families.split(","), a.bases.split(","), a.algorithms.split(","),

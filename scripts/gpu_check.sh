@@ -9,8 +9,8 @@
 #      in bf16 on the GPU): seconds per step, completion tokens per second of a step; again with
 #      TRL's vLLM colocate mode when vLLM imports; then one SFT job through the whole harness
 #      (run_job: a worker process with its own CUDA_VISIBLE_DEVICES, training and scoring on the GPU);
-#   4. the hidden evaluation of the trained model (evaluation.hidden_eval): items/s;
-#   5. the outer update (outer_loop.policy.AgentPolicy, Lightning, bf16) with a rank-64 LoRA on the
+#   4. the hidden evaluation of the trained model (agent_trainer.evaluation.hidden_eval): items/s;
+#   5. the outer update (agent_trainer.outer_loop.rl.policy.AgentPolicy, Lightning, bf16) with a rank-64 LoRA on the
 #      same model: seconds and tokens/s per update of 16 turns x 1,280 tokens;
 #   6. agent=vllm when vLLM imports: engine start-up, tokens/s of one sampled agent turn, and its
 #      log-probs and greedy tokens against transformers on the same weights.

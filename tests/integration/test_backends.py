@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from outer_loop.backends import BackendError, Generation, make_backend, parse_tool_calls
-from outer_loop.tools import SCHEMAS
+from agent_trainer.outer_loop.agents import BackendError, Generation, make_backend, parse_tool_calls
+from agent_trainer.outer_loop.episode.tools import SCHEMAS
 
 _spec = importlib.util.spec_from_file_location("openai_server", Path(__file__).parents[1] / "fixtures" / "openai_server.py")
 openai_server = importlib.util.module_from_spec(_spec)
@@ -90,14 +90,14 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def tok():
-    from inner_loop.models.tokenizer import build_tokenizer
+    from agent_trainer.inner_loop.models.tokenizer import build_tokenizer
 
     return build_tokenizer()
 
 
 def _trained_agent(tok, head_dim: int = 16):
     """A LocalBackend whose model greedily answers MESSAGES with the finish call (trained to, ~60 steps)."""
-    from outer_loop.backends.local import LocalBackend
+    from agent_trainer.outer_loop.agents.local import LocalBackend
 
     model = _tiny_model(tok, seed=0, head_dim=head_dim)
     backend = LocalBackend(model, tok, device="cpu", model_name="local-agent")
@@ -140,7 +140,7 @@ def test_local_greedy_tool_call(agent):
 
 @pytest.mark.slow
 def test_local_logprobs_are_those_of_the_tempered_distribution(tok):
-    from outer_loop.backends.local import LocalBackend
+    from agent_trainer.outer_loop.agents.local import LocalBackend
 
     backend = LocalBackend(_tiny_model(tok, seed=1), tok, device="cpu")
     a = backend.generate(MESSAGES, TOOLS, temperature=0.7, max_new_tokens=24, seed=3)

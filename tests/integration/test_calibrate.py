@@ -7,10 +7,10 @@ import json
 import pytest
 import yaml
 
-from evaluation.tasks import TaskSpec
-from inner_loop.cost import CostModel, estimate_cost, load_profile, machine_key, save_profile
-from inner_loop.jobspec import load_job
-from inner_loop.validate import validate_job
+from agent_trainer.evaluation.tasks import TaskSpec
+from agent_trainer.inner_loop.spec.cost import CostModel, estimate_cost, load_profile, machine_key, save_profile
+from agent_trainer.inner_loop.spec.jobspec import load_job
+from agent_trainer.inner_loop.spec.validate import validate_job
 
 
 def _job(folder, steps: int, model: str = "smollm2-135m"):
@@ -42,7 +42,7 @@ def test_a_job_sized_for_an_hour_on_a_gpu_profile_is_accepted(tmp_path):
 
 @pytest.mark.slow
 def test_calibration_measures_a_model_and_predicts_its_steps(built_models, tmp_path):
-    from inner_loop.calibrate import calibrate
+    from agent_trainer.inner_loop.spec.calibrate import calibrate
 
     profile = calibrate("tiny-s", cache_dir=tmp_path / "cache", progress=False)
     factors = profile["factors"]

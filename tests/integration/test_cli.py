@@ -72,8 +72,8 @@ def test_dry_run_writes_the_run_folder(tmp_path):
 @pytest.mark.slow
 def test_models_then_eval_end_to_end(tmp_path, built_agent, capsys):
     """at-models then at-eval through their run(cfg): a real score, logged to MLflow and read back."""
-    from scripts import eval as at_eval
-    from scripts import models as at_models
+    from agent_trainer.commands import eval as at_eval
+    from agent_trainer.commands import models as at_models
 
     models = at_models.run(compose_config([f"runs_dir={tmp_path}", "run_id=models"], "models"))
     assert models and all(Path(p).is_dir() for p in models.values())

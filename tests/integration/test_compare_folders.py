@@ -1,5 +1,5 @@
 """at-compare on run and sweep folders: a real SQLite MLflow store with runs that differ in outer.lora_r,
-run folders with run.json under a sweep folder, the comparison through ``scripts.compare.run``."""
+run folders with run.json under a sweep folder, the comparison through ``agent_trainer.commands.compare.run``."""
 
 from __future__ import annotations
 
@@ -60,11 +60,11 @@ def store(tmp_path_factory):
 
 def _compare(store, out: str, *overrides: str, monkeypatch=None) -> tuple[dict, dict[str, dict]]:
     """Run at-compare; returns the paths and, per PNG, its legend and x tick labels as matplotlib drew them."""
-    import outer_loop.plots
-    from scripts import compare as at_compare
+    import agent_trainer.outer_loop.report.plots
+    from agent_trainer.commands import compare as at_compare
 
     drawn: dict[str, dict] = {}
-    save = outer_loop.plots.save_figure
+    save = agent_trainer.outer_loop.report.plots.save_figure
 
     def spy(fig, path):
         drawn[Path(path).name] = {
@@ -75,7 +75,7 @@ def _compare(store, out: str, *overrides: str, monkeypatch=None) -> tuple[dict, 
         return save(fig, path)
 
     if monkeypatch is not None:
-        monkeypatch.setattr(outer_loop.plots, "save_figure", spy)
+        monkeypatch.setattr(agent_trainer.outer_loop.report.plots, "save_figure", spy)
     tmp = store["tmp"]
     cfg = compose_config([f"runs_dir={tmp}", f"run_id={out}", f"out={tmp / out}", *overrides], "compare")
     return at_compare.run(cfg), drawn

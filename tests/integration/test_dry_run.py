@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from agent_trainer.config import CONFIG_DIR, compose_config
-from scripts import train as at_train
+from agent_trainer.commands import train as at_train
 
 ROOT = Path(__file__).resolve().parents[2]
 HARDWARE = sorted(p.stem for p in (CONFIG_DIR / "hardware").glob("*.yaml"))

@@ -24,7 +24,7 @@ def _records(run: Path) -> list[dict]:
 
 
 def test_tiny_agent_episode_writes_the_run_folder(tmp_path, built_agent):
-    from scripts import episode as at_episode
+    from agent_trainer.commands import episode as at_episode
 
     reward = at_episode.run(compose_config([f"runs_dir={tmp_path}", "run_id=ep", f"task.spec_path={TASK}",
                                             "agent=tiny_local"], "episode"))
@@ -47,8 +47,8 @@ def test_tiny_agent_episode_writes_the_run_folder(tmp_path, built_agent):
 
 
 def test_episode_through_an_openai_compatible_endpoint(tmp_path, built_agent, monkeypatch):
-    from outer_loop.backends.local import LocalBackend
-    from scripts import episode as at_episode
+    from agent_trainer.outer_loop.agents.local import LocalBackend
+    from agent_trainer.commands import episode as at_episode
 
     monkeypatch.setenv("AT_TEST_KEY", "sk-test-planted-key-0123456789")
     local = LocalBackend.from_path(built_agent)

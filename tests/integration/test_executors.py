@@ -20,11 +20,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from evaluation.tasks import TaskSpec
-from inner_loop.cost import CostModel
-from inner_loop.executor import make_executor
-from inner_loop.job import RESULT_FILE
-from inner_loop.request import JobRequest
+from agent_trainer.evaluation.tasks import TaskSpec
+from agent_trainer.inner_loop.spec.cost import CostModel
+from agent_trainer.inner_loop.run.executor import make_executor
+from agent_trainer.inner_loop.run.job import RESULT_FILE
+from agent_trainer.inner_loop.run.request import JobRequest
 
 pytestmark = pytest.mark.slow
 

@@ -20,11 +20,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from evaluation.tasks import load_task
-from outer_loop.ledger import Ledger
-from outer_loop.tools import ToolBox, ToolLimits
-from outer_loop.workspace import Workspace
-from inner_loop.request import JobSettings
+from agent_trainer.evaluation.tasks import load_task
+from agent_trainer.outer_loop.episode.ledger import Ledger
+from agent_trainer.outer_loop.episode.tools import ToolBox, ToolLimits
+from agent_trainer.outer_loop.episode.workspace import Workspace
+from agent_trainer.inner_loop.run.request import JobSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 TASK = ROOT / "examples/tasks/calc_chain_v1_tiny.json"
@@ -35,7 +35,7 @@ JOB = {"base_model": "tiny-s", "algorithm": "sft",
 
 
 def _worker_pids(output_dir: Path) -> list[int]:
-    """Pids of ``python -m inner_loop.worker`` processes writing into ``output_dir``."""
+    """Pids of ``python -m agent_trainer.inner_loop.run.worker`` processes writing into ``output_dir``."""
     pids = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -44,7 +44,7 @@ def _worker_pids(output_dir: Path) -> list[int]:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"inner_loop.worker" in argv and str(output_dir).encode() in argv:
+        if b"agent_trainer.inner_loop.run.worker" in argv and str(output_dir).encode() in argv:
             pids.append(int(entry.name))
     return pids
 

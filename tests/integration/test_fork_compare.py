@@ -24,9 +24,9 @@ def _events(path: Path) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def forked(tmp_path_factory, built_agent):
-    from outer_loop.strategy import job_labels
-    from scripts import episode as at_episode
-    from scripts import fork as at_fork
+    from agent_trainer.outer_loop.strategy.strategy import job_labels
+    from agent_trainer.commands import episode as at_episode
+    from agent_trainer.commands import fork as at_fork
 
     # The first episode seed whose first job trained: the fork point (the tiny agent writes invalid jobs too).
     # Each try has its own runs folder, so its MLflow store holds one source episode.
@@ -105,7 +105,7 @@ def test_nested_mlflow_runs(forked):
 
 
 def test_compare_two_runs_matches_mlflow(forked, tmp_path):
-    from scripts import compare as at_compare
+    from agent_trainer.commands import compare as at_compare
 
     cfg = forked["cfg"]
     client = MlflowClient(tracking_uri=str(cfg.tracking.tracking_uri))

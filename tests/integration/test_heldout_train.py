@@ -19,7 +19,7 @@ VOLATILE = ("seconds_", "cache_", "usd", "tokens_cumulative")
 
 
 def _run(tmp_path, run_id: str, *overrides: str) -> list[dict]:
-    from scripts import train as at_train
+    from agent_trainer.commands import train as at_train
 
     at_train.run(compose_config([f"runs_dir={tmp_path}", f"run_id={run_id}", "experiment=smoke", "inner.cache=false",
                                  *overrides], "train"))
@@ -31,8 +31,8 @@ def training_keys(row: dict) -> dict:
 
 
 def test_start_and_end_on_the_same_seeds_without_changing_training(tmp_path, built_agent, monkeypatch):
-    import outer_loop.train
-    from outer_loop.episode import Episode
+    import agent_trainer.outer_loop.rl.train
+    from agent_trainer.outer_loop.episode.episode import Episode
 
     seeds: dict[str, int] = {}
 
@@ -41,7 +41,7 @@ def test_start_and_end_on_the_same_seeds_without_changing_training(tmp_path, bui
             seeds[kwargs["episode_id"]] = kwargs["seed"]
             super().__init__(*args, **kwargs)
 
-    monkeypatch.setattr(outer_loop.train, "Episode", Recorded)
+    monkeypatch.setattr(agent_trainer.outer_loop.rl.train, "Episode", Recorded)
     on = _run(tmp_path, "on", "outer.heldout_every=1", "outer.heldout_episodes=2")
     off = _run(tmp_path, "off", "outer.heldout_every=0", "tracking=off")
 

@@ -7,10 +7,12 @@ import json
 
 import pytest
 
-from evaluation.baselines import BASELINES_FILE, baseline_table, get_baseline, lookup_baseline
-from evaluation.families import FAMILIES, get_family
-from evaluation.hidden_eval import EvalError, generate_completions, hidden_set, load_checkpoint, score_checkpoint
-from inner_loop.models import TINY_S, build_model
+from agent_trainer.evaluation.baselines import BASELINES_FILE, baseline_table, get_baseline, lookup_baseline
+from agent_trainer.evaluation.families import FAMILIES, get_family
+from agent_trainer.evaluation.hidden_eval import (
+    EvalError, generate_completions, hidden_set, load_checkpoint, score_checkpoint,
+)
+from agent_trainer.inner_loop.models import TINY_S, build_model
 
 SMALL = dataclasses.replace(TINY_S, name="tiny-test", hidden_size=32, num_layers=1, intermediate_size=64, steps=40,
                             batch_size=32, warmup_steps=5)

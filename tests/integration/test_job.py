@@ -14,9 +14,9 @@ import pytest
 import yaml
 
 from agent_trainer.tracking import Tracker, read_metrics
-from evaluation.tasks import TaskSpec
-from inner_loop.cost import CostModel
-from inner_loop.job import RESULT_FILE, run_job
+from agent_trainer.evaluation.tasks import TaskSpec
+from agent_trainer.inner_loop.spec.cost import CostModel
+from agent_trainer.inner_loop.run.job import RESULT_FILE, run_job
 
 pytestmark = pytest.mark.slow
 
@@ -62,8 +62,8 @@ def test_ok_job_is_scored_logged_and_hides_the_hidden_score(base_dir, tmp_path):
     assert res.uplift == pytest.approx(res.hidden_score - res.baseline)
     assert on_disk["seconds"]["total"] >= on_disk["seconds"]["process"] >= on_disk["seconds"]["train"] > 0
     # the speed stage's clock: the cost model's seconds for the 3 steps run, not the wall clock
-    from inner_loop.cost import estimate_job
-    from inner_loop.jobspec import load_job
+    from agent_trainer.inner_loop.spec.cost import estimate_job
+    from agent_trainer.inner_loop.spec.jobspec import load_job
 
     assert on_disk["seconds"]["train_estimated"] == estimate_job(load_job(job), FAST_COSTS, [3]).train_seconds(3)
     assert on_disk["device"] == "cpu"

@@ -29,7 +29,7 @@ def one_thread():
 
 
 def test_smollm2_plays_an_episode_with_the_projects_tool_prompt(tmp_path, smollm2, one_thread):
-    from scripts import episode as at_episode
+    from agent_trainer.commands import episode as at_episode
 
     result = at_episode.play(compose_config([
         f"runs_dir={tmp_path}", "run_id=ep", f"task.spec_path={TASK}", "agent=smollm2", "agent.model=smollm2-135m",

@@ -11,8 +11,8 @@ import json
 import pytest
 import yaml
 
-from evaluation.prompts import PromptFormat, render
-from evaluation.tasks import TaskSpec
+from agent_trainer.evaluation.prompts import PromptFormat, render
+from agent_trainer.evaluation.tasks import TaskSpec
 
 pytestmark = pytest.mark.slow
 
@@ -31,7 +31,7 @@ def test_sft_rows_of_a_real_tokenizer_keep_loss_exactly_on_the_answer(smollm2):
     """SmolLM2's BPE merges across 'prompt + answer' ('=-' is one token); the rows never blur the boundary."""
     from transformers import AutoTokenizer
 
-    from inner_loop.runners.train import sft_ids
+    from agent_trainer.inner_loop.train.train import sft_ids
 
     tok = AutoTokenizer.from_pretrained(smollm2)
     rows = [("calc: 5-7-8=", "-10"), ("calc: 6-7=", "-1"), ("sort: 3 16 17 =", "3 16 17"), ("reverse: abc =", "cba"),
@@ -50,10 +50,10 @@ def test_sft_rows_of_a_real_tokenizer_keep_loss_exactly_on_the_answer(smollm2):
 
 
 def test_baselines_in_both_formats_and_a_chat_sft_lora_job(smollm2, tmp_path):
-    from evaluation.baselines import get_baseline
-    from evaluation.prompts import for_family
-    from inner_loop.cost import CostModel
-    from inner_loop.job import run_job
+    from agent_trainer.evaluation.baselines import get_baseline
+    from agent_trainer.evaluation.prompts import for_family
+    from agent_trainer.inner_loop.spec.cost import CostModel
+    from agent_trainer.inner_loop.run.job import run_job
 
     raw = get_baseline(smollm2, "calc_chain", n=20, cache_dir=tmp_path / "cache")
     chat = get_baseline(smollm2, "calc_chain", n=20, cache_dir=tmp_path / "cache", fmt=for_family("calc_chain", "chat"))

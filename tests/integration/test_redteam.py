@@ -29,14 +29,14 @@ import pytest
 import yaml
 
 from agent_trainer.paths import cache_dir
-from evaluation.hidden_eval import hidden_set
-from evaluation.tasks import TaskSpec
-from inner_loop.contamination import check_job
-from inner_loop.cost import CostModel
-from inner_loop.job import RESULT_FILE, JobResult, _score, run_job
-from inner_loop.jobspec import load_job
-from inner_loop.sandbox import SandboxPolicy, bwrap_problem, sandbox_uids
-from inner_loop.validate import validate_job
+from agent_trainer.evaluation.hidden_eval import hidden_set
+from agent_trainer.evaluation.tasks import TaskSpec
+from agent_trainer.inner_loop.isolation.contamination import check_job
+from agent_trainer.inner_loop.spec.cost import CostModel
+from agent_trainer.inner_loop.run.job import RESULT_FILE, JobResult, _score, run_job
+from agent_trainer.inner_loop.spec.jobspec import load_job
+from agent_trainer.inner_loop.isolation.sandbox import SandboxPolicy, bwrap_problem, sandbox_uids
+from agent_trainer.inner_loop.spec.validate import validate_job
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(bwrap_problem() is not None, reason=f"needs bubblewrap: {bwrap_problem()}")]
@@ -94,7 +94,7 @@ def world(built_models, tmp_path_factory):
 
 def _state(world) -> dict:
     # What defines the hidden set and the scorer (other code may change under a shared tree).
-    harness_code = [*REPO.glob("evaluation/families/*.py"), REPO / "evaluation" / "hidden_eval.py"]
+    harness_code = [*REPO.glob("agent_trainer/evaluation/families/*.py"), REPO / "agent_trainer" / "evaluation" / "hidden_eval.py"]
     hidden = hidden_set(FAMILY, 200)
     return {"code": _digest(harness_code), "model": _digest(p for p in world["base"].iterdir() if p.is_file()),
             "world": _digest(p for p in world["root"].rglob("*") if p.is_file() and "cache" not in p.parts
@@ -158,11 +158,11 @@ def _probe(world, tmp_path, reward: str) -> str:
 
 ATTACKS = {
     # reading what the harness keeps for itself
-    "hidden_set_import": ("from evaluation.hidden_eval import hidden_set\nhidden_set('calc_chain', 5)",
+    "hidden_set_import": ("from agent_trainer.evaluation.hidden_eval import hidden_set\nhidden_set('calc_chain', 5)",
                           "ModuleNotFoundError"),
-    "hidden_set_generator": ("from evaluation.families import get_family\n"
+    "hidden_set_generator": ("from agent_trainer.evaluation.families import get_family\n"
                              "get_family('calc_chain')._draw(1_000_000_008, 5, hidden=True)", "ModuleNotFoundError"),
-    "harness_source": ("open({repo!r} + '/evaluation/hidden_eval.py').read()", "FileNotFoundError"),
+    "harness_source": ("open({repo!r} + '/agent_trainer/evaluation/hidden_eval.py').read()", "FileNotFoundError"),
     "other_episode": ("open({other!r} + '/result.json').read()", "FileNotFoundError"),
     "mlflow_db": ("open({mlflow!r}).read()", "FileNotFoundError"),
     "baseline_cache": ("os.listdir({cache!r})", "FileNotFoundError"),
@@ -170,11 +170,11 @@ ATTACKS = {
     "harness_file": ("open({secret!r}).read()", "FileNotFoundError"),
     "proc_root_escape": ("open('/proc/1/root' + {secret!r}).read()", ("PermissionError", "FileNotFoundError")),
     "symlink_escape": ("os.symlink({secret!r}, '/tmp/link')\nopen('/tmp/link').read()", "FileNotFoundError"),
-    "import_scorer": ("from inner_loop.job import _score\n_score", "ModuleNotFoundError"),
+    "import_scorer": ("from agent_trainer.inner_loop.run.job import _score\n_score", "ModuleNotFoundError"),
     # writing where it must not
     "write_outside": ("open({root!r} + '/planted.txt', 'w').write('x')", "FileNotFoundError"),
     "write_job_folder": ("open('reward.py', 'w').write('x')", "OSError"),
-    "write_repo": ("open({repo!r} + '/evaluation/families/base.py', 'a').write('x')", "FileNotFoundError"),
+    "write_repo": ("open({repo!r} + '/agent_trainer/evaluation/families/base.py', 'a').write('x')", "FileNotFoundError"),
     # an import hook for the trainer: a .pth or sitecustomize in the interpreter's site-packages
     "import_hook_pth": ("import site\nopen(site.getsitepackages()[0] + '/zz_redteam.pth', 'w').write('import os')",
                         ("OSError", "PermissionError")),
@@ -351,7 +351,7 @@ def test_training_on_hidden_items_is_flagged_and_scores_as_baseline(harness, tmp
 
 
 def TASK_FAMILY_TRAINING(n: int):
-    from evaluation.families import get_family
+    from agent_trainer.evaluation.families import get_family
 
     return get_family(FAMILY).training_examples(seed=5, n=n)
 
@@ -363,7 +363,7 @@ def test_hidden_answers_in_reward_code_and_long_item_ngrams_are_flagged(harness,
                                         "    return [0.0] * len(completions)\n")
     r = check_job(load_job(job), job, FAMILY, TASK.hidden_eval_size)
     assert r.flagged and r.hits == 3 and {s["source"] for s in r.sources} == {"reward.py"}
-    from evaluation.contamination import NGRAM, tokens
+    from agent_trainer.evaluation.contamination import NGRAM, tokens
 
     long = next(e for e in hidden_set("triage", 200) if len(tokens(e.prompt)) > NGRAM)
     window = " ".join(tokens(long.prompt)[1:NGRAM + 1])  # 13 of its tokens, inside other text

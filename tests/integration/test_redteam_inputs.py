@@ -6,7 +6,7 @@ Each attack is a job folder an agent could write. Planted code writes a marker f
 ``LEAKED <name>`` when it runs; the tests assert that no marker exists. The shadowing attacks are
 run three ways: through the validation (which refuses the names), and, bypassing it, straight
 through the harness's child processes (the probe's scoring child, the trainer cold, warm and
-sandboxed), which must never import from the job folder whatever it holds (``inner_loop.isolation``).
+sandboxed), which must never import from the job folder whatever it holds (``agent_trainer.inner_loop.isolation.launcher``).
 See docs/security.md.
 """
 
@@ -20,14 +20,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from evaluation.hidden_eval import hidden_set
-from evaluation.tasks import TaskSpec
-from inner_loop.cost import CostModel
-from inner_loop.jobspec import RewardSpec
-from inner_loop.probe import score_in_child
-from inner_loop.sandbox import SandboxPolicy, bwrap_problem, trainer_wrapper
-from inner_loop.validate import validate_job
-from inner_loop.worker import run_worker
+from agent_trainer.evaluation.hidden_eval import hidden_set
+from agent_trainer.evaluation.tasks import TaskSpec
+from agent_trainer.inner_loop.spec.cost import CostModel
+from agent_trainer.inner_loop.spec.jobspec import RewardSpec
+from agent_trainer.inner_loop.spec.probe import score_in_child
+from agent_trainer.inner_loop.isolation.sandbox import SandboxPolicy, bwrap_problem, trainer_wrapper
+from agent_trainer.inner_loop.spec.validate import validate_job
+from agent_trainer.inner_loop.run.worker import run_worker
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(bwrap_problem() is not None, reason=f"needs bubblewrap: {bwrap_problem()}")]
@@ -43,7 +43,7 @@ PYC = f"__pycache__/resource.{sys.implementation.cache_tag}.pyc"
 SHADOWS = {
     "stdlib_resource": ["resource.py"], "stdlib_json": ["json.py"], "library_torch": ["torch.py"],
     "library_yaml_package": ["yaml/__init__.py"], "library_typing_extensions": ["typing_extensions.py"],
-    "harness_package": ["inner_loop/__init__.py", "inner_loop/rewards.py", "inner_loop/worker.py"],
+    "harness_package": ["agent_trainer/inner_loop/__init__.py", "agent_trainer/inner_loop/train/rewards.py", "agent_trainer/inner_loop/run/worker.py"],
     "sitecustomize": ["sitecustomize.py"], "usercustomize": ["usercustomize.py"], "path_hook": ["evil.pth"],
     "pycache_bytecode": ["resource.py", PYC], "sourceless_bytecode": ["runpy.pyc"],
 }
@@ -111,7 +111,7 @@ def test_files_that_act_as_code_are_refused_by_the_validation(variant, built_mod
 
 
 def test_the_agent_tools_refuse_names_that_act_as_code(tmp_path):
-    from outer_loop.workspace import Workspace, WorkspaceError
+    from agent_trainer.outer_loop.episode.workspace import Workspace, WorkspaceError
 
     ws = Workspace.create(tmp_path / "ws", TASK)
     for names in SHADOWS.values():
@@ -160,7 +160,7 @@ def test_the_trainer_never_imports_from_the_job_folder(mode, built_models, tmp_p
 
 
 def test_disguised_hidden_items_in_a_job_are_flagged_and_score_as_baseline(built_models, tmp_path):
-    from inner_loop.job import run_job
+    from agent_trainer.inner_loop.run.job import run_job
 
     hidden = hidden_set(FAMILY, TASK.hidden_eval_size)
     cyrillic = str.maketrans("ac", "ас")
@@ -224,7 +224,7 @@ def lie(prompts, completions, **kwargs):
 
 @pytest.mark.parametrize("dry_run", [True, False], ids=["validation", "training"])
 def test_a_reward_that_lies_about_its_value_never_reaches_training(dry_run, built_models, tmp_path):
-    from inner_loop.job import run_job
+    from agent_trainer.inner_loop.run.job import run_job
 
     job = library_job(tmp_path / "job", algorithm="grpo")
     spec = yaml.safe_load((job / "job.yaml").read_text())
@@ -239,7 +239,7 @@ def test_a_reward_that_lies_about_its_value_never_reaches_training(dry_run, buil
 
 
 def test_a_base_model_given_as_a_path_is_invalid(tmp_path):
-    from inner_loop.job import run_job
+    from agent_trainer.inner_loop.run.job import run_job
 
     job = _yaml_job(tmp_path, BASE_YAML.replace("tiny-s", "../.."))
     res = run_job(job, TASK, progress=False, dry_run=False)

@@ -12,9 +12,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, TrainerCallback
 
-from evaluation.families import get_family
-from inner_loop.jobspec import JobSpec
-from inner_loop.runners import TRAIN_LOG, TRL_CONFIG, train, trl_config
+from agent_trainer.evaluation.families import get_family
+from agent_trainer.inner_loop.spec.jobspec import JobSpec
+from agent_trainer.inner_loop.train.train import TRAIN_LOG, TRL_CONFIG, train
+from agent_trainer.inner_loop.train.config import trl_config
 
 
 ROWS = [dict(ex.as_dict(), family="calc_chain") for ex in get_family("calc_chain").training_examples(seed=3, n=48)]
@@ -129,7 +130,7 @@ def test_batched_sft_tokenization_matches_trl_own_preparation(base_dir, tmp_path
     from transformers import AutoTokenizer
     from trl import SFTTrainer
 
-    from inner_loop.runners.train import sft_dataset
+    from agent_trainer.inner_loop.train.train import sft_dataset
 
     rows = [dict(ex.as_dict(), family=f) for f in ("calc_chain", "reverse_text", "triage")
             for ex in get_family(f).training_examples(seed=5, n=40)]
@@ -152,8 +153,8 @@ def test_pissa_adapter_starts_as_the_base_model_and_holds_its_principal_part(bas
     computes exactly what the base did before training, and the adapter is not zero (PEFT's default B = 0)."""
     from peft import get_peft_model
 
-    from inner_loop.jobspec import PeftSpec
-    from inner_loop.runners import lora_config
+    from agent_trainer.inner_loop.spec.jobspec import PeftSpec
+    from agent_trainer.inner_loop.train.config import lora_config
 
     base = AutoModelForCausalLM.from_pretrained(base_dir)
     ids = torch.tensor([[5, 17, 33, 2, 40, 9]])

@@ -59,8 +59,8 @@ def _leaks(root: Path) -> list[str]:
 
 
 def test_planted_keys_appear_in_no_file_of_an_episode_or_a_job(tmp_path, built_agent, monkeypatch):
-    from scripts import episode as at_episode
-    from scripts import job as at_job
+    from agent_trainer.commands import episode as at_episode
+    from agent_trainer.commands import job as at_job
 
     for name, key in KEYS.items():
         monkeypatch.setenv(name, key)

@@ -1,6 +1,6 @@
 """at-compare's seed report on a real SQLite MLflow store: a sweep folder of three at-train-like runs
 (seed=0,1,2) logged as at-train logs them (grouped names, held-out at step 0 and one past the last
-step, the paired gain at the last step), read back through ``scripts.compare.run``."""
+step, the paired gain at the last step), read back through ``agent_trainer.commands.compare.run``."""
 
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ def store(tmp_path_factory):
 
 
 def _compare(tmp: Path, out: str, entry: str) -> dict:
-    from scripts import compare as at_compare
+    from agent_trainer.commands import compare as at_compare
 
     cfg = compose_config([f"runs_dir={tmp}", f"run_id={out}", f"out={tmp / out}", f"runs=['{tmp / entry}']"],
                          "compare")

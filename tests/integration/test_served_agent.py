@@ -148,7 +148,7 @@ def episode_cfg(tmp_path: Path, base_url: str, *overrides: str, run_id: str = "e
 
 def play(tmp_path: Path, base_url: str, *overrides: str, run_id: str = "ep"):
     """at-episode in-process; returns (summary, trajectory records, exit code)."""
-    from scripts import episode as at_episode
+    from agent_trainer.commands import episode as at_episode
 
     result = at_episode.play(episode_cfg(tmp_path, base_url, *overrides, run_id=run_id))
     ep = tmp_path / run_id / "episodes" / "0"
@@ -347,7 +347,7 @@ def test_budget_and_turns_end_with_their_own_codes(tmp_path):
 
 
 def test_trimming_drops_whole_old_turns_and_reads_every_servers_context_error():
-    from outer_loop.backends.context import DROPPED_NOTE, context_error, estimate_tokens, fit_conversation
+    from agent_trainer.outer_loop.agents.context import DROPPED_NOTE, context_error, estimate_tokens, fit_conversation
 
     convo = [{"role": "system", "content": "sys"}, {"role": "user", "content": "the task"}]
     for k in range(6):

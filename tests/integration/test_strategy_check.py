@@ -65,7 +65,7 @@ SCRIPT = [
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory, built_models):
-    from scripts import episode as at_episode
+    from agent_trainer.commands import episode as at_episode
 
     tmp = tmp_path_factory.mktemp("check")
     backend = ScriptedBackend(SCRIPT)

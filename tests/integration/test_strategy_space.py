@@ -14,13 +14,13 @@ import pytest
 import yaml
 
 from agent_trainer.paths import PROJECT_ROOT
-from evaluation.tasks import TaskSpec, load_task
-from inner_loop.cost import CostModel
-from inner_loop.job import RESULT_FILE, _ran, run_job
-from inner_loop.jobspec import JobSpec, describe_strategy, load_job
-from inner_loop.runners.stages import prepare_stage
-from inner_loop.selfgen import SelfGenError
-from inner_loop.validate import validate_job
+from agent_trainer.evaluation.tasks import TaskSpec, load_task
+from agent_trainer.inner_loop.spec.cost import CostModel
+from agent_trainer.inner_loop.run.job import RESULT_FILE, _ran, run_job
+from agent_trainer.inner_loop.spec.jobspec import JobSpec, describe_strategy, load_job
+from agent_trainer.inner_loop.train.stages import prepare_stage
+from agent_trainer.inner_loop.train.selfgen import SelfGenError
+from agent_trainer.inner_loop.spec.validate import validate_job
 
 FAST_COSTS = CostModel(startup_s=0.0, grpo_step_s=1e-4, grpo_token_s=0.0, sft_step_s=1e-4, sft_sequence_s=0.0,
                        dpo_step_s=1e-4, dpo_pair_s=0.0, sample_token_s=0.0)
@@ -94,7 +94,7 @@ def test_sft_on_self_generated_data(built_models, tmp_path):
 
 
 def test_rejection_sampling_keeps_correct_answers_of_the_model(built_models, tmp_path):
-    from evaluation.families import get_family
+    from agent_trainer.evaluation.families import get_family
 
     spec = _spec(algorithm="sft", reward=None, data={"sources": [dict(SOURCE, self_generated=GEN)]})
     rows, _, source, (st,) = prepare_stage(spec, tmp_path, built_models["tiny-s"], "calc_chain")

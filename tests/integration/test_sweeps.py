@@ -111,7 +111,7 @@ def test_eval_sweep_goes_on_past_a_failing_job(tmp_path, built_models, launcher)
 
 def test_resume_finds_sweep_runs_and_refuses_another_adapter_shape(tmp_path):
     from agent_trainer.cli import UserError
-    from scripts.train import RUN_MARKER, resume_changes, resume_folder
+    from agent_trainer.commands.train import RUN_MARKER, resume_changes, resume_folder
 
     job = tmp_path / "2026-01-01_00-00-00_train" / "1"
     job.mkdir(parents=True)

@@ -27,7 +27,7 @@ def _ledger(run: Path) -> list[dict]:
 
 
 def test_smoke_training_updates_the_adapter_and_logs_every_step(tmp_path, built_agent):
-    from scripts import train as at_train
+    from agent_trainer.commands import train as at_train
 
     # inner.cache=false: every job trains for real here, whatever earlier runs left in the job cache
     cfg = compose_config([f"runs_dir={tmp_path}", "run_id=smoke", "experiment=smoke", "inner.cache=false"], "train")
@@ -50,7 +50,7 @@ def test_smoke_training_updates_the_adapter_and_logs_every_step(tmp_path, built_
     assert any(k for k in a1 if "lora_B" in k) and not any("base_layer" in k for k in a1), "adapter only"
     # the base agent on disk is untouched by training
     manifest = json.loads((built_agent / "manifest.json").read_text())
-    from inner_loop.models.build import file_sha256
+    from agent_trainer.inner_loop.models.build import file_sha256
 
     assert file_sha256(built_agent / "model.safetensors") == manifest["files"]["model.safetensors"]
     marker = json.loads((run / "outer_run.json").read_text())
@@ -75,7 +75,7 @@ def _child_runs(uri: str, parent: str) -> list[str]:
 
 
 def test_killed_mid_step_resumes_with_every_step_and_record_once(tmp_path, built_agent):
-    args = [sys.executable, "-m", "scripts.train", f"runs_dir={tmp_path}", "experiment=smoke", "outer.steps=3",
+    args = [sys.executable, "-m", "agent_trainer.commands.train", f"runs_dir={tmp_path}", "experiment=smoke", "outer.steps=3",
             "tracking.enabled=true"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(args + ["run_id=r"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
@@ -132,7 +132,7 @@ def test_overlapped_jobs_give_the_same_episodes_as_jobs_after_sampling(tmp_path,
     """``outer.overlap_jobs`` starts each episode's job while the next episodes are sampled; it must
     change when jobs run, not what they are or score: same choices, jobs, hidden scores and reward
     stages (all but speed, which is measured training time and differs run to run)."""
-    from scripts import train as at_train
+    from agent_trainer.commands import train as at_train
 
     def episodes(overlap: bool) -> dict:
         rid = f"overlap_{overlap}".lower()

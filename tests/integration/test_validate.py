@@ -14,9 +14,9 @@ import pytest
 import yaml
 
 from agent_trainer.paths import PROJECT_ROOT
-from evaluation.tasks import load_task, parse_task
-from inner_loop.cost import CostModel
-from inner_loop.validate import validate_job
+from agent_trainer.evaluation.tasks import load_task, parse_task
+from agent_trainer.inner_loop.spec.cost import CostModel
+from agent_trainer.inner_loop.spec.validate import validate_job
 
 CALC = load_task(PROJECT_ROOT / "examples/tasks/calc_chain_v1_fast.json")
 BASE = {
@@ -256,8 +256,8 @@ def model_dir(tmp_path_factory):
     import torch
     from transformers import Qwen3ForCausalLM
 
-    from inner_loop.models.build import TINY_S, qwen3_config
-    from inner_loop.models.tokenizer import build_tokenizer
+    from agent_trainer.inner_loop.models.build import TINY_S, qwen3_config
+    from agent_trainer.inner_loop.models.tokenizer import build_tokenizer
 
     path = tmp_path_factory.mktemp("rand-tiny")
     tok = build_tokenizer()

@@ -41,8 +41,8 @@ DIFF = "sampling/sampling_logp_difference/mean"
 def test_a_grpo_job_generates_with_vllm_from_the_weights_it_trains(built_models, tmp_path):
     import torch
 
-    from evaluation.tasks import TaskSpec
-    from inner_loop.job import run_job
+    from agent_trainer.evaluation.tasks import TaskSpec
+    from agent_trainer.inner_loop.run.job import run_job
     from agent_trainer.config import vllm_build as build
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -90,8 +90,8 @@ def test_the_vllm_sampler_follows_the_policys_updates(agent_hd32):
     """An engine that missed the update samples from the old weights: its log-probs part from the policy's."""
     import torch
 
-    from outer_loop.backends.vllm_backend import VLLMBackend
-    from outer_loop.policy import AgentPolicy, PolicyConfig
+    from agent_trainer.outer_loop.agents.vllm_backend import VLLMBackend
+    from agent_trainer.outer_loop.rl.policy import AgentPolicy, PolicyConfig
 
     policy = AgentPolicy.from_pretrained(agent_hd32, PolicyConfig(), seed=0)
     policy.model.eval()
@@ -116,7 +116,7 @@ def test_the_vllm_sampler_follows_the_policys_updates(agent_hd32):
 
 def test_at_train_with_the_vllm_sampler_updates_the_policy(agent_hd32, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "scripts.train", "experiment=smoke", "agent.backend=vllm",
+    cmd = [sys.executable, "-m", "agent_trainer.commands.train", "experiment=smoke", "agent.backend=vllm",
            f"agent.model_path={agent_hd32}", "tracking=off", f"runs_dir={tmp_path}", "run_id=vllm"]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

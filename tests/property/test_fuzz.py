@@ -23,12 +23,12 @@ import yaml
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from evaluation.tasks import TaskSpec, TaskSpecError, load_task, parse_task
-from inner_loop.jobspec import JobSpec, JobSpecError, load_job
-from inner_loop.validate import ValidationReport, validate_job
-from outer_loop.backends.base import Generation, parse_tool_calls
-from outer_loop.tools import SCHEMAS, ToolBox, ToolLimits, ToolResult
-from outer_loop.workspace import Workspace
+from agent_trainer.evaluation.tasks import TaskSpec, TaskSpecError, load_task, parse_task
+from agent_trainer.inner_loop.spec.jobspec import JobSpec, JobSpecError, load_job
+from agent_trainer.inner_loop.spec.validate import ValidationReport, validate_job
+from agent_trainer.outer_loop.agents.base import Generation, parse_tool_calls
+from agent_trainer.outer_loop.episode.tools import SCHEMAS, ToolBox, ToolLimits, ToolResult
+from agent_trainer.outer_loop.episode.workspace import Workspace
 
 ROOT = Path(__file__).resolve().parents[2]
 TASK = load_task(ROOT / "examples/tasks/calc_chain_v1_tiny.json")
@@ -186,7 +186,7 @@ def test_malformed_job_yaml_is_refused_with_findings_only(tmp_path):
             spec = None
             assert str(e).strip()
         assert spec is None or isinstance(spec, JobSpec)
-        if spec is not None:  # the harness hands the training process the spec as JSON (inner_loop.worker)
+        if spec is not None:  # the harness hands the training process the spec as JSON (agent_trainer.inner_loop.run.worker)
             back = JobSpec.model_validate_json(spec.model_dump_json(exclude_unset=True),
                                                context={"task_family": TASK.family})
             assert back == spec

@@ -9,11 +9,13 @@ import random
 import pytest
 import yaml
 
-from inner_loop.models import build_tokenizer
-from inner_loop.validate import validate_job
-from outer_loop.agent_model import encode_transcript, training_tasks
-from outer_loop.episode import opening_messages
-from outer_loop.novice import INVALID_PROB, MISTAKES, break_job, novice_episode, render_job, sample_job
+from agent_trainer.inner_loop.models import build_tokenizer
+from agent_trainer.inner_loop.spec.validate import validate_job
+from agent_trainer.outer_loop.agents.agent_model import encode_transcript, training_tasks
+from agent_trainer.outer_loop.episode.episode import opening_messages
+from agent_trainer.outer_loop.agents.novice import (
+    INVALID_PROB, MISTAKES, break_job, novice_episode, render_job, sample_job,
+)
 
 EOT = "<|im_end|>"
 

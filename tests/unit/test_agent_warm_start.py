@@ -1,10 +1,10 @@
-"""The warm start of a pretrained agent (outer_loop.agent_warm_start): which transcripts, in which format."""
+"""The warm start of a pretrained agent (agent_trainer.outer_loop.agents.agent_warm_start): which transcripts, in which format."""
 
 from __future__ import annotations
 
 import pytest
 
-from outer_loop.agent_warm_start import WARM_STARTS, resolve_agent, successful
+from agent_trainer.outer_loop.agents.agent_warm_start import WARM_STARTS, resolve_agent, successful
 
 
 def test_only_episodes_whose_last_validation_passed_are_kept():
@@ -17,7 +17,7 @@ def test_only_episodes_whose_last_validation_passed_are_kept():
 
 
 def test_other_names_are_the_registrys():
-    from inner_loop.models.registry import ModelNotFoundError
+    from agent_trainer.inner_loop.models.registry import ModelNotFoundError
 
     assert WARM_STARTS["smollm2-agent"].base == "smollm2-135m"
     with pytest.raises(ModelNotFoundError, match="known models: .*smollm2-135m"):
@@ -29,7 +29,7 @@ def test_warm_start_transcripts_are_what_the_backend_renders(smollm2):
     path = smollm2
     from transformers import AutoTokenizer
 
-    from outer_loop.agent_warm_start import WarmStart, transcripts
+    from agent_trainer.outer_loop.agents.agent_warm_start import WarmStart, transcripts
 
     tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
     (ids, mask), = transcripts(tok, WarmStart(base="smollm2-135m", n_transcripts=1))
@@ -62,7 +62,7 @@ def test_building_a_warm_start_shows_progress_on_a_terminal(smollm2, tmp_path, m
 
     import tqdm.auto
 
-    from outer_loop.agent_warm_start import WarmStart, warm_start
+    from agent_trainer.outer_loop.agents.agent_warm_start import WarmStart, warm_start
 
     bars = []
 

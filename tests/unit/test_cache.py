@@ -11,11 +11,11 @@ from pathlib import Path
 
 import yaml
 
-from evaluation.tasks import TaskSpec
-from inner_loop.cache import CACHED_FROM_FILE, JobCache, cache_counts, cache_key, key_parts
-from inner_loop.job import Job
-from inner_loop.request import JobRequest
-from inner_loop.job import RESULT_FILE, JobResult, run_job
+from agent_trainer.evaluation.tasks import TaskSpec
+from agent_trainer.inner_loop.run.cache import CACHED_FROM_FILE, JobCache, cache_counts, cache_key, key_parts
+from agent_trainer.inner_loop.run.job import Job
+from agent_trainer.inner_loop.run.request import JobRequest
+from agent_trainer.inner_loop.run.job import RESULT_FILE, JobResult, run_job
 
 
 def _task(**budget) -> TaskSpec:
@@ -145,7 +145,7 @@ def test_a_job_the_key_cannot_be_computed_for_runs_uncached(base_dir, tmp_path):
 def test_the_outer_step_counts_hits_misses_and_only_real_job_time():
     from types import SimpleNamespace
 
-    from outer_loop.train import Trainer
+    from agent_trainer.outer_loop.rl.train import Trainer
 
     secs = {"validate": 1.0, "train": 4.0, "process": 9.0, "eval": 2.0, "total": 12.0}
     rs = [JobResult("ok", "t", "f", "j", "o", "h", cache_key="k", cached=True, seconds=dict(secs)),
@@ -160,9 +160,9 @@ def test_the_outer_step_counts_hits_misses_and_only_real_job_time():
 def test_job_yaml_is_read_once_and_the_process_trains_what_was_validated(base_dir, tmp_path, monkeypatch):
     """One read of job.yaml per job, cache key included; the training process gets the parsed spec, so a
     job.yaml rewritten after validation changes nothing about the run."""
-    import inner_loop.jobspec as jobspec
-    import inner_loop.validate as validate
-    from inner_loop.job import execute
+    import agent_trainer.inner_loop.spec.jobspec as jobspec
+    import agent_trainer.inner_loop.spec.validate as validate
+    from agent_trainer.inner_loop.run.job import execute
 
     reads = []
     real = jobspec.read_job_yaml

@@ -1,5 +1,5 @@
 """The agent's prompt from the model's own chat template: tools passed as schemas where the template takes them,
-the project's tool prompt where it drops them (outer_loop.backends.chat_prompt), said once."""
+the project's tool prompt where it drops them (agent_trainer.outer_loop.agents.chat_prompt), said once."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import logging
 
 import pytest
 
-from outer_loop.backends.chat_prompt import TemplateSupport, adapt_messages, render_prompt, template_support
-from outer_loop.backends.toolcalls import TOOL_CALL_FORMATS
-from outer_loop.episode import opening_messages
-from outer_loop.tools import SCHEMAS
+from agent_trainer.outer_loop.agents.chat_prompt import TemplateSupport, adapt_messages, render_prompt, template_support
+from agent_trainer.outer_loop.agents.toolcalls import TOOL_CALL_FORMATS
+from agent_trainer.outer_loop.episode.episode import opening_messages
+from agent_trainer.outer_loop.episode.tools import SCHEMAS
 
 # A tiny template that takes tools (as Qwen's and the tiny agent's do) and one that drops them and the
 # assistant's tool_calls (SmolLM2-Instruct's, verbatim).
@@ -33,7 +33,7 @@ CALL = {"id": "call_1", "type": "function", "function": {"name": "read_file", "a
 
 @pytest.fixture(scope="module")
 def project_tokenizer():
-    from inner_loop.models import build_tokenizer
+    from agent_trainer.inner_loop.models import build_tokenizer
 
     return build_tokenizer()
 
@@ -45,7 +45,7 @@ def _with_template(tokenizer, template: str):
 
 
 def _conversation() -> list[dict]:
-    from evaluation.tasks import load_task
+    from agent_trainer.evaluation.tasks import load_task
 
     task = load_task("examples/tasks/calc_chain_v1_tiny.json")
     return opening_messages(task, "full") + [{"role": "assistant", "content": "", "tool_calls": [CALL]},
@@ -116,7 +116,7 @@ def test_the_local_backend_says_it_once(project_tokenizer, caplog):
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from outer_loop.backends.local import LocalBackend
+    from agent_trainer.outer_loop.agents.local import LocalBackend
 
     tok = _with_template(project_tokenizer, SMOLLM2)
     torch.manual_seed(0)
@@ -126,7 +126,7 @@ def test_the_local_backend_says_it_once(project_tokenizer, caplog):
     backend = LocalBackend(model, tok, device="cpu")
     events = []
     backend.event_log = events.append
-    with caplog.at_level(logging.WARNING, logger="outer_loop.backends.local"):
+    with caplog.at_level(logging.WARNING, logger="agent_trainer.outer_loop.agents.local"):
         for _ in range(2):
             gen = backend.generate(_conversation(), SCHEMAS, temperature=1.0, max_new_tokens=4, seed=0)
             assert gen.prompt_ids == backend.render(_conversation(), SCHEMAS)

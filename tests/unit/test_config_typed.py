@@ -20,13 +20,13 @@ from agent_trainer.config import (
     COMMAND_SCHEMAS, CONFIG_DIR, GROUP_SCHEMAS, AgentConfig, BudgetConfig, Config, EvaluatorConfig, OuterConfig,
     StrategyConfig, validate,
 )
-from inner_loop.request import JobSettings
-from outer_loop import run_config
-from outer_loop.episode import Episode, EpisodeSettings
-from outer_loop.policy import PolicyConfig
-from outer_loop.steering import SteeringSettings, settings_from_config
-from outer_loop.tools import ToolLimits
-from outer_loop.train import TrainSettings
+from agent_trainer.inner_loop.run.request import JobSettings
+from agent_trainer.outer_loop.rl import run_config
+from agent_trainer.outer_loop.episode.episode import Episode, EpisodeSettings
+from agent_trainer.outer_loop.rl.policy import PolicyConfig
+from agent_trainer.outer_loop.strategy.steering import SteeringSettings, settings_from_config
+from agent_trainer.outer_loop.episode.tools import ToolLimits
+from agent_trainer.outer_loop.rl.train import TrainSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 NOT_GROUPS = {"local"}
@@ -126,7 +126,7 @@ def assert_carries_dict(d: dict, sources: dict[str, tuple[object, str]], not_con
 def test_tool_limits_come_from_the_episode_settings(typed, tmp_path):
     c = typed("experiment=smoke")
     settings = run_config.episode_settings(c)
-    from evaluation.tasks import load_task
+    from agent_trainer.evaluation.tasks import load_task
 
     ep = Episode(backend=None, task=load_task(ROOT / "examples/tasks/calc_chain_v1_tiny.json"),
                  episode_dir=tmp_path / "ep", settings=settings)
@@ -181,7 +181,7 @@ def hand_copies(source: str, rel: str) -> list[str]:
 
 
 def test_outer_loop_copies_no_config_value_by_hand():
-    found = [hit for p in sorted((ROOT / "outer_loop").rglob("*.py"))
+    found = [hit for p in sorted((ROOT / "agent_trainer" / "outer_loop").rglob("*.py"))
              for hit in hand_copies(p.read_text(), str(p.relative_to(ROOT)))]
     assert not found, "read the typed config (agent_trainer.config.typed / settings_from) instead:\n" + "\n".join(found)
 

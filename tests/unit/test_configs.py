@@ -183,7 +183,7 @@ def test_sweeps_are_checked_with_their_first_value():
 
 def test_agent_threads_leave_the_parallel_jobs_their_cores(composer):
     """at-train's own torch threads: what the jobs running alongside leave (at least 1), or the set value."""
-    from outer_loop.run_config import agent_threads
+    from agent_trainer.outer_loop.rl.run_config import agent_threads
 
     assert agent_threads(composer(["hardware=cpu_parallel"]), cores=2) == 1     # 2 jobs x 1 thread on 2 cores
     assert agent_threads(composer(["hardware=cpu_parallel"]), cores=8) == 6

@@ -12,12 +12,12 @@ import string
 import pytest
 import yaml
 
-from evaluation.contamination import find_overlap, fold, tokens
-from evaluation.families import FAMILIES, get_family
-from evaluation.hidden_eval import hidden_set
-from inner_loop.contamination import check_job, check_trained
-from inner_loop.data import TRAINED_ROWS, build_rows, trained_record
-from inner_loop.jobspec import load_job
+from agent_trainer.evaluation.contamination import find_overlap, fold, tokens
+from agent_trainer.evaluation.families import FAMILIES, get_family
+from agent_trainer.evaluation.hidden_eval import hidden_set
+from agent_trainer.inner_loop.isolation.contamination import check_job, check_trained
+from agent_trainer.inner_loop.train.data import TRAINED_ROWS, build_rows, trained_record
+from agent_trainer.inner_loop.spec.jobspec import load_job
 
 N = 200
 CYRILLIC = str.maketrans("aceopxyABCEHKMOPTX", "асеорхуАВСЕНКМОРТХ")

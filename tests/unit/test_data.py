@@ -7,10 +7,10 @@ from collections import Counter
 
 import pytest
 
-from evaluation.families import FAMILIES, in_hidden_pool
-from evaluation.hidden_eval import hidden_set
-from inner_loop.data import DataFileError, build_rows, library_rows, read_data_file
-from inner_loop.jobspec import JobSpec
+from agent_trainer.evaluation.families import FAMILIES, in_hidden_pool
+from agent_trainer.evaluation.hidden_eval import hidden_set
+from agent_trainer.inner_loop.train.data import DataFileError, build_rows, library_rows, read_data_file
+from agent_trainer.inner_loop.spec.jobspec import JobSpec
 
 
 def spec(sources, file=None, seed=0) -> JobSpec:

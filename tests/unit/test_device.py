@@ -16,15 +16,15 @@ import pytest
 
 from agent_trainer import config as at_config
 from agent_trainer.config import ConfigError, compose_config, validate
-from evaluation.tasks import TaskSpec
-from inner_loop import executor as ex
-from inner_loop.cache import cache_key, outcome_settings
-from inner_loop.cost import CostModel
-from inner_loop.job import Job, eval_device
-from inner_loop.job_env import child_env, job_gpus
-from inner_loop.jobspec import JobSpec
-from inner_loop.request import JobRequest, JobSettings
-from inner_loop.runners.config import device_settings, resolve_device, trl_config
+from agent_trainer.evaluation.tasks import TaskSpec
+from agent_trainer.inner_loop.run import executor as ex
+from agent_trainer.inner_loop.run.cache import cache_key, outcome_settings
+from agent_trainer.inner_loop.spec.cost import CostModel
+from agent_trainer.inner_loop.run.job import Job, eval_device
+from agent_trainer.inner_loop.run.job_env import child_env, job_gpus
+from agent_trainer.inner_loop.spec.jobspec import JobSpec
+from agent_trainer.inner_loop.run.request import JobRequest, JobSettings
+from agent_trainer.inner_loop.train.config import device_settings, resolve_device, trl_config
 
 TASK = TaskSpec(name="calc_test", family="calc_chain", allowed_base_models=["tiny-s"], hidden_eval_size=16,
                 budget={"max_steps": 50, "max_seconds": 60, "max_usd": 0.05})
@@ -70,7 +70,7 @@ def test_the_vllm_build_is_read_from_the_installed_distributions(monkeypatch):
 def test_vllm_on_the_cpu_refuses_heads_its_kernels_cannot_take(tmp_path):
     import json
 
-    from inner_loop.runners import vllm_cpu
+    from agent_trainer.inner_loop.train import vllm_cpu
 
     (tmp_path / "config.json").write_text(json.dumps({"head_dim": 16, "hidden_size": 64, "num_attention_heads": 4}))
     with pytest.raises(ValueError, match=r"takes head sizes \[32, 64\]; this model's is 16 .*inner_vllm=false"):
@@ -110,7 +110,7 @@ def test_gpu_slots_split_the_visible_gpus_among_concurrent_jobs():
 
 def test_local_parallel_never_gives_one_gpu_to_two_running_jobs(monkeypatch):
     """The slot bookkeeping, with run_request replaced by a recorder (no GPU here to run real jobs on)."""
-    import inner_loop.job as job
+    import agent_trainer.inner_loop.run.job as job
 
     held, seen, lock = set(), [], threading.Lock()
 
@@ -204,7 +204,7 @@ def test_cuda_on_a_machine_without_a_gpu_stops_at_start_up(tmp_path, monkeypatch
     cli.start_run(compose_config(["hardware=slurm", f"runs_dir={tmp_path}"]))  # SLURM jobs get their GPUs on the nodes
     with pytest.raises(ConfigError, match="hardware.agent_device=cuda but torch sees no GPU in this process"):
         cli.start_run(compose_config(["hardware.agent_device=cuda", f"runs_dir={tmp_path}"]))
-    from outer_loop.run_config import policy_device
+    from agent_trainer.outer_loop.rl.run_config import policy_device
 
     assert policy_device(compose_config(["hardware.agent_device=auto"])) == "cpu"
     assert [compose_config([f"hardware={h}"]).hardware.agent_device for h in ("cpu", "gpu1", "gpu_node", "slurm")] == \

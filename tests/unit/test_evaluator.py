@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from evaluation.tasks import load_task
-from outer_loop.backends.base import AgentBackend, Generation
-from outer_loop.evaluator import (
+from agent_trainer.evaluation.tasks import load_task
+from agent_trainer.outer_loop.agents.base import AgentBackend, Generation
+from agent_trainer.outer_loop.strategy.evaluator import (
     JobRecord, LLMEvaluator, RuleEvaluator, Suggestion, adopted, parse_suggestions, suggestion_type,
 )
-from outer_loop.strategy import label
+from agent_trainer.outer_loop.strategy.strategy import label
 
 ROOT = Path(__file__).resolve().parents[2]
 TASK = load_task(ROOT / "examples/tasks/calc_chain_v1_tiny.json")
@@ -108,8 +108,8 @@ def test_llm_evaluator_parses_a_structured_answer():
 @pytest.mark.slow
 def test_llm_evaluator_through_the_tiny_local_agent(tmp_path, built_agent):
     """The LLM path works through a real backend: a call is made, charged to the ledger, parsed or logged."""
-    from outer_loop.backends.local import LocalBackend
-    from outer_loop.ledger import Ledger
+    from agent_trainer.outer_loop.agents.local import LocalBackend
+    from agent_trainer.outer_loop.episode.ledger import Ledger
 
     ledger = Ledger.open(tmp_path)
     ev = LLMEvaluator(LocalBackend.from_path(built_agent, device="cpu"), model_name="tiny-agent",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from evaluation.families import (
+from agent_trainer.evaluation.families import (
     FAMILIES,
     HIDDEN_SEED_BASE,
     MAX_AGENT_SEED,
@@ -12,7 +12,7 @@ from evaluation.families import (
     get_family,
     in_hidden_pool,
 )
-from evaluation.hidden_eval import hidden_set
+from agent_trainer.evaluation.hidden_eval import hidden_set
 
 NAMES = sorted(FAMILIES)
 
@@ -89,7 +89,7 @@ def test_training_stream_continues_training_examples():
     """The streaming draw (calibrated model builds) yields exactly training_examples' items, in order."""
     import itertools
 
-    from evaluation.families import get_family
+    from agent_trainer.evaluation.families import get_family
 
     for name in ("calc_chain", "triage"):
         fam = get_family(name)

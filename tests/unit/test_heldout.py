@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from outer_loop import heldout
-from outer_loop.bootstrap import episodes_for, mean_ci, paired_diff_ci
+from agent_trainer.outer_loop.rl import heldout
+from agent_trainer.outer_loop.report.bootstrap import episodes_for, mean_ci, paired_diff_ci
 
 
 def test_mean_ci_contains_the_true_mean_and_is_reproducible():
@@ -96,7 +96,7 @@ def test_summary_start_end_and_paired_gain():
 
 
 def test_summarize_puts_held_out_next_to_the_training_gain():
-    from outer_loop.train import summarize
+    from agent_trainer.outer_loop.rl.train import summarize
 
     rows, *_ = _rows()
     keys = list(summarize(rows))
@@ -116,7 +116,7 @@ def test_points_log_the_end_one_step_later_under_the_same_names():
 
 
 def test_plot_points_and_file(tmp_path):
-    from outer_loop.plots import heldout_points, write_training_plots
+    from agent_trainer.outer_loop.report.plots import heldout_points, write_training_plots
 
     rows, *_ = _rows()
     pts = heldout_points(rows)

@@ -1,4 +1,4 @@
-"""The import rule (docs/architecture.md): scripts -> outer_loop -> inner_loop -> evaluation -> agent_trainer.
+"""The import rule (docs/architecture.md), by the second component of a module's name: commands -> outer_loop -> inner_loop -> evaluation -> agent_trainer.
 
 Every module is parsed with ``ast`` (nothing is imported), including imports inside functions and
 ``importlib.import_module("...")`` / ``__import__("...")`` with a literal name.
@@ -13,12 +13,23 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("agent_trainer", "evaluation", "inner_loop", "outer_loop")
+# Layers are the second component of a module's name: agent_trainer.<layer>.<...>; every other module of
+# agent_trainer (config, cli, registry, paths, ...) is the base layer, "agent_trainer".
+LAYERS = ("commands", "outer_loop", "inner_loop", "evaluation")
 FORBIDDEN = {
-    "agent_trainer": {"outer_loop", "inner_loop", "evaluation", "scripts"},
-    "evaluation": {"outer_loop", "inner_loop", "scripts"},
-    "inner_loop": {"outer_loop", "scripts"},
-    "outer_loop": {"scripts"},
+    "agent_trainer": {"outer_loop", "inner_loop", "evaluation", "commands"},
+    "evaluation": {"outer_loop", "inner_loop", "commands"},
+    "inner_loop": {"outer_loop", "commands"},
+    "outer_loop": {"commands"},
 }
+
+
+def layer(module: str) -> str | None:
+    """The layer of a module of the project, None for any other module (the standard library, torch...)."""
+    parts = module.split(".")
+    if parts[0] != "agent_trainer":
+        return None
+    return parts[1] if len(parts) > 1 and parts[1] in LAYERS else "agent_trainer"
 
 
 def imported_modules(source: str, module: str) -> set[str]:
@@ -42,8 +53,8 @@ def imported_modules(source: str, module: str) -> set[str]:
 
 
 def violations(source: str, module: str) -> list[str]:
-    top = module.split(".")[0]
-    return sorted(m for m in imported_modules(source, module) if m.split(".")[0] in FORBIDDEN.get(top, set()))
+    mine = layer(module)
+    return sorted(m for m in imported_modules(source, module) if layer(m) in FORBIDDEN.get(mine, set()))
 
 
 def modules() -> list[tuple[str, Path]]:
@@ -57,25 +68,28 @@ def modules() -> list[tuple[str, Path]]:
 
 def test_packages_are_scanned():
     names = {m for m, _ in modules()}
-    assert {"agent_trainer.config", "agent_trainer.tracking", "evaluation.tasks", "inner_loop.jobspec"} <= names
+    assert {"agent_trainer.config", "agent_trainer.tracking", "agent_trainer.evaluation.tasks", "agent_trainer.inner_loop.spec.jobspec"} <= names
 
 
 @pytest.mark.parametrize("module,path", modules(), ids=[m for m, _ in modules()])
 def test_module_respects_the_import_rule(module, path):
     bad = violations(path.read_text(), module)
     assert not bad, f"{path.relative_to(ROOT)} imports {bad}; allowed direction: " \
-                    "scripts -> outer_loop -> inner_loop -> evaluation -> agent_trainer"
+                    "commands -> outer_loop -> inner_loop -> evaluation -> agent_trainer"
 
 
 @pytest.mark.parametrize("source,module,expected", [
-    ("import outer_loop.policy", "inner_loop.job", ["outer_loop.policy"]),
-    ("def f():\n    from inner_loop import models", "evaluation.baselines", ["inner_loop"]),
-    ("import importlib\nimportlib.import_module('outer_loop.tools')", "evaluation.x", ["outer_loop.tools"]),
-    ("from evaluation.tasks import load_task", "agent_trainer.cli", ["evaluation.tasks"]),
-    ("from ..outer_loop import x", "inner_loop.sub.mod", []),  # relative: resolves to inner_loop.outer_loop
-    ("from .. import outer_loop", "evaluation.sub.__init__", []),  # evaluation.outer_loop, a subpackage
-    ("from evaluation.tasks import load_task", "inner_loop.job", []),
-    ("from agent_trainer.tracking import Tracker", "evaluation.baselines", []),
+    ("import agent_trainer.outer_loop.rl.policy", "agent_trainer.inner_loop.run.job", ["agent_trainer.outer_loop.rl.policy"]),
+    ("def f():\n    from agent_trainer.inner_loop import models", "agent_trainer.evaluation.baselines", ["agent_trainer.inner_loop"]),
+    ("import importlib\nimportlib.import_module('agent_trainer.outer_loop.episode.tools')", "agent_trainer.evaluation.x", ["agent_trainer.outer_loop.episode.tools"]),
+    ("from agent_trainer.evaluation.tasks import load_task", "agent_trainer.cli", ["agent_trainer.evaluation.tasks"]),
+    ("from ..outer_loop import x", "agent_trainer.inner_loop.sub.mod", []),  # relative: resolves to agent_trainer.inner_loop.outer_loop
+    ("from .. import outer_loop", "agent_trainer.evaluation.sub.__init__", []),  # agent_trainer.evaluation.outer_loop, a subpackage
+    ("from agent_trainer.evaluation.tasks import load_task", "agent_trainer.inner_loop.run.job", []),
+    ("from agent_trainer.tracking import Tracker", "agent_trainer.evaluation.baselines", []),
+    ("from agent_trainer.commands.train import run", "agent_trainer.outer_loop.rl.train",
+     ["agent_trainer.commands.train"]),
+    ("import agent_trainer.inner_loop.run.job", "agent_trainer.config", ["agent_trainer.inner_loop.run.job"]),
 ])
 def test_the_checker_catches_violations(source, module, expected):
     assert violations(source, module) == expected

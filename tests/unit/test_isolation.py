@@ -1,7 +1,7 @@
-"""The one launcher (inner_loop.isolation): no other module starts a process, and each start is isolated.
+"""The one launcher (agent_trainer.inner_loop.isolation.launcher): no other module starts a process, and each start is isolated.
 
 Every module of the project's packages is parsed with ``ast`` (nothing is imported): a process
-start anywhere but ``inner_loop/isolation.py`` fails the test, so a new launcher cannot be added
+start anywhere but ``agent_trainer/inner_loop/isolation/launcher.py`` fails the test, so a new launcher cannot be added
 without the isolation flags.
 """
 
@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from inner_loop import isolation
-from inner_loop.isolation import LaunchError
+from agent_trainer.inner_loop.isolation import launcher as isolation
+from agent_trainer.inner_loop.isolation.launcher import LaunchError
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("agent_trainer", "evaluation", "inner_loop", "outer_loop", "scripts")
-LAUNCHER = "inner_loop/isolation.py"
+PACKAGES = ("agent_trainer",)
+LAUNCHER = "agent_trainer/inner_loop/isolation/launcher.py"
 MODULES = {"subprocess", "multiprocessing", "pty", "pexpect", "concurrent.futures.process"}
 OS_CALLS = ("fork", "forkpty", "system", "popen", "spawn", "exec", "posix_spawn")
 NAMES = {"ProcessPoolExecutor", "create_subprocess_exec", "create_subprocess_shell"}
@@ -53,7 +53,7 @@ def test_only_the_launcher_starts_processes(path):
     if rel == LAUNCHER:
         assert starts, "the launcher is where processes start"
         return
-    assert not starts, f"{rel} starts processes itself ({starts}); go through inner_loop.isolation"
+    assert not starts, f"{rel} starts processes itself ({starts}); go through agent_trainer.inner_loop.isolation.launcher"
 
 
 @pytest.mark.parametrize("source", [
@@ -116,7 +116,7 @@ def test_a_child_imports_nothing_from_its_folders_and_gets_no_secrets(tmp_path, 
 def test_python_module_runs_the_harness_module_from_a_neutral_folder(tmp_path):
     """The boot line runs a project module as -m would, with the code root appended, not prepended."""
     out = tmp_path / "o.txt"
-    argv = isolation.python_module("inner_loop.probe", str(tmp_path / "missing.json"), str(out))
+    argv = isolation.python_module("agent_trainer.inner_loop.spec.probe", str(tmp_path / "missing.json"), str(out))
     proc = isolation.start(argv, cwd=tmp_path, env={"PATH": "/usr/bin:/bin"}, stderr=isolation.STDOUT,
                            stdout=open(tmp_path / "log", "wb"))
     assert proc.wait(timeout=120) != 0  # the request file is missing: the module ran and failed on it
@@ -138,7 +138,7 @@ def test_a_child_dies_with_a_harness_killed_outright(tmp_path):
     import subprocess
     import time
 
-    harness = ("import sys\nfrom inner_loop import isolation\n"
+    harness = ("import sys\nfrom agent_trainer.inner_loop.isolation import launcher as isolation\n"
                "p = isolation.start([sys.executable, '-I', '-c', 'import time; time.sleep(120)'], cwd=sys.argv[1], "
                "env={})\nprint(p.pid, flush=True)\nimport time; time.sleep(120)\n")
     proc = subprocess.Popen([sys.executable, "-c", harness, str(tmp_path)], stdout=subprocess.PIPE, text=True)

@@ -8,8 +8,10 @@ import pytest
 from pydantic import ValidationError
 
 from agent_trainer.paths import PROJECT_ROOT
-from evaluation.tasks import load_task
-from inner_loop.jobspec import JobSpec, JobSpecError, describe_errors, describe_strategy, load_job, read_job_yaml
+from agent_trainer.evaluation.tasks import load_task
+from agent_trainer.inner_loop.spec.jobspec import (
+    JobSpec, JobSpecError, describe_errors, describe_strategy, load_job, read_job_yaml,
+)
 
 JOBS = sorted((PROJECT_ROOT / "examples" / "jobs").glob("*/job.yaml"))
 TASKS = sorted((PROJECT_ROOT / "examples" / "tasks").glob("*_fast.json"))
@@ -174,7 +176,7 @@ def test_stage_errors_point_into_the_stage():
 
 
 def test_a_source_without_family_is_the_tasks_own(tmp_path: Path):
-    from inner_loop.validate import validate_job
+    from agent_trainer.inner_loop.spec.validate import validate_job
 
     (tmp_path / "job.yaml").write_text("base_model: tiny-s\nalgorithm: sft\n"
                                        "hyperparameters: {max_steps: 10}\ndata: {sources: [{size: 100}]}\n")

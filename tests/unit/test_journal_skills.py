@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from evaluation.tasks import load_task
-from outer_loop.episode import Episode, EpisodeSettings
-from outer_loop.journal import KINDS, Journal, SkillLibrary
-from outer_loop.steering import Steering, SteeringSettings
-from outer_loop.tools import SCHEMAS
+from agent_trainer.evaluation.tasks import load_task
+from agent_trainer.outer_loop.episode.episode import Episode, EpisodeSettings
+from agent_trainer.outer_loop.strategy.journal import KINDS, Journal, SkillLibrary
+from agent_trainer.outer_loop.strategy.steering import Steering, SteeringSettings
+from agent_trainer.outer_loop.episode.tools import SCHEMAS
 
 ROOT = Path(__file__).resolve().parents[2]
 TASK = load_task(ROOT / "examples/tasks/calc_chain_v1_tiny.json")

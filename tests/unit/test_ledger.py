@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from outer_loop.ledger import (
+from agent_trainer.outer_loop.episode.ledger import (
     Budget, BudgetExhausted, Estimate, Ledger, LedgerCorrupt, Prices, ledger_from_config, read_records,
 )
 
@@ -125,7 +125,7 @@ def test_two_writers_share_one_ledger(tmp_path):
 
 _CHILD = """
 import sys
-from outer_loop.ledger import Ledger, Prices
+from agent_trainer.outer_loop.episode.ledger import Ledger, Prices
 led = Ledger(sys.argv[1], prices=Prices(default_llm=(1.0, 3.0), default_job_usd_per_hour=1.0))
 i = 0
 while True:

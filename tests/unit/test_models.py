@@ -8,8 +8,8 @@ import json
 import pytest
 import torch
 
-from evaluation.families import FAMILIES, get_family
-from inner_loop.models import (
+from agent_trainer.evaluation.families import FAMILIES, get_family
+from agent_trainer.inner_loop.models import (
     BASE_MODELS,
     TINY_S,
     ModelNotFoundError,
@@ -20,7 +20,7 @@ from inner_loop.models import (
     model_hash,
     resolve_model,
 )
-from inner_loop.models.registry import BUILDERS, VERSIONS, is_built, model_dir, register_builder
+from agent_trainer.inner_loop.models.registry import BUILDERS, VERSIONS, is_built, model_dir, register_builder
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +105,7 @@ def test_build_is_byte_identical_for_a_seed_and_differs_across_seeds(tok, tmp_pa
 def test_pretraining_lowers_the_loss(tok):
     from transformers import Qwen3ForCausalLM
 
-    from inner_loop.models.build import _encode, pretrain, pretraining_rows, qwen3_config
+    from agent_trainer.inner_loop.models.build import _encode, pretrain, pretraining_rows, qwen3_config
 
     cfg = dataclasses.replace(SMALL, steps=30)
     torch.manual_seed(0)
@@ -180,7 +180,7 @@ def test_unknown_and_missing_models_say_what_to_do(tmp_path, monkeypatch):
 def test_calibrated_build_stops_at_the_first_passing_check_and_records_it(tok, tmp_path):
     """A calibrated build scores the hidden sets at each candidate step and stops at the first pass;
     one that never passes trains to its last step and keeps the checkpoint with the most slack."""
-    from inner_loop.models.build import Calibration
+    from agent_trainer.inner_loop.models.build import Calibration
 
     easy = dataclasses.replace(SMALL, steps=12, calibration=Calibration(min_steps=4, every=4, n=8, low=0.0, high=1.0))
     m = build_model(easy, tmp_path / "easy", seed=0, tokenizer=tok)
@@ -207,7 +207,7 @@ def scripted_calibrator(cal, script, reference=None):
     """A Calibrator whose hidden-set scores come from a script ({step: {family: score}}), so the
     control logic (when it checks, in which order, when it steers and stops) can be asserted exactly;
     ``.scored`` lists the (step, family) pairs it scored."""
-    from inner_loop.models.build import Calibrator, PretrainingStream
+    from agent_trainer.inner_loop.models.build import Calibrator, PretrainingStream
 
     class Scripted(Calibrator):
         def __call__(self, step):
@@ -227,7 +227,7 @@ def test_gated_checks_score_the_last_failures_first_stop_at_a_miss_and_never_ste
     """Between full checks (every 4 steps here) a gated check every 2 steps scores the families that
     failed the last full check first and gives up at the first one still out of band; the build
     stops at a gated check where all are in band. Only full checks steer the mix."""
-    from inner_loop.models.build import Calibration
+    from agent_trainer.inner_loop.models.build import Calibration
 
     cal = Calibration(min_steps=4, every=4, gate_every=2, n=8, low=0.1, high=0.5, up=2.0, down=0.5)
     ok = {f: 0.3 for f in FAMILIES}
@@ -255,7 +255,7 @@ def test_gated_checks_score_the_last_failures_first_stop_at_a_miss_and_never_ste
 def test_gated_checks_start_after_gate_after():
     """With gate_after, the first steps after min_steps have full checks only (a build that passes
     there keeps the bytes of a build without gates); gated checks follow."""
-    from inner_loop.models.build import Calibration
+    from agent_trainer.inner_loop.models.build import Calibration
 
     cal = Calibration(min_steps=4, every=4, gate_every=2, gate_after=4, n=8, low=0.1, high=0.5)
     ok, low = {f: 0.3 for f in FAMILIES}, {f: 0.0 for f in FAMILIES}
@@ -267,7 +267,7 @@ def test_gated_checks_start_after_gate_after():
 def test_a_score_exactly_on_a_band_edge_is_in_the_band():
     """0.035 + 0.02 is 0.05500000000000001 in floats: a score of 0.055 must still pass a band that
     starts 0.02 above a reference of 0.035."""
-    from inner_loop.models.build import Calibration
+    from agent_trainer.inner_loop.models.build import Calibration
 
     cal = Calibration(min_steps=1, every=1, n=200, low=0.03, high=0.48, above="tiny-s", margin=0.02)
     reference = {f: 0.035 for f in FAMILIES}

@@ -9,9 +9,9 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from evaluation.tasks import load_task
-from outer_loop.episode import Episode, EpisodeSettings, play_all
-from inner_loop.request import JobSettings
+from agent_trainer.evaluation.tasks import load_task
+from agent_trainer.outer_loop.episode.episode import Episode, EpisodeSettings, play_all
+from agent_trainer.inner_loop.run.request import JobSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("scripted_backend", ROOT / "tests" / "fixtures" / "scripted_backend.py")
@@ -79,7 +79,7 @@ def test_one_job_episodes_are_unchanged(tmp_path):
 
 def test_episode_reward_pick_comes_from_the_strategy_group():
     from agent_trainer.config import compose_config
-    from outer_loop.run_config import episode_settings
+    from agent_trainer.outer_loop.rl.run_config import episode_settings
 
     assert episode_settings(compose_config([])).reward_pick == "last"
     assert episode_settings(compose_config(["strategy.episode_reward=best"])).reward_pick == "best"

@@ -9,7 +9,7 @@ import torch
 from peft import LoraConfig, get_peft_model
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from outer_loop.policy import (AgentPolicy, PolicyConfig, TurnSample, collate, group_advantages, merge_turns,
+from agent_trainer.outer_loop.rl.policy import (AgentPolicy, PolicyConfig, TurnSample, collate, group_advantages, merge_turns,
                                token_logprobs)
 
 
@@ -138,7 +138,7 @@ def test_episode_aggregation_weighs_each_episode_once_whatever_its_length():
 
 
 def test_replay_keeps_rollouts_at_most_max_steps_off_policy_old():
-    from outer_loop.train import Trainer
+    from agent_trainer.outer_loop.rl.train import Trainer
 
     def sample(version: int) -> TurnSample:
         return TurnSample([1], [2], [-0.5], 1.0, policy_version=version)
@@ -185,7 +185,7 @@ def test_merged_turns_score_every_agent_token_in_the_context_it_was_sampled_in()
 def test_steps_draw_every_training_task_equally_often_and_never_twice_in_a_step():
     """The step's tasks come from seeded shuffles of the training tasks: with tasks_per_step = the
     number of tasks every step plays all of them, with fewer each task comes up as often as the others."""
-    from outer_loop.train import Trainer
+    from agent_trainer.outer_loop.rl.train import Trainer
 
     tasks = [types.SimpleNamespace(name=f"t{i}") for i in range(5)]
     for k in (2, 5):
@@ -204,7 +204,7 @@ def test_focus_keeps_the_highest_entropy_tokens_and_weighs_each_episode_once():
     with episode aggregation each episode's focused tokens still add up to one episode's weight."""
     import math
 
-    from outer_loop.policy import focus_samples, token_entropies
+    from agent_trainer.outer_loop.rl.policy import focus_samples, token_entropies
 
     pol = tiny_policy(loss_aggregation="episode")
     samples = on_policy_samples(pol, [1.0, -1.0, 1.0, -1.0])
@@ -253,7 +253,7 @@ def test_focused_update_moves_the_policy_like_the_plain_one():
 def test_reference_focus_ranks_tokens_by_the_warm_start_not_by_the_drifted_policy():
     """focus_entropy_of="reference": the focused tokens are those the adapter-free model is unsure of,
     however far the adapter has moved; "policy" ranks by the current (adapted) model."""
-    from outer_loop.policy import focus_samples
+    from agent_trainer.outer_loop.rl.policy import focus_samples
 
     results = {}
     for which in ("policy", "reference"):
@@ -279,7 +279,7 @@ def test_a_fresh_adapter_is_drawn_from_the_seed(built_agent):
     """Two trainings of one seed start from the same adapter (and the global RNG is left alone)."""
     import torch
 
-    from outer_loop.policy import AgentPolicy, PolicyConfig
+    from agent_trainer.outer_loop.rl.policy import AgentPolicy, PolicyConfig
 
     torch.manual_seed(123)
     before = torch.rand(1)
@@ -296,7 +296,7 @@ def test_a_fresh_adapter_is_drawn_from_the_seed(built_agent):
 def test_the_policy_is_updated_on_its_device_and_stays_there(device):
     """hardware.agent_device: Lightning trains on that device (bf16 mixed on a GPU) and the model is back there
     after the update (Lightning's teardown moves it to the CPU), where the local backend samples from it."""
-    from outer_loop.policy import device_kwargs
+    from agent_trainer.outer_loop.rl.policy import device_kwargs
 
     torch.manual_seed(0)
     cfg = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,

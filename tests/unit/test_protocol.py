@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from outer_loop.protocol import Current, current_of, parse_decision, switch_hint
+from agent_trainer.outer_loop.strategy.protocol import Current, current_of, parse_decision, switch_hint
 
 CUR = Current(algorithm="sft", data_source="curated", stage="sft")
 SHOWN = [0.2, 0.21, 0.215]

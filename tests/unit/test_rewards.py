@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from inner_loop.jobspec import RewardSpec
-from inner_loop.rewards import (
+from agent_trainer.inner_loop.spec.jobspec import RewardSpec
+from agent_trainer.inner_loop.train.rewards import (
     LIBRARY,
     MAX_ABS_REWARD,
     RewardError,
@@ -161,7 +161,7 @@ def test_plain_numbers_pass_as_floats():
 def test_a_non_finite_reward_or_loss_ends_the_run_as_diverged(logs):
     from types import SimpleNamespace
 
-    from inner_loop.runners.callbacks import BudgetGuard
+    from agent_trainer.inner_loop.train.callbacks import BudgetGuard
 
     guard = BudgetGuard(10, 60.0)
     control = SimpleNamespace(should_training_stop=False)

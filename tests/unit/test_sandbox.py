@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from evaluation.contamination import NGRAM, find_overlap, tokens
-from evaluation.families import FAMILIES, get_family
-from evaluation.hidden_eval import hidden_set
-from evaluation.lineage import lineage_mismatch
-from inner_loop.jobspec import JobSpec
-from inner_loop.jobfiles import job_file_problems
-from inner_loop.sandbox import (REWARD_HOST_IN_SANDBOX, SandboxPolicy, bwrap_problem,
+from agent_trainer.evaluation.contamination import NGRAM, find_overlap, tokens
+from agent_trainer.evaluation.families import FAMILIES, get_family
+from agent_trainer.evaluation.hidden_eval import hidden_set
+from agent_trainer.evaluation.lineage import lineage_mismatch
+from agent_trainer.inner_loop.spec.jobspec import JobSpec
+from agent_trainer.inner_loop.spec.jobfiles import job_file_problems
+from agent_trainer.inner_loop.isolation.sandbox import (REWARD_HOST_IN_SANDBOX, SandboxPolicy, bwrap_problem,
                                 reward_host_argv, scrub_env, trainer_wrapper)
 
 needs_bwrap = pytest.mark.skipif(bwrap_problem() is not None, reason=f"bubblewrap unusable: {bwrap_problem()}")
@@ -73,7 +73,7 @@ def test_trainer_command_line_mounts_only_what_the_job_needs(tmp_path):
     for d in (job, out, model):
         d.mkdir()
     argv = trainer_wrapper(SandboxPolicy(), job_dir=job, output_dir=out, model_dir=model, deadline_s=100,
-                           threads=1)(["python", "-m", "inner_loop.worker"])
+                           threads=1)(["python", "-m", "agent_trainer.inner_loop.run.worker"])
     joined = " ".join(argv)
     for flag in ("--unshare-net", "--unshare-pid", "--unshare-ipc", "--die-with-parent", "--new-session", "--clearenv"):
         assert flag in argv
@@ -82,7 +82,7 @@ def test_trainer_command_line_mounts_only_what_the_job_needs(tmp_path):
     assert "--bind" not in joined.replace(f"--bind {out} {out}", "").split(), "only the output folder is writable"
     assert "/dev/null" in joined and "hidden_eval.py" in joined, "the hidden-eval module is masked"
     assert "runs" not in {Path(a).name for a in argv} and "mlflow.db" not in joined
-    assert argv[-3:] == ["python", "-m", "inner_loop.worker"]
+    assert argv[-3:] == ["python", "-m", "agent_trainer.inner_loop.run.worker"]
 
 
 @needs_bwrap
@@ -102,7 +102,10 @@ attempt("write_job", lambda: pathlib.Path({str(job)!r}, "x").write_text("x"))
 attempt("write_out", lambda: pathlib.Path({str(out)!r}, "x").write_text("x"))
 attempt("read_secret", lambda: pathlib.Path({str(secret)!r}).read_text())
 attempt("net", lambda: socket.create_connection(("127.0.0.1", 9), timeout=2))
-attempt("hidden_eval", lambda: pathlib.Path(__import__("evaluation").__file__).with_name("hidden_eval.py").read_text())
+attempt("hidden_eval", lambda: pathlib.Path(__import__("agent_trainer.evaluation", fromlist=["__name__"]).__file__).with_name("hidden_eval.py").read_text())
+root = pathlib.Path(__import__("agent_trainer").__file__).parent
+r["rooms"] = sorted(p.name for p in root.iterdir() if p.is_dir() and any(p.iterdir()) and p.name != "__pycache__")
+attempt("write_room", lambda: (root / "outer_loop" / "x.py").write_text("x"))
 r["env"] = sorted(os.environ)
 print(json.dumps(r))
 """
@@ -114,6 +117,8 @@ print(json.dumps(r))
     assert r["write_out"] == "1" and r["net"] in ("OSError", "ConnectionRefusedError")
     assert r["hidden_eval"] in ("PermissionError", "''"), "the hidden-eval module is masked inside the sandbox"
     assert not any("SECRET" in k or "KEY" in k for k in r["env"])
+    assert r["rooms"] == ["evaluation", "inner_loop"], "the agent's side and the commands are not mounted"
+    assert r["write_room"] in ("OSError", "PermissionError"), "an empty read-only folder"
 
 
 @needs_bwrap
@@ -242,7 +247,7 @@ def _file_reward_job(tmp_path: Path) -> Path:
 
 
 def test_validation_refuses_agent_code_when_the_sandbox_is_unavailable(tmp_path):
-    from inner_loop.validate import validate_job
+    from agent_trainer.inner_loop.spec.validate import validate_job
 
     job = _file_reward_job(tmp_path)
     r = validate_job(job, "examples/tasks/calc_chain_v1_fast.json", dry_run=False,
@@ -256,8 +261,8 @@ def test_validation_refuses_agent_code_when_the_sandbox_is_unavailable(tmp_path)
 @pytest.mark.parametrize("policy", [SandboxPolicy(), SandboxPolicy(enabled=False, allow_unsafe=True)],
                          ids=["bwrap", "unsafe"])
 def test_reward_host_answers_in_both_modes(tmp_path, policy):
-    from inner_loop.jobspec import RewardSpec
-    from inner_loop.reward_proxy import score_with_host
+    from agent_trainer.inner_loop.spec.jobspec import RewardSpec
+    from agent_trainer.inner_loop.isolation.reward_proxy import score_with_host
 
     if policy.enabled and bwrap_problem() is not None:
         pytest.skip(f"bubblewrap unusable: {bwrap_problem()}")

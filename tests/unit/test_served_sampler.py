@@ -13,8 +13,10 @@ import pytest
 from omegaconf import OmegaConf
 
 from agent_trainer.config import ConfigError, compose_config, validate
-from outer_loop.backends.served_sampler import ADAPTERS_DIR, ServedSampler, ServedSamplerError, served_sampler
-from outer_loop.tools import SCHEMAS
+from agent_trainer.outer_loop.agents.served_sampler import (
+    ADAPTERS_DIR, ServedSampler, ServedSamplerError, served_sampler,
+)
+from agent_trainer.outer_loop.episode.tools import SCHEMAS
 
 _spec = importlib.util.spec_from_file_location(
     "vllm_lora_server", Path(__file__).parents[1] / "fixtures" / "vllm_lora_server.py")
@@ -38,7 +40,7 @@ def in_process_prompt(tokenizer, messages, tools) -> list[int]:
     """The prompt ids of the local backend (the policy's own sampler) for the same conversation."""
     import torch
 
-    from outer_loop.backends.local import LocalBackend
+    from agent_trainer.outer_loop.agents.local import LocalBackend
 
     model = torch.nn.Linear(1, 1)
     model.config = SimpleNamespace(max_position_embeddings=8192)
@@ -149,7 +151,7 @@ def test_a_server_that_refuses_loras_is_one_line_with_the_fix(smollm2, tmp_path,
 
 
 def test_at_train_reports_served_sampler_errors_in_one_line():
-    from scripts._errors import user_errors
+    from agent_trainer.commands._errors import user_errors
 
     assert ServedSamplerError in user_errors()
 
@@ -162,7 +164,7 @@ def test_unreachable_server_and_unset_key_are_one_line(smollm2, monkeypatch):
         ServedSampler(base_url=f"http://127.0.0.1:{port}/v1", model_path=smollm2, max_retries=0)
     assert "\n" not in str(e.value)
     monkeypatch.delenv("AT_NO_SUCH_KEY", raising=False)
-    # The wording of every agent backend (outer_loop.backends.base.key_unset_message): the variable, the fix, and
+    # The wording of every agent backend (agent_trainer.outer_loop.agents.base.key_unset_message): the variable, the fix, and
     # the config value for a server without a key.
     with pytest.raises(ServedSamplerError, match=r"AT_NO_SUCH_KEY is empty or unset; export the API key in it, or "
                                                  r"agent.api_key_env=null if http://127.0.0.1:1/v1 needs no key"):
@@ -170,7 +172,7 @@ def test_unreachable_server_and_unset_key_are_one_line(smollm2, monkeypatch):
 
 
 def test_keys_a_server_echoes_are_redacted_in_errors(smollm2, tmp_path, monkeypatch):
-    """As the OpenAI backend does (outer_loop.backends.base.redact_keys): the key itself and key-like strings a
+    """As the OpenAI backend does (agent_trainer.outer_loop.agents.base.redact_keys): the key itself and key-like strings a
     body quotes become ***, in an error's message and in a body quoted whole."""
     monkeypatch.setenv("AT_SERVED_KEY", "hunter2-correct-horse")
     with fake.serve(root=str(smollm2)) as server:
@@ -207,7 +209,7 @@ def test_the_config_picks_the_served_sampler_and_says_what_is_missing(smollm2):
 
 def test_the_trainer_pushes_the_lora_to_a_served_sampler(smollm2, tmp_path):
     """``Trainer.sync_sampler`` (at the start and after each update) gives a served sampler the adapter itself."""
-    from outer_loop.train import Trainer
+    from agent_trainer.outer_loop.rl.train import Trainer
 
     with fake.serve(root=str(smollm2)) as server:
         trainer = SimpleNamespace(backend=sampler(server, smollm2), policy=policy(2), run_dir=tmp_path / "run")
@@ -234,7 +236,7 @@ def test_agent_smollm2_served_makes_at_trains_sampler(smollm2):
     """``at-train agent=smollm2_served agent.base_url=...``: make_sampler builds the served sampler from the
     composed config; ``agent.sampler=auto`` keeps the policy's own sampler (None)."""
     from agent_trainer.config import compose_config
-    from outer_loop.run_config import make_sampler
+    from agent_trainer.outer_loop.rl.run_config import make_sampler
 
     with fake.serve(root=str(smollm2)) as server:
         cfg = compose_config(["agent=smollm2_served", f"agent.base_url={server.base_url}", "agent.max_retries=0"],

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from evaluation.staged_reward import (
+from agent_trainer.evaluation.staged_reward import (
     JobOutcome, RewardWeights, normalized_uplift, staged_reward, validation_score,
 )
 
@@ -85,9 +85,9 @@ def test_a_worse_model_is_punished_and_speed_is_clipped():
 
 def test_the_speed_stage_reads_the_cost_models_seconds_not_the_wall_clock():
     """Two runs of one job measure different seconds (machine load); the reward must not follow them."""
-    from inner_loop.cost import CostModel, estimate_cost
-    from inner_loop.result import JobResult
-    from inner_loop.jobspec import JobSpec
+    from agent_trainer.inner_loop.spec.cost import CostModel, estimate_cost
+    from agent_trainer.inner_loop.run.result import JobResult
+    from agent_trainer.inner_loop.spec.jobspec import JobSpec
 
     spec = JobSpec.model_validate({"base_model": "tiny-m", "algorithm": "sft",
                                    "hyperparameters": {"batch_size": 32, "max_steps": 100},

@@ -2,7 +2,7 @@
 
 Each case is a sequence of ``ran`` records (what the inner loop says actually ran) with the labels,
 switches (per adjacent executed pair: the components that changed, () for none) and the position
-of the first switch, all worked out by hand from the definitions in ``outer_loop.strategy``.
+of the first switch, all worked out by hand from the definitions in ``agent_trainer.outer_loop.strategy.strategy``.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import json
 import pytest
 import yaml
 
-from outer_loop import strategy as st
+from agent_trainer.outer_loop.strategy import strategy as st
 
 
 def stage(alg, peft="full", data="curated", steps=50):

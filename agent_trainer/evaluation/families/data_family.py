@@ -1,0 +1,147 @@
+"""Task families defined by data: a YAML card and a JSONL of ``{prompt, answer}`` rows, on an include path.
+
+    at-eval task.include_path=[/my/tasks] task=/my/tasks/word_math_task.json
+
+Every folder of ``task.include_path`` is searched for ``*.yaml`` cards when a family is looked up; a
+data family then works like a built-in one (the same hash split into a hidden and a training pool).
+The card's keys and defaults: docs/real_models.md, "A data set as a task family".
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from pathlib import Path
+
+import yaml
+
+from agent_trainer.evaluation.families.base import (
+    SCORERS, Example, FamilyError, TaskFamily, extract_answer, in_hidden_pool,
+)
+
+CARD_KEYS = {"name", "version", "instruction", "scorer", "answer_regex", "labels", "max_new_tokens", "held_out",
+             "data", "notes"}
+MAX_ROWS = 1_000_000
+NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+class DataFamily(TaskFamily):
+    """A family whose items are the rows of a JSONL file (subclassed per card by ``load_card``)."""
+
+    rows: tuple[Example, ...] = ()
+    answer_regex: str | None = None
+    source: str = ""
+
+    def _sample(self, rng: random.Random) -> Example:
+        return self.rows[rng.randrange(len(self.rows))]
+
+    def _draw(self, seed: int, n: int, hidden: bool) -> list[Example]:
+        pool = [r for r in self.rows if in_hidden_pool(self.name, r.prompt) == hidden]
+        if hidden:
+            # Distinct prompts, in a fixed shuffled order: the first n are the hidden set of size n.
+            pool = list({r.prompt: r for r in pool}.values())
+            random.Random(f"{self.name}/v{self.version}/{seed}").shuffle(pool)
+            if n > len(pool):
+                raise FamilyError(f"family {self.name} has {len(pool)} hidden items ({len(self.rows)} rows); "
+                                  f"set hidden_eval_size to {len(pool)} or less, or add rows to {self.source}")
+            return pool[:n]
+        if not pool:
+            raise FamilyError(f"family {self.name} has no training rows; add rows to {self.source}")
+        rng = random.Random(f"{self.name}/v{self.version}/{seed}")
+        return [pool[rng.randrange(len(pool))] for _ in range(n)]
+
+    def score_one(self, completion: str, answer: str) -> float:
+        if self.scorer == "regex":
+            return regex_match(completion, answer, self.answer_regex or "")
+        return super().score_one(completion, answer)
+
+
+def regex_match(completion: str, answer: str, pattern: str) -> float:
+    """1.0 when the first match of ``pattern`` in the completion (its first group, if any) equals the answer."""
+    m = re.search(pattern, completion)
+    if not m:
+        return 0.0
+    got = m.group(1) if m.groups() else m.group(0)
+    return float(" ".join(got.split()).lower() == " ".join(answer.split()).lower())
+
+
+def contains_match(completion: str, answer: str) -> float:
+    """1.0 when the answer occurs in the first line of the completion (case-insensitive)."""
+    return float(" ".join(answer.split()).lower() in " ".join(extract_answer(completion).split()).lower())
+
+
+SCORERS.setdefault("contains", contains_match)
+DATA_SCORERS = ("exact", "numeric", "label", "contains", "regex")
+
+
+def load_card(path: str | Path) -> type[DataFamily]:
+    """The family class of a YAML card (its JSONL read and checked); ``FamilyError`` says what is wrong."""
+    path = Path(path)
+    try:
+        card = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        raise FamilyError(f"family card {path}: cannot be read: {e}") from None
+    if not isinstance(card, dict):
+        raise FamilyError(f"family card {path}: expected key: value lines (name, data, scorer, ...)")
+    unknown = sorted(set(card) - CARD_KEYS)
+    if unknown:
+        raise FamilyError(f"family card {path}: unknown key(s) {unknown}; known: {sorted(CARD_KEYS)}")
+    name = card.get("name")
+    if not isinstance(name, str) or not NAME.match(name):
+        raise FamilyError(f"family card {path}: name must be lower-case letters, digits and _, got {name!r}")
+    scorer = card.get("scorer", "exact")
+    if scorer not in DATA_SCORERS:
+        raise FamilyError(f"family card {path}: scorer {scorer!r} is not one of {', '.join(DATA_SCORERS)}")
+    if scorer == "regex":
+        try:
+            re.compile(str(card.get("answer_regex") or ""))
+        except re.error as e:
+            raise FamilyError(f"family card {path}: answer_regex does not compile: {e}") from None
+        if not card.get("answer_regex"):
+            raise FamilyError(f"family card {path}: the regex scorer needs answer_regex")
+    data = path.parent / str(card.get("data") or f"{name}.jsonl")
+    rows = _read_rows(data)
+    attrs = {
+        "name": name, "version": int(card.get("version", 1)),
+        "instruction": str(card.get("instruction") or f"Answer the {name} prompt."),
+        "scorer": scorer, "answer_regex": card.get("answer_regex"),
+        "labels": tuple(str(x) for x in card.get("labels") or ()),
+        "max_new_tokens": int(card.get("max_new_tokens", 16)), "held_out": bool(card.get("held_out", False)),
+        "notes": str(card.get("notes") or ""), "rows": tuple(rows), "source": str(data),
+    }
+    return type(f"DataFamily_{name}", (DataFamily,), attrs)
+
+
+def _read_rows(path: Path) -> list[Example]:
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise FamilyError(f"family data {path}: cannot be read: {e}") from None
+    rows = []
+    for n, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            raise FamilyError(f"family data {path} line {n}: not JSON") from None
+        if not (isinstance(obj, dict) and isinstance(obj.get("prompt"), str) and isinstance(obj.get("answer"), str)):
+            raise FamilyError(f"family data {path} line {n}: each line needs string prompt and answer")
+        rows.append(Example(obj["prompt"], obj["answer"]))
+        if len(rows) > MAX_ROWS:
+            raise FamilyError(f"family data {path}: more than {MAX_ROWS} rows")
+    if not rows:
+        raise FamilyError(f"family data {path}: no rows")
+    return rows
+
+
+def cards_on(include_path: list[str]) -> list[Path]:
+    """The ``*.yaml`` family cards in the include-path folders, in order."""
+    out = []
+    for folder in include_path:
+        p = Path(folder)
+        if not p.is_dir():
+            raise FamilyError(f"task.include_path: {folder} is not a folder")
+        out += sorted(p.glob("*.yaml"))
+    return out

@@ -1,0 +1,241 @@
+"""The one launcher of every child process the harness starts, and the isolation each one gets.
+
+    argv = isolation.python_module("agent_trainer.inner_loop.run.worker", str(job_dir), "--model", ...)
+    proc = isolation.start(argv, cwd=out / ".home", env=env, agent_dirs=[job_dir], stdout=log)
+    isolation.kill_group(proc.pid)
+
+No other module starts a process (``tests/unit/test_isolation.py``). Every child runs ``python -I``
+from a folder outside the agent's, with a whitelisted environment, its own process group and rlimits.
+What it covers, and what it leaves to ``agent_trainer.inner_loop.isolation.sandbox``: docs/security.md, "One launcher".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import resource
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+from agent_trainer.registry import REGISTRY_ENV
+
+# Interpreter flags of every Python child: isolated mode, no bytecode written, unbuffered output.
+PYTHON_FLAGS = ("-I", "-B", "-u")
+SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|COOKIE|SESSION", re.I)
+SAFE_ENV = ("PATH", "HOME", "TMPDIR", "LANG", "LC_ALL", "PYTHONHASHSEED", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
+            "HF_DATASETS_OFFLINE", "HF_HOME", "TOKENIZERS_PARALLELISM", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+            "OPENBLAS_NUM_THREADS", "CUDA_VISIBLE_DEVICES", *REGISTRY_ENV)
+
+# Runs a module as ``python -m`` would, with the harness's code roots appended to sys.path (argv[1]).
+_BOOT = ("import json, runpy, sys\n"
+         "sys.path.extend(p for p in json.loads(sys.argv[1]) if p not in sys.path)\n"
+         "module = sys.argv[2]\n"
+         "sys.argv = [module, *sys.argv[3:]]\n"
+         "runpy.run_module(module, run_name='__main__', alter_sys=True)\n")
+
+
+STDOUT, DEVNULL, TimeoutExpired = subprocess.STDOUT, subprocess.DEVNULL, subprocess.TimeoutExpired
+
+
+class LaunchError(RuntimeError):
+    """A child process the harness must not start as asked (a harness bug, never a job's fault)."""
+
+
+def scrub_env(env: dict[str, str]) -> dict[str, str]:
+    """Only whitelisted names, and never one that looks like a credential."""
+    return {k: str(v) for k, v in env.items() if k in SAFE_ENV and not SECRET_NAME.search(k)}
+
+
+def code_roots() -> list[str]:
+    """The folders that hold the harness's packages (``inner_loop``, ``evaluation``), for children's sys.path."""
+    from agent_trainer import evaluation
+    from agent_trainer import inner_loop
+
+    roots = [str(Path(pkg.__file__).resolve().parents[2]) for pkg in (inner_loop, evaluation)]
+    return list(dict.fromkeys(roots))
+
+
+def python_module(module: str, *args: str) -> list[str]:
+    """``python -I -B`` running ``module`` as ``-m`` would, the harness's code roots appended to sys.path."""
+    return [sys.executable, *PYTHON_FLAGS, "-c", _BOOT, json.dumps(code_roots()), module, *map(str, args)]
+
+
+def python_file(path: str | Path, *args: str) -> list[str]:
+    """``python -I -B FILE ARGS``: a standalone script (the reward host)."""
+    return [sys.executable, *PYTHON_FLAGS, str(path), *map(str, args)]
+
+
+def check_argv(argv: Sequence[str]) -> None:
+    """Every interpreter in ``argv`` is ``sys.executable -I``; a wrapper (bubblewrap) ends its options with ``--``."""
+    argv = [str(a) for a in argv]
+    inner = argv
+    if argv and argv[0] != sys.executable:  # a wrapper: its command follows its options' '--'
+        inner = argv[argv.index("--") + 1:] if "--" in argv else []
+    if not inner or inner[0] != sys.executable:
+        raise LaunchError(f"{argv[:1]} is neither this interpreter nor a wrapper whose command (after '--') is "
+                          "this interpreter")
+    for i, arg in enumerate(inner):
+        if arg == sys.executable and (i + 1 >= len(inner) or inner[i + 1] != "-I"):
+            raise LaunchError(f"an interpreter runs without -I (isolated mode): {inner[i:i + 3]}")
+
+
+def _inside(path: Path, folders: Iterable[Path]) -> Path | None:
+    for folder in folders:
+        if path == folder or folder in path.parents:
+            return folder
+    return None
+
+
+def neutral_cwd(cwd: str | Path, agent_dirs: Iterable[str | Path] = (),
+                harness_dirs: Iterable[str | Path] = ()) -> Path:
+    """``cwd`` resolved, after checking it exists and lies outside every agent folder.
+
+    ``harness_dirs``: folders the harness made and owns even where they sit inside an agent folder
+    (``run_job``'s default output folder, ``<job>/output``, holds the job process's fresh home)."""
+    path = Path(cwd).resolve()
+    if not path.is_dir():
+        raise LaunchError(f"working directory {path} does not exist")
+    hit = _inside(path, [Path(d).resolve() for d in agent_dirs])
+    if hit is not None and _inside(path, [Path(d).resolve() for d in harness_dirs]) is None:
+        raise LaunchError(f"working directory {path} is inside the agent folder {hit}")
+    return path
+
+
+def clean_sys_path(paths: Iterable[str], agent_dirs: Iterable[str | Path] = ()) -> list[str]:
+    """``paths`` without relative entries ('' is the working directory) and without agent folders."""
+    agents = [Path(d).resolve() for d in agent_dirs]
+    return [p for p in paths if p and os.path.isabs(p) and _inside(Path(p).resolve(), agents) is None]
+
+
+def _set_limits(limits: dict[str, int]) -> None:  # in the child, before exec
+    for name, value in limits.items():
+        resource.setrlimit(getattr(resource, name), (value, value))
+    _die_with_parent()
+
+
+def _die_with_parent() -> None:
+    """SIGKILL this process when the process that started it dies (a harness killed by SIGTERM or SIGKILL
+    runs no clean-up; without this its job would train on, orphaned). Linux only; elsewhere a no-op."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def start(argv: Sequence[str], *, cwd: str | Path, env: dict[str, str], agent_dirs: Iterable[str | Path] = (),
+          harness_dirs: Iterable[str | Path] = (), limits: dict[str, int] | None = None,
+          stdout: Any = subprocess.DEVNULL, stderr: Any = subprocess.DEVNULL,
+          pass_fds: Sequence[int] = ()) -> subprocess.Popen:
+    """Start ``argv`` isolated (see the module docstring); returns the ``Popen``. ``LaunchError`` if not allowed."""
+    check_argv(argv)
+    where = neutral_cwd(cwd, agent_dirs, harness_dirs)
+    rlimits = {"RLIMIT_CORE": 0, **(limits or {})}
+    return subprocess.Popen([str(a) for a in argv], cwd=where, env=scrub_env(env), stdin=subprocess.DEVNULL,
+                            stdout=stdout, stderr=stderr, start_new_session=True, close_fds=True,
+                            pass_fds=tuple(pass_fds), preexec_fn=lambda: _set_limits(rlimits))
+
+
+def kill_group(pid: int) -> None:
+    """SIGKILL the process group of ``pid`` (each child leads its own); the process alone if it has none yet."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:  # a warm process killed before its setsid: kill it alone
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    except PermissionError:  # the group is led by another uid (a sandbox's): its namespace dies with it
+        pass
+
+
+def run_check(argv: Sequence[str], timeout_s: float = 30.0) -> subprocess.CompletedProcess:
+    """Run a short harness command (no agent file involved), output captured, environment scrubbed."""
+    return subprocess.run([str(a) for a in argv], capture_output=True, text=True, timeout=timeout_s, cwd="/",
+                          env=scrub_env(dict(os.environ)), stdin=subprocess.DEVNULL, start_new_session=True)
+
+
+# --- warm workers ------------------------------------------------------------------------------
+# A fresh interpreter pays ~10 s importing torch/transformers/TRL before a job's first step. Warm job
+# processes are forked from a multiprocessing forkserver that imported those once (and ran no torch
+# op, so no thread pool is forked). The forkserver is started with a scrubbed environment, so no
+# harness secret is in the memory a job is forked from; it runs no agent code and never in an agent
+# folder. Each job still gets its own new process, session, environment, limits and working folder.
+
+_forkservers: dict[tuple[str, ...], Any] = {}
+
+
+def forkserver(preload: Sequence[str], env: dict[str, str]):
+    """The forkserver context that pre-imports ``preload`` (started on first use, scrubbed environment)."""
+    key = tuple(preload)
+    if key not in _forkservers:
+        import multiprocessing
+        from multiprocessing import forkserver as fs
+
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(list(preload))
+        saved = dict(os.environ)
+        try:
+            os.environ.clear()
+            os.environ.update(scrub_env(env))
+            fs.ensure_running()
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+        _forkservers[key] = ctx
+    return _forkservers[key]
+
+
+def _warm_child(target: Callable, args: tuple, kwargs: dict, cwd: str, env: dict[str, str], log_path: str,
+                limits: dict[str, int], agent_dirs: list[str]) -> None:
+    """The set-up a cold child gets, in a forked one, then ``target(*args, **kwargs)``."""
+    os.setsid()  # its own process group, so the harness can kill everything it starts
+    _set_limits(limits)  # and dies with the forkserver, which dies with the harness
+    os.environ.clear()
+    os.environ.update(env)
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.chdir(cwd)
+    sys.path[:] = clean_sys_path(sys.path, agent_dirs)
+    target(*args, **kwargs)
+
+
+class WarmProcess:
+    """A job process forked from ``ctx`` (``forkserver``), with the bits of ``Popen``'s interface callers use."""
+
+    def __init__(self, ctx, target: Callable, args: tuple = (), kwargs: dict | None = None, *, cwd: str | Path,
+                 env: dict[str, str], log_path: str | Path, agent_dirs: Iterable[str | Path] = (),
+                 harness_dirs: Iterable[str | Path] = (), limits: dict[str, int] | None = None):
+        agent_dirs = [str(Path(d).resolve()) for d in agent_dirs]
+        where = neutral_cwd(cwd, agent_dirs, harness_dirs)
+        self.p = ctx.Process(target=_warm_child, daemon=False, args=(
+            target, tuple(args), dict(kwargs or {}), str(where), scrub_env(env), str(log_path),
+            {"RLIMIT_CORE": 0, **(limits or {})}, agent_dirs))
+        self.p.start()
+        self.pid = self.p.pid
+
+    def poll(self):
+        return self.p.exitcode
+
+    def wait(self):
+        self.p.join()
+        return self.p.exitcode
+
+    @property
+    def returncode(self):
+        return self.p.exitcode
+
+
+def spawn_pool(max_workers: int):
+    """A process pool of fresh interpreters (``spawn``) for harness-only work such as building models."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    # spawn, not fork: forking a process that already runs torch threads can deadlock.
+    return ProcessPoolExecutor(max_workers=max_workers, mp_context=multiprocessing.get_context("spawn"))

@@ -1,0 +1,44 @@
+"""What a job's training process is given: its environment variables, its GPUs, its file-size cap.
+
+Shared by the worker's parent side (``agent_trainer.inner_loop.run.worker``), the sandbox (``agent_trainer.inner_loop.isolation.sandbox``), the
+executors (``agent_trainer.inner_loop.run.executor``) and the harness's scoring (``agent_trainer.inner_loop.run.job``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from agent_trainer.registry import REGISTRY_ENV
+
+MAX_FILE_BYTES = 16 * 2**30  # a 1.7B fp32 checkpoint fits; a runaway writer does not fill the disk
+
+
+def child_env(home: Path, threads: int | None, gpus: str | None = None) -> dict[str, str]:
+    """Only what Python and torch need: no API keys or tracking credentials reach agent code.
+
+    ``gpus``: the job's ``CUDA_VISIBLE_DEVICES`` (``""`` hides every GPU; None: none set, so the
+    process sees what the machine has)."""
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "TMPDIR": str(home),
+           "LANG": "C.UTF-8", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+           "HF_HOME": str(home / "hf"), "TOKENIZERS_PARALLELISM": "false"}
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    if gpus is not None:
+        env["CUDA_VISIBLE_DEVICES"] = gpus
+    # Families and base models from configuration (agent_trainer.registry): the job's rows may come from them.
+    env.update({k: os.environ[k] for k in REGISTRY_ENV if os.environ.get(k)})
+    return env
+
+
+def job_gpus(device: str, gpus: str | None) -> str | None:
+    """The ``CUDA_VISIBLE_DEVICES`` of a job's process: none on the CPU; on a GPU the ones the executor
+    gave the job (``gpus``), else what this process was given (SLURM and Ray set it), else unset."""
+    if device == "cpu":
+        return ""
+    return gpus if gpus is not None else os.environ.get("CUDA_VISIBLE_DEVICES")
+
+
+def gpu_ids(value: str) -> list[str]:
+    """The GPU ids in a ``CUDA_VISIBLE_DEVICES`` value (``"4, 5"`` -> ``["4", "5"]``; ``""`` -> none)."""
+    return [x.strip() for x in value.split(",") if x.strip()]

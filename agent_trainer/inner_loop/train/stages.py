@@ -1,0 +1,204 @@
+"""Run a whole job in the job's process: its stages in order, each from the model the previous one saved.
+
+    ran = {"stages": []}
+    status = run_stages(spec, job_dir, base_dir, "calc_chain", out, max_steps=400, max_seconds=90, ran=ran)
+    status["status"], ran      # "ok", {"stages": [{"algorithm": "sft", "peft": "full", ...}, ...]}
+
+Runs agent code (rewards): call it in the job's process only (``agent_trainer.inner_loop.run.worker``). The stages'
+budget, outputs and ``ran``: docs/inner_loop.md, "Strategy space".
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import random
+import shutil
+import time
+from pathlib import Path
+from typing import Callable
+
+from agent_trainer.inner_loop.train.data import (TRAINED_ROWS, build_rows_with_origins, data_source_label, source_items,
+                             trained_record)
+from agent_trainer.inner_loop.spec.jobspec import JobSpec
+from agent_trainer.inner_loop.train.callbacks import StepLog
+from agent_trainer.inner_loop.train.config import planned_steps
+from agent_trainer.inner_loop.train.train import MODEL_DIR, TRAIN_LOG, TRL_CONFIG, train
+
+GENERATION_FILE = "generation.json"
+GENERATION_SHARE = 0.5  # at most this share of a stage's time goes to sampling
+
+
+def _load(model_path: Path, device: str = "cpu"):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32, local_files_only=True)
+    return model.to(device), tokenizer
+
+
+def prepare_stage(spec: JobSpec, job_dir: Path, model_path: Path, family: str, deadline: float | None = None,
+                  device: str = "cpu"):
+    """``(rows, training rewards, data_source, generation stats)`` of one single-stage spec (sampling on ``device``)."""
+    from agent_trainer.inner_loop.train.rewards import resolve_rewards
+    from agent_trainer.inner_loop.train.selfgen import SelfGenError, ranking_rewards, rejection_sample
+
+    selfgen = [i for i, s in enumerate(spec.data.sources) if s.self_generated is not None]
+    rewards = resolve_rewards(spec, job_dir) if spec.algorithm == "grpo" else []
+    needs_model = bool(selfgen) or spec.algorithm == "dpo"
+    ranking = ranking_rewards(spec, job_dir, family) if needs_model else []
+    model = tokenizer = None
+    stats = []
+    generated = None
+    try:
+        if needs_model:
+            model, tokenizer = _load(model_path, device)
+        if selfgen:
+            generated = {}
+            for i in selfgen:
+                src = spec.data.sources[i]
+                kept, st = rejection_sample(model, tokenizer, source_items(src), src.self_generated, ranking,
+                                            seed=spec.seed + i, deadline=deadline)
+                stats.append(st)
+                if not kept:
+                    raise SelfGenError(
+                        f"data.sources.{i}: none of the model's {st.samples} samples of {st.prompts} prompts reached "
+                        f"min_reward {src.self_generated.min_reward:g}; lower min_reward, raise samples_per_prompt "
+                        "or temperature, or train on curated data first (stages)")
+                generated[i] = kept
+        rows, origins = build_rows_with_origins(spec, job_dir, family, generated)
+        if spec.algorithm == "dpo":
+            rows, origins, st = _pairs(spec, rows, origins, model, tokenizer, ranking, deadline)
+            if st is not None:
+                stats.append(st)
+    finally:
+        del model, tokenizer
+        gc.collect()
+    return rows, rewards, data_source_label(origins), stats
+
+
+def _pairs(spec, rows, origins, model, tokenizer, ranking, deadline):
+    """DPO rows: the agent's own pairs (``data.file``) plus (best, worst) pairs of the model's samples."""
+    from agent_trainer.inner_loop.train.selfgen import SelfGenError, preference_pairs
+
+    agent = [r for r, o in zip(rows, origins) if o == "agent"]
+    bad = [r["prompt"] for r in agent if not (isinstance(r.get("chosen"), str) and isinstance(r.get("rejected"), str))]
+    if bad:
+        raise ValueError(f"{len(bad)} rows of data.file have no chosen/rejected strings (e.g. {bad[0]!r}); a dpo "
+                         "data file holds the agent's own pairs: prompt, answer, chosen, rejected")
+    prompts = [r for r, o in zip(rows, origins) if o != "agent"]
+    pairs, st = (preference_pairs(model, tokenizer, prompts, spec.hyperparameters, ranking, seed=spec.seed,
+                                  deadline=deadline) if prompts else ([], None))
+    if not agent and not pairs:
+        raise SelfGenError(f"no preference pair: the {st.samples} samples of each of {st.prompts} prompts all got the "
+                           "same reward; use a partial-credit reward (numeric_closeness, token_overlap), more "
+                           "num_generations or a higher temperature")
+    labelled = [("agent", {**r}) for r in agent] + [("self_generated", p) for p in pairs]
+    random.Random(f"pairs/{spec.seed}").shuffle(labelled)
+    return [r for _, r in labelled], [o for o, _ in labelled], st
+
+
+def _write_rows(path: Path, rows: list[dict]) -> None:
+    """The rows this stage trains on, as the harness checks them after training (``agent_trainer.inner_loop.isolation.contamination``)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        for row in trained_record(rows):
+            f.write(json.dumps(row) + "\n")
+
+
+def _write_json(path: Path, data) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def run_stages(spec: JobSpec, job_dir: str | Path, model_path: str | Path, family: str, output_dir: str | Path, *,
+               max_steps: int, max_seconds: float, ran: dict | None = None,
+               on_update: Callable[[dict], None] | None = None, device: str = "cpu", vllm: bool = False,
+               fmt=None) -> dict:
+    """Train every stage of ``spec`` in order; returns the final status fields (see the module docstring).
+
+    ``device``: ``cpu`` or ``cuda`` (resolved: ``runners.config.resolve_device``), for the training and
+    the self-generated data's sampling; ``vllm``: GRPO stages generate with vLLM (``trl_config``); ``fmt``:
+    the task's prompt format (``agent_trainer.evaluation.prompts``): rows train in it (self-generated samples are drawn
+    from the raw prompts).
+    ``ran`` (``{"stages": []}``) is filled as stages start and end; ``on_update`` gets
+    ``{"planned_steps", "ran"}`` at each of those moments (the worker writes it to its status file).
+    """
+    job_dir, output_dir = Path(job_dir), Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    ran = ran if ran is not None else {"stages": []}
+    views, shares = spec.stage_specs(), spec.budget_shares()
+    multi = len(views) > 1
+    if multi:
+        for stale in output_dir.glob("stage_*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        (output_dir / TRAIN_LOG).write_text("")
+    current = Path(model_path)
+    used_s, used_steps = 0.0, 0
+    stages: list[dict] = []
+    configs: dict = {}
+    notify = on_update or (lambda update: None)
+    for i, view in enumerate(views):
+        stage_out = output_dir / f"stage_{i + 1}" if multi else output_dir
+        steps_left = max_steps - used_steps
+        budget_s = max(0.0, max_seconds - used_s) * shares[i] / sum(shares[i:])
+        if steps_left <= 0:
+            stages.append({"status": "timeout", "steps": 0, "planned_steps": 0, "seconds": 0.0,
+                           "detail": "the task's step budget was spent by the earlier stages; not run"})
+            break
+        t0 = time.monotonic()
+        rows, rewards, source, gen = prepare_stage(view, job_dir, current, family,
+                                                   deadline=t0 + GENERATION_SHARE * budget_s, device=device)
+        gen_s = sum(g.seconds for g in gen)
+        if gen:
+            _write_json(stage_out / GENERATION_FILE, [g.as_dict() for g in gen])
+        _write_rows(stage_out / TRAINED_ROWS, rows)
+        entry = {"algorithm": view.algorithm, "peft": "lora" if view.peft else "full", "data_source": source,
+                 "steps": 0}
+        ran["stages"].append(entry)
+        planned = planned_steps(view, len(rows), steps_left)
+        later = sum(v.hyperparameters.max_steps for v in views[i + 1:])
+        notify({"planned_steps": used_steps + planned + max(0, min(later, steps_left - planned)), "ran": ran})
+        log = (StepLog(output_dir / TRAIN_LOG, clock=None, append=True, step_offset=used_steps,
+                       fields={"stage": i + 1}) if multi else None)
+        report = train(view, rows, rewards, current, stage_out, max_steps=steps_left,
+                       max_seconds=max(1.0, budget_s - gen_s), log=log, device=device, vllm=vllm, fmt=fmt)
+        entry["steps"] = report.steps
+        used_steps += report.steps
+        used_s += gen_s + report.seconds
+        detail = "; ".join(filter(None, [g.summary() for g in gen] + [report.detail]))
+        stages.append({**report.as_dict(), "seconds": round(report.seconds + gen_s, 3), "detail": detail,
+                       "generation": [g.as_dict() for g in gen], "data_source": source})
+        if multi:
+            configs[f"stage_{i + 1}"] = json.loads((stage_out / TRL_CONFIG).read_text())
+            _write_json(output_dir / TRL_CONFIG, configs)
+            if i > 0 and current != Path(model_path):
+                shutil.rmtree(current, ignore_errors=True)  # the stage that trained from it is done
+        notify({"planned_steps": used_steps + max(0, min(later, max_steps - used_steps)), "ran": ran})
+        if report.status == "diverged" or report.model_dir is None:
+            break
+        current = Path(report.model_dir)
+    return _merge(stages, output_dir, current if multi else None)
+
+
+def _merge(stages: list[dict], output_dir: Path, last_model: Path | None) -> dict:
+    """The job's status from its stages' reports (the single stage's report for a single-stage job)."""
+    statuses = [s["status"] for s in stages]
+    status = "diverged" if "diverged" in statuses else "timeout" if "timeout" in statuses else "ok"
+    last = stages[-1]
+    out = {"status": status, "steps": sum(s["steps"] for s in stages),
+           "planned_steps": sum(s["planned_steps"] for s in stages),
+           "seconds": round(sum(s["seconds"] for s in stages), 3), "final_loss": last.get("final_loss"),
+           "final_reward": last.get("final_reward"), "trainable_params": last.get("trainable_params", 0),
+           "model_dir": None, "stages": stages}
+    if len(stages) == 1 and last_model is None:
+        out["detail"], out["model_dir"] = last["detail"], last.get("model_dir")
+        return out
+    out["detail"] = "; ".join(f"stage {n}: {s['detail']}" for n, s in enumerate(stages, 1) if s["detail"])
+    if status != "diverged" and last_model is not None and last_model.is_dir() and last_model.name == MODEL_DIR:
+        final = output_dir / MODEL_DIR
+        shutil.rmtree(final, ignore_errors=True)
+        shutil.move(str(last_model), str(final))
+        out["model_dir"] = str(final)
+    return out

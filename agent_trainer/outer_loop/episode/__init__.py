@@ -1,0 +1,1 @@
+"""One agent on one task: the episode loop, its tools, its workspace and the cost ledger."""

@@ -1,0 +1,367 @@
+"""One episode: an agent, a fresh workspace and the tools, from the task to a staged reward.
+
+    >>> ep = Episode(backend, task, run_dir / "episodes" / "0", ledger=ledger, settings=EpisodeSettings())
+    >>> ep.play()              # agent turns until it finishes, runs out of turns or submits max_jobs
+    >>> ep.run_pending()       # deferred jobs (at-train runs a whole batch of them in parallel instead)
+    >>> result = ep.finish()   # staged reward, trajectory and summary written to the episode folder
+
+The episode folder and the staged reward: docs/outer_loop.md, "An episode"; several jobs per episode,
+deferred jobs (``play_all``) and ``steering``: docs/strategy.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from agent_trainer.config import AgentConfig, BudgetConfig, StrategyConfig
+from agent_trainer.evaluation.staged_reward import RewardWeights, staged_reward
+from agent_trainer.inner_loop.run.request import JobRequest, JobSettings
+from agent_trainer.outer_loop.episode.tools import PendingJob, ToolBox, ToolLimits
+from agent_trainer.outer_loop.episode.workspace import Workspace
+
+# Terse on purpose: the tiny agent's tokenizer spends ~2 characters per token, and every turn re-reads this.
+SYSTEM_PROMPT = (
+    "You are an ML engineer agent. Post-train a small model for the task: write job.yaml, check it with "
+    "validate_job, fix what it reports, then submit_job. Reward: the trained model's hidden score minus its "
+    "base model's. Answer with one tool call."
+)
+NO_TOOL_CALL = "No tool call was found in your answer. Answer with one tool call, e.g. validate_job or submit_job."
+
+
+@dataclass
+class EpisodeSettings:
+    """How an episode runs: the ``agent`` group's fields of the same names, ``budget.max_jobs_per_episode`` and
+    ``strategy.episode_reward``, with the schema's defaults (``agent_trainer.config``)."""
+
+    max_turns: int = AgentConfig.max_turns
+    max_jobs: int = BudgetConfig.max_jobs_per_episode
+    temperature: float = AgentConfig.temperature
+    max_new_tokens: int = AgentConfig.max_new_tokens
+    validate_dry_run: bool = AgentConfig.validate_dry_run   # the dry run costs seconds per validate_job
+    # "full" tool schemas (descriptions included), "compact" ones (names and argument types), or
+    # "names": no schemas, one line in the system prompt. A tiny agent's context is short (full schemas
+    # cost it ~1,900 tokens per turn); a frontier model or a server with native tool calls wants "full".
+    tool_schemas: str = AgentConfig.tool_schemas
+    reward: RewardWeights = field(default_factory=RewardWeights)
+    reward_pick: str = StrategyConfig.episode_reward.value   # which job's outcome the reward uses: last | best
+
+
+def tool_schemas_for(schemas: list[dict[str, Any]], style: str) -> list[dict[str, Any]] | None:
+    """Schemas as the backend should get them for a ``tool_schemas`` style."""
+    if style == "full":
+        return schemas
+    if style == "compact":
+        return compact_tool_schemas(schemas)
+    if style == "names":
+        return None
+    raise ValueError(f"tool_schemas must be full, compact or names, got {style!r}")
+
+
+def tool_signatures(schemas: list[dict[str, Any]]) -> str:
+    """One line naming every tool with its arguments, e.g. ``write_file(path, content)``."""
+    return ", ".join(f"{s['function']['name']}({', '.join(s['function']['parameters']['properties'])})"
+                     for s in schemas)
+
+
+def opening_messages(task, tool_style: str = "full", schemas: list[dict[str, Any]] | None = None,
+                     note: str = "") -> list[dict[str, Any]]:
+    """The system and user messages every episode starts with (``schemas``: the episode's tools, default
+    the standard set; ``note``: sentences the strategy layer adds for the tools it enabled)."""
+    from agent_trainer.outer_loop.episode.tools import SCHEMAS
+
+    system = SYSTEM_PROMPT + (" " + note if note else "")
+    if tool_style == "names":
+        system += " Tools: " + tool_signatures(schemas or SCHEMAS) + "."
+    return [{"role": "system", "content": system}, {"role": "user", "content": task_message(task)}]
+
+
+def task_message(task) -> str:
+    """The user message that opens an episode: the instruction and the task's public facts.
+
+    The facts are written as job.yaml writes them (``family: calc_chain``, ``base_model: tiny-s``): a tiny
+    agent copies them into its job far more reliably when the surrounding tokens match."""
+    b = task.budget
+    return (
+        f"{task.instruction}\nfamily: {task.family}\nbase_model: {' or '.join(task.allowed_base_models)}\n"
+        f"budget per job: max_steps {b.max_steps}, {b.max_seconds:g} s, ${b.max_usd:g}\n"
+        f"Workspace: task.json, GUIDE.md (job.yaml schema, reward library)."
+    )
+
+
+@dataclass
+class TurnRecord:
+    """One sampled agent turn, as the policy update needs it."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    logprobs: list[float]
+    temperature: float
+
+
+@dataclass
+class EpisodeResult:
+    """What an episode produced; the harness's view (holds hidden scores)."""
+
+    episode_id: str
+    task: str
+    family: str
+    status: str                      # finished | max_turns | max_jobs | budget_exhausted | backend_error
+    reward: dict[str, Any]
+    turns: list[TurnRecord]
+    n_turns: int
+    jobs: list[dict[str, Any]]
+    choices: dict[str, Any]
+    tokens_in: int
+    tokens_out: int
+    usd: float
+    seconds: float
+    strategy: dict[str, Any] = field(default_factory=dict)   # labels, switches, steering (agent_trainer.outer_loop.strategy.strategy)
+
+    def summary(self) -> dict[str, Any]:
+        """Everything but the token-level turns (for summary.json and MLflow)."""
+        d = asdict(self)
+        d.pop("turns")
+        return d
+
+
+class Episode:
+    """An agent working on one task in its own folder."""
+
+    def __init__(self, backend, task, episode_dir: str | Path, *, ledger=None, settings: EpisodeSettings | None = None,
+                 episode_id: str | None = None, seed: int = 0, defer_jobs: bool = False,
+                 job_settings: JobSettings | None = None, model_name: str = "agent", steering=None):
+        """``steering``: an ``agent_trainer.outer_loop.strategy.steering.Steering`` (check protocol, interventions, journal, evaluator)."""
+        self.backend, self.task = backend, task
+        self.dir = Path(episode_dir)
+        self.settings = settings or EpisodeSettings()
+        self.id = episode_id or self.dir.name
+        self.ledger, self.seed, self.model_name = ledger, seed, model_name
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.ws = Workspace.create(self.dir / "workspace", task)
+        self.box = ToolBox(self.ws, task, limits=ToolLimits(max_turns=self.settings.max_turns,
+                                                             max_jobs=self.settings.max_jobs),
+                           jobs_dir=self.dir / "jobs", ledger=ledger, episode=self.id, defer_jobs=defer_jobs,
+                           job_settings=job_settings, validate_kwargs={"dry_run": self.settings.validate_dry_run})
+        self.steering = steering
+        if steering is not None:
+            steering.attach(self)
+        self.messages: list[dict[str, Any]] = opening_messages(
+            task, self.settings.tool_schemas, self.box.schemas(), steering.system_note() if steering else "")
+        self.turns: list[TurnRecord] = []
+        self.status = "running"
+        self.tokens_in = self.tokens_out = 0
+        self._pending_calls: dict[int, str] = {}  # pending job index -> tool_call_id of its submit_job
+        self._t0 = time.time()
+        self._traj = open(self.dir / "trajectory.jsonl", "a", encoding="utf-8")
+        for m in self.messages:
+            self.log({"event": "message", **m})
+
+    # --- the agent's turns --------------------------------------------------------------------
+    def play(self) -> str:
+        """Run agent turns until the episode ends; returns the status."""
+        from agent_trainer.outer_loop.agents.base import BackendError
+        from agent_trainer.outer_loop.episode.ledger import BudgetExhausted
+
+        s = self.settings
+        tools = self.tool_schemas()
+        last_prompt = 0
+        while not self.box.done and not self.waiting:
+            if self.ledger is not None:
+                try:
+                    self.ledger.check("llm", self.ledger.estimate_llm(self.model_name, last_prompt + 512,
+                                                                        s.max_new_tokens), episode=self.id)
+                except BudgetExhausted as e:
+                    self.status = "budget_exhausted"
+                    self.log({"event": "budget_exhausted", "message": str(e)})
+                    break
+            if not self.box.next_turn():
+                break
+            try:
+                gen = self.backend.generate(self.messages, tools, temperature=s.temperature,
+                                            max_new_tokens=s.max_new_tokens, seed=self.seed * 1000 + self.box.state.turns)
+            except BackendError as e:
+                self.status = "backend_error"
+                self.log({"event": "backend_error", "message": str(e)})
+                break
+            last_prompt = gen.prompt_tokens
+            self.tokens_in += gen.prompt_tokens
+            self.tokens_out += gen.completion_tokens
+            if self.ledger is not None:
+                self.ledger.record_llm(episode=self.id, model=self.model_name, tokens_in=gen.prompt_tokens,
+                                       tokens_out=gen.completion_tokens)
+            if gen.token_ids and gen.logprobs is not None and gen.prompt_ids is not None:
+                self.turns.append(TurnRecord(list(gen.prompt_ids), list(gen.token_ids), list(gen.logprobs),
+                                             s.temperature))
+            msg = gen.as_message()
+            self.messages.append(msg)
+            self.log({"event": "message", **msg, "prompt_tokens": gen.prompt_tokens,
+                       "completion_tokens": gen.completion_tokens, "token_ids": gen.token_ids,
+                       "logprobs": gen.logprobs, "finish_reason": gen.finish_reason})
+            if self.steering is not None and self.steering.handle_turn(self, gen):
+                continue  # the turn answered an open strategy check
+            if not gen.tool_calls:
+                self._add_message({"role": "user", "content": NO_TOOL_CALL})
+                continue
+            for call in gen.tool_calls:
+                before, ran_before = len(self.box.state.pending), len(self.box.state.jobs)
+                res = self.box.call(call["name"], call["arguments"])
+                if len(self.box.state.pending) > before:
+                    self._pending_calls[self.box.state.pending[-1].index] = call["id"]
+                self._add_message({"role": "tool", "tool_call_id": call["id"], "name": call["name"],
+                                   "content": res.text}, ok=res.ok)
+                if len(self.box.state.jobs) > ran_before:
+                    self._after_job(self.box.state.jobs[-1])
+                if self.box.done or self.waiting:
+                    break
+        if self.status == "running" and not self.waiting:
+            st = self.box.state
+            self.status = ("finished" if st.finished else "max_jobs" if st.submitted >= self.box.limits.max_jobs
+                           else "max_turns")
+        return self.status
+
+    def tool_schemas(self) -> list[dict[str, Any]] | None:
+        """The tool schemas given to the backend: full, compact, or None ("names": listed in the system prompt)."""
+        if getattr(self.backend, "native_tools", False):
+            return self.box.schemas()  # a server with native function calling always gets the full schemas
+        return tool_schemas_for(self.box.schemas(), self.settings.tool_schemas)
+
+    @property
+    def waiting(self) -> bool:
+        """A deferred job was submitted and more may follow: the agent waits for its result (``complete_job``)."""
+        return self.status == "running" and bool(self.box.state.pending) and not self.box.done
+
+    def _after_job(self, result) -> None:
+        """Job ``len(jobs)`` has its result: log it; the strategy layer's messages go into the conversation."""
+        k = len(self.box.state.jobs)
+        self.log({"event": "job", "job": k, "status": result.status})
+        if self.steering is not None:
+            for msg in self.steering.after_job(self, result, live=not self.box.done):
+                self._add_message(msg)
+
+    def _add_message(self, msg: dict[str, Any], **extra: Any) -> None:
+        self.messages.append(msg)
+        self.log({"event": "message", **msg, **extra})
+
+    # --- jobs ----------------------------------------------------------------------------------
+    @property
+    def pending(self) -> list[PendingJob]:
+        return list(self.box.state.pending)
+
+    def complete_job(self, pending: PendingJob, result) -> None:
+        """Record a deferred job's result (run by the caller) in the tools' state and the trajectory."""
+        resumes = self.waiting  # the agent is waiting for this result before its next job
+        res = self.box.complete(pending, result)
+        self.log({"event": "job_result", "job": pending.index, "tool_call_id": self._pending_calls.get(pending.index),
+                   "content": res.text, "ok": res.ok})
+        if resumes:
+            self._add_message({"role": "user",
+                               "content": f"Result of job {pending.index + 1} ({pending.agent_path}):\n{res.text}"})
+        self._after_job(result)
+
+    def run_pending(self, **settings: Any) -> None:
+        """Run deferred jobs here, one after the other; ``settings``: ``JobSettings`` fields to change."""
+        from agent_trainer.inner_loop.run.job import run_request
+
+        job = self.box.job_settings.replace(**settings)
+        for p in self.pending:
+            self.complete_job(p, run_request(JobRequest(p.job_dir, self.task, p.output_dir, job)))
+
+    # --- the end -----------------------------------------------------------------------------
+    def finish(self) -> EpisodeResult:
+        """Compute the staged reward, write summary.json, close the trajectory."""
+        st = self.box.state
+        stages = staged_reward(st.validation_failures(), st.outcome(self.task, self.settings.reward_pick),
+                               self.settings.reward)
+        jobs = [_job_summary(r) for r in st.jobs]
+        usd = self.ledger.episode_totals(self.id).usd if self.ledger is not None else 0.0
+        result = EpisodeResult(
+            episode_id=self.id, task=self.task.name, family=self.task.family, status=self.status,
+            reward=stages.to_dict(), turns=self.turns, n_turns=st.turns, jobs=jobs,
+            choices=submitted_choices(self.dir / "jobs"), tokens_in=self.tokens_in, tokens_out=self.tokens_out,
+            usd=usd, seconds=time.time() - self._t0, strategy=self.strategy_summary(),
+        )
+        self.log({"event": "reward", **stages.to_dict()})
+        self._traj.close()
+        tmp = self.dir / "summary.json.tmp"
+        tmp.write_text(json.dumps(result.summary(), indent=2, default=str))
+        os.replace(tmp, self.dir / "summary.json")
+        return result
+
+    def strategy_summary(self) -> dict[str, Any]:
+        """Strategy labels of the jobs (from what ran), switch metrics and the steering layer's records."""
+        from agent_trainer.outer_loop.strategy.strategy import from_dict, job_labels, sequence_metrics
+
+        jobs = job_labels(self.dir / "jobs")
+        out: dict[str, Any] = {"jobs": jobs, **sequence_metrics([from_dict(j["label"]) for j in jobs])}
+        if self.steering is not None:
+            out["steering"] = self.steering.summary()
+        return out
+
+    def log(self, record: dict[str, Any]) -> None:
+        """One record (an event or a message) into the episode's trajectory.jsonl, time-stamped."""
+        self._traj.write(json.dumps({"t": round(time.time() - self._t0, 3), **record}, default=str) + "\n")
+        self._traj.flush()
+
+
+def reward_metrics(reward: dict[str, Any]) -> dict[str, float]:
+    """An episode's staged reward as MLflow metrics ``reward_<stage>`` (weights as ``reward_w_*``, the
+    contamination flag as 0/1); the one mapping at-episode, at-fork and at-train's nested runs log."""
+    return {f"reward_{k}": float(v) for k, v in reward.items() if isinstance(v, (int, float))}
+
+
+def play_all(episodes: list[Episode], run_jobs) -> None:
+    """Play deferred-job episodes to their end: whenever some wait for a job's result (``Episode.waiting``),
+    ``run_jobs(waiting)`` runs their pending jobs (all at once, e.g. through an executor) and completes them,
+    and those episodes go on with the results in their conversation. A job no turn waits for (an
+    episode's last) stays pending: the caller runs those afterwards (``Trainer.play`` does, in one
+    batch). With one job per episode this is just ``play`` for each."""
+    for ep in episodes:
+        ep.play()
+    while True:
+        waiting = [ep for ep in episodes if ep.waiting]
+        if not waiting:
+            return
+        run_jobs(waiting)
+        for ep in waiting:
+            ep.play()
+
+
+def compact_tool_schemas(schemas: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Tool schemas without descriptions: names, argument names and types, required arguments."""
+    out = []
+    for s in schemas:
+        f = s["function"]
+        props = {k: {"type": v["type"]} for k, v in f["parameters"]["properties"].items()}
+        out.append({"type": "function", "function": {
+            "name": f["name"], "parameters": {"type": "object", "properties": props,
+                                              "required": list(f["parameters"].get("required", []))}}})
+    return out
+
+
+def _job_summary(result) -> dict[str, Any]:
+    keys = ("status", "hidden_score", "baseline", "uplift", "seconds", "usd", "job_hash", "steps", "flagged")
+    return {k: getattr(result, k, None) for k in keys}
+
+
+def submitted_choices(jobs_dir: Path) -> dict[str, Any]:
+    """Base model, algorithm and adapter of the last submitted job, read from its snapshot (best effort)."""
+    snaps = sorted(Path(jobs_dir).glob("*/job/job.yaml"))
+    if not snaps:
+        return {}
+    try:
+        raw = yaml.safe_load(snaps[-1].read_text())
+    except yaml.YAMLError:
+        return {}
+    if not isinstance(raw, dict):
+        return {}
+    hp = raw.get("hyperparameters") if isinstance(raw.get("hyperparameters"), dict) else {}
+    return {"base_model": str(raw.get("base_model")), "algorithm": str(raw.get("algorithm")),
+            "peft": "lora" if raw.get("peft") else "full", "learning_rate": hp.get("learning_rate"),
+            "max_steps": hp.get("max_steps")}

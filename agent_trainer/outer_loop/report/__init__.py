@@ -1,0 +1,1 @@
+"""Reading runs back: at-compare's tables and plots, seed reports, bootstrap intervals."""

@@ -1,1 +1,0 @@
-"""The agent: backends, workspace and tools, episodes, ledger, policy module, training loop."""
