@@ -118,7 +118,8 @@ def _task_override(value: str) -> str:
     if value.endswith(".json") or "/" in value:
         path = resolve_path(value)
         if not path.is_file():
-            raise UserError(f"task spec {value!r} not found; task specs live in {TASKS_DIR.relative_to(PROJECT_ROOT)}/*.json")
+            raise UserError(
+                f"task spec {value!r} not found; task specs live in {TASKS_DIR.relative_to(PROJECT_ROOT)}/*.json")
         return f"task.spec_path={path.resolve()}"
     if (CONFIG_DIR / "task" / f"{value}.yaml").is_file():
         return f"task={value}"
@@ -165,7 +166,8 @@ def other_sweep_values(argv: Sequence[str], limit: int = 32) -> list[list[str]]:
     parsed = OverridesParser.create().parse_overrides([a for a in argv if not a.startswith("-")])
     out = []
     for i, o in enumerate(parsed):
-        if o.is_sweep_override() and o.value_type is not None and o.value_type.name in ("SIMPLE_CHOICE_SWEEP", "RANGE_SWEEP"):
+        if (o.is_sweep_override() and o.value_type is not None
+                and o.value_type.name in ("SIMPLE_CHOICE_SWEEP", "RANGE_SWEEP")):
             for value in list(o.sweep_string_iterator())[1:]:
                 out.append(base[:i] + [f"{o.get_key_element()}={value}"] + base[i + 1:])
     return out[:limit]
@@ -303,7 +305,8 @@ def _record(cfg: DictConfig, info: sweeps.JobInfo, status: str, error: str | Non
     if status != "ok":
         try:
             if started is None and info.multirun and bool(cfg.tracking.enabled):
-                started = tracker(cfg, info.command).start()  # a job that failed before its run existed still shows in MLflow
+                started = tracker(cfg, info.command).start()  # a job that failed before its run existed still
+                                                              # shows in MLflow
             if started is not None:
                 started.set_tags({"error": error or status})
                 started.end("KILLED" if status == "killed" else "FAILED")

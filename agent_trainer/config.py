@@ -125,7 +125,8 @@ class AgentConfig:
                                          "(older servers that ignore the latter)")
     tool_schemas: str = doc("full", "how tools reach the agent: full | compact (no descriptions) | names (one line "
                                     "in the system prompt; the tiny agent's context is short)")
-    validate_dry_run: bool = doc(False, "validate_job also runs the dry run (seconds per call); submission always probes")
+    validate_dry_run: bool = doc(False,
+                                 "validate_job also runs the dry run (seconds per call); submission always probes")
     tool_format: str = doc("auto", "how the agent writes tool calls in text: auto (from its chat template) | hermes | "
                                    "llama3 | mistral | qwen3_coder (agent_trainer.outer_loop.agents.toolcalls)")
     sampler: str = doc("auto", "at-train: what samples the agent's turns: auto (the backend's: the policy's own model "
@@ -143,7 +144,8 @@ class TaskConfig:
     held_out_families: list[str] = doc([], "families scored at the start, every outer.heldout_every steps and at the "
                                            "end, never trained on")
     include_path: list[str] = doc([], "folders of data-defined task families (*.yaml cards with their JSONL; "
-                                      "agent_trainer.evaluation.families.data_family), searched besides the built-in ones")
+                                      "agent_trainer.evaluation.families.data_family), searched besides the "
+                                      "built-in ones")
     spec_pattern: str = doc("examples/tasks/{family}_v1_fast.json",
                             "task spec file of a family for the outer loop ({family} is replaced)")
 
@@ -185,7 +187,8 @@ class HardwareConfig:
     time_limit_min: Optional[int] = doc(None, "time limit per job in minutes (slurm, submitit_local); "
                                               "null = the task's hard deadline + 10 min")
     slurm_additional: dict[str, Any] = doc({}, "extra sbatch options, e.g. {account: my_account, qos: high}")
-    launcher_dir: str = doc("${abspath:${runs_dir}}/submitit", "submitit's job scripts and logs (slurm, submitit_local)")
+    launcher_dir: str = doc("${abspath:${runs_dir}}/submitit",
+                            "submitit's job scripts and logs (slurm, submitit_local)")
     ray_address: Optional[str] = doc(None, "ray: null = a local Ray on this machine; auto or ray://host:10001 = "
                                            "an existing cluster")
 
@@ -235,11 +238,14 @@ class InnerConfig:
 
     eval_size: Optional[int] = doc(None, "hidden-eval items; null = the task spec's hidden_eval_size")
     eval_batch_size: int = doc(64, "sequences per batch in the hidden evaluation")
-    timeout_s: Optional[float] = doc(None, "hard kill deadline of a job's training process; null = task max_seconds x 1.5 + 60")
+    timeout_s: Optional[float] = doc(
+        None, "hard kill deadline of a job's training process; null = task max_seconds x 1.5 + 60")
     sandbox: bool = doc(True, "run jobs with agent-written code or data in the sandbox (bubblewrap; "
-                              "agent_trainer.inner_loop.isolation.sandbox); with it off (or bwrap missing) they are refused unless allow_unsafe")
+                              "agent_trainer.inner_loop.isolation.sandbox); with it off (or bwrap missing) they are "
+                              "refused unless allow_unsafe")
     allow_unsafe: bool = doc(False, "run jobs with agent-written code or data without bubblewrap when the sandbox is "
-                                    "off or bwrap is missing (limits and a scrubbed environment only): trusted agents only")
+                                    "off or bwrap is missing (limits and a scrubbed environment only): trusted agents "
+                                    "only")
     sandbox_memory_gb: Optional[float] = doc(16.0, "address-space cap of a sandboxed training process (GiB; raise "
                                                    "it for models over ~1B parameters on CPU); null = none (GPU jobs "
                                                    "get none: CUDA reserves a lot of address space)")
@@ -280,7 +286,8 @@ class Intervention:
 
 @dataclass
 class EvaluatorConfig:
-    """The evaluator agent: after each job it predicts, evaluates, analyses and suggests (agent_trainer.outer_loop.strategy.evaluator)."""
+    """The evaluator agent: after each job it predicts, evaluates, analyses and suggests
+    (agent_trainer.outer_loop.strategy.evaluator)."""
 
     kind: EvaluatorKind = doc(EvaluatorKind.none, "none | rule (heuristics, offline) | llm (a second agent)")
     backend: Backend = doc(Backend.local, "llm: where the evaluator runs: local | openai | vllm")
@@ -297,13 +304,16 @@ class EvaluatorConfig:
 
 @dataclass
 class StrategyConfig:
-    """Multi-job strategy: the CONTINUE/SWITCH protocol, interventions, journal, skills, evaluator (docs/strategy.md)."""
+    """Multi-job strategy: the CONTINUE/SWITCH protocol, interventions, journal, skills, evaluator
+    (docs/strategy.md)."""
 
     mode: StrategyMode = doc(StrategyMode.none, "none | check (CONTINUE/SWITCH answer after every job result)")
-    episode_reward: JobPick = doc(JobPick.last, "which job's outcome the staged reward uses when several ran: last | best")
+    episode_reward: JobPick = doc(JobPick.last,
+                                  "which job's outcome the staged reward uses when several ran: last | best")
     dev_size: int = doc(64, "public dev items (the family generator, not the hidden set) scored after each job "
                             "for the protocol and the evaluator; 0 = none")
-    rule_window: int = doc(2, "check: SWITCH is suggested after this many consecutive dev-score gains below rule_min_gain")
+    rule_window: int = doc(2,
+                           "check: SWITCH is suggested after this many consecutive dev-score gains below rule_min_gain")
     rule_min_gain: float = doc(0.01, "check: a dev-score gain below this counts as no progress")
     max_reasks: int = doc(1, "check: a malformed answer is asked again this many times, then logged as malformed")
     interventions: list[Intervention] = doc([], "messages scheduled after given jobs, e.g. "
@@ -312,7 +322,8 @@ class StrategyConfig:
     journal_path: Optional[str] = doc(None, "journal file; null = one per episode; a relative path is inside the run "
                                             "folder and persists across the run's episodes (absolute: across runs)")
     skills: bool = doc(False, "give the agent list_skills / read_skill (short markdown skills)")
-    skills_dir: Optional[str] = doc(None, "folder of *.md skills; null = the seeded library (agent_trainer/outer_loop/skills)")
+    skills_dir: Optional[str] = doc(
+        None, "folder of *.md skills; null = the seeded library (agent_trainer/outer_loop/skills)")
     evaluator: EvaluatorConfig = doc(EvaluatorConfig, "the evaluator agent")
 
 
@@ -367,7 +378,8 @@ class EvalCommand(Config):
     """``at-eval``: hidden score of a model on a task, next to the cached baseline."""
 
     table: bool = doc(False, "print the whole baseline table instead of one score")
-    checkpoint: Optional[str] = doc(None, "a trained model folder to score against the base model's baseline; null = the base model")
+    checkpoint: Optional[str] = doc(
+        None, "a trained model folder to score against the base model's baseline; null = the base model")
     prompt_format: Optional[str] = doc(None, "raw | chat (agent_trainer.evaluation.prompts); null = the task spec's")
     table_models: list[str] = doc([], "table: these base models only; [] = every base model on disk")
 
@@ -483,7 +495,8 @@ def validate(cfg: DictConfig) -> Config:
         raise ConfigError(f"{key} has no value; {_REQUIRED_HINTS.get(key, f'set it: {key}=<value>')}") from None
     except Exception as e:  # failed interpolations, bad values set after composition
         raise ConfigError(" ".join(str(e).split()).split(" full_key:")[0]) from None
-    _check(isinstance(obj, Config), f"not an agent-trainer config (got {type(obj).__name__}); compose configs/config.yaml")
+    _check(isinstance(obj, Config),
+           f"not an agent-trainer config (got {type(obj).__name__}); compose configs/config.yaml")
     a, t, h, o, b = obj.agent, obj.task, obj.hardware, obj.outer, obj.budget
     if a.api_key_env is not None:
         _check(
@@ -505,10 +518,12 @@ def validate(cfg: DictConfig) -> Config:
         _check(getattr(h, key) is None or getattr(h, key) >= 1, f"hardware.{key} must be >= 1 or null")
     _check(o.group_size >= 2, "outer.group_size must be >= 2: group-relative advantages compare episodes of one task")
     _check(o.steps >= 1 and o.tasks_per_step >= 1, "outer.steps and outer.tasks_per_step must be >= 1")
-    _check(o.lr > 0 and o.clip_eps > 0 and o.kl_beta >= 0, "outer.lr and outer.clip_eps must be > 0, outer.kl_beta >= 0")
+    _check(o.lr > 0 and o.clip_eps > 0 and o.kl_beta >= 0,
+           "outer.lr and outer.clip_eps must be > 0, outer.kl_beta >= 0")
     _check(o.lr_warmup_steps >= 0, f"outer.lr_warmup_steps must be >= 0, got {o.lr_warmup_steps}")
     check_update(o)
-    _check(o.max_steps_off_policy >= 0 and o.heldout_every >= 0, "outer.max_steps_off_policy and outer.heldout_every must be >= 0")
+    _check(o.max_steps_off_policy >= 0 and o.heldout_every >= 0,
+           "outer.max_steps_off_policy and outer.heldout_every must be >= 0")
     _check(o.heldout_episodes >= 0,
            f"outer.heldout_episodes must be >= 0 (0 = no held-out evaluation), got {o.heldout_episodes}")
     _check(b.max_jobs_per_episode >= 1, "budget.max_jobs_per_episode must be >= 1")
@@ -643,7 +658,8 @@ def _check_strategy(s: StrategyConfig) -> None:
 
 
 def check_update(o: Any, key: str = "outer") -> None:
-    """The rules of the outer update's settings, for ``OuterConfig`` and ``agent_trainer.outer_loop.rl.policy.PolicyConfig``."""
+    """The rules of the outer update's settings, for ``OuterConfig`` and
+    ``agent_trainer.outer_loop.rl.policy.PolicyConfig``."""
     _check(o.loss_aggregation in ("token", "episode"),
            f"{key}.loss_aggregation must be 'token' or 'episode', got {o.loss_aggregation!r}")
     _check(0 < o.focus_top_frac <= 1,

@@ -6,7 +6,8 @@
     >>> FAMILIES["calc"]                       # UnknownName: unknown task family 'calc'; known: calc_chain, ...
 
 A read-only ``Mapping`` plus ``register``; ``loaders`` add entries from configuration (called before the first
-lookup and again whenever their ``key()`` changes: see ``agent_trainer.evaluation.families`` and ``agent_trainer.inner_loop.models``).
+lookup and again whenever their ``key()`` changes: see ``agent_trainer.evaluation.families`` and
+``agent_trainer.inner_loop.models``).
 """
 
 from __future__ import annotations

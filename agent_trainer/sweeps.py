@@ -93,7 +93,8 @@ def job_info(command: str) -> JobInfo:
 
 
 def short_settings(swept: dict[str, str]) -> list[str]:
-    """``{"outer.lora_r": "4", "seed": "1"}`` -> ``["lora_r=4", "seed=1"]`` (the full key where the last part repeats)."""
+    """``{"outer.lora_r": "4", "seed": "1"}`` -> ``["lora_r=4", "seed=1"]`` (the full key where the last part
+    repeats)."""
     lasts = [k.rsplit(".", 1)[-1] for k in swept]
     return [f"{k.rsplit('.', 1)[-1] if lasts.count(k.rsplit('.', 1)[-1]) == 1 else k}={v}" for k, v in swept.items()]
 
@@ -136,7 +137,8 @@ def run_tags(info: JobInfo) -> dict[str, str]:
     except Exception:  # no user name in this environment (some containers)
         user = str(os.getuid())
     tags = {"command": info.command, "mlflow.source.name": info.command, "mlflow.source.type": "LOCAL",
-            "mlflow.user": user, "command_line": os.environ.get(COMMAND_LINE_ENV) or " ".join([info.command, *info.overrides]),
+            "mlflow.user": user,
+            "command_line": os.environ.get(COMMAND_LINE_ENV) or " ".join([info.command, *info.overrides]),
             "overrides": " ".join(info.overrides), **git_state()}
     if info.folder is not None:
         tags["run_dir"] = str(info.folder)
@@ -174,8 +176,10 @@ def sweep_rows(sweep_dir: Path) -> list[dict[str, Any]]:
     for job in jobs:
         rec = read_run_file(job) or {"status": "failed", "error": f"no {RUN_FILE}: the job ended before it started"}
         rows.append({"job": int(job.name), "status": rec.get("status", "?"), "value": rec.get("value"),
-                     "settings": " ".join(short_settings(rec.get("swept") or {})) or " ".join(rec.get("overrides") or []),
-                     "folder": str(job), "log": rec.get("log"), "error": rec.get("error"), "run_name": rec.get("run_name")})
+                     "settings": " ".join(short_settings(rec.get("swept") or {}))
+                                 or " ".join(rec.get("overrides") or []),
+                     "folder": str(job), "log": rec.get("log"), "error": rec.get("error"),
+                     "run_name": rec.get("run_name")})
     return rows
 
 
@@ -188,7 +192,8 @@ def sweep_table(rows: list[dict[str, Any]]) -> str:
     lines = ["| job | status | value | settings | folder | error |", "|---|---|---|---|---|---|"]
     for r in rows:
         where = r["folder"] + (f" (log: {r['log']})" if r.get("log") else "")
-        lines.append(f"| {r['job']} | {r['status']} | {fmt(r['value'])} | {fmt(r['settings'])} | {where} | {fmt(r['error'])} |")
+        lines.append(
+            f"| {r['job']} | {r['status']} | {fmt(r['value'])} | {fmt(r['settings'])} | {where} | {fmt(r['error'])} |")
     return "\n".join(lines)
 
 

@@ -69,7 +69,8 @@ def _plain(obj: Any) -> Any:
 
 
 def flatten(cfg: Any, prefix: str = "", sep: str = ".") -> dict[str, Any]:
-    """Nested config -> ``{"outer.lr": 1e-4, ...}``; lists of scalars stay one JSON value, lists of dicts are indexed."""
+    """Nested config -> ``{"outer.lr": 1e-4, ...}``; lists of scalars stay one JSON value, lists of dicts are
+    indexed."""
     out: dict[str, Any] = {}
     node = _plain(cfg)
     if isinstance(node, Mapping):
@@ -353,7 +354,8 @@ class Tracker:
             self.client.log_artifacts(self.run_id, str(folder), artifact_path)
 
 
-def read_metrics(tracking_uri: str, run_id: str, keys: Iterable[str] | None = None) -> dict[str, list[tuple[int, float]]]:
+def read_metrics(tracking_uri: str, run_id: str,
+                 keys: Iterable[str] | None = None) -> dict[str, list[tuple[int, float]]]:
     """``{key: [(step, value), ...]}`` of a run, read back from MLflow (for tests and reports)."""
     from mlflow import MlflowClient
 

@@ -204,7 +204,8 @@ def _inner_grpo(device: str, tiny: bool, folder: Path, use_vllm: bool = False) -
         "hyperparameters": {"learning_rate": 1e-6, "batch_size": batch, "num_generations": gens,
                             "max_completion_length": length, "max_steps": steps},
         "data": {"sources": [{"family": "calc_chain", "seed": 1, "size": 512}]},
-        "reward": {"functions": [{"name": "numeric_closeness", "weight": 1.0}, {"name": "exact_match", "weight": 1.0}]}}))
+        "reward": {"functions": [{"name": "numeric_closeness", "weight": 1.0},
+                                 {"name": "exact_match", "weight": 1.0}]}}))
     spec = load_job(job)
     rows = build_rows(spec, job, default_family="calc_chain")
     rewards = resolve_rewards(spec, job)
@@ -250,7 +251,8 @@ def harness_job(device: str, tiny: bool, folder: Path) -> dict:
         "hyperparameters": {"learning_rate": 1e-5, "batch_size": 8 if tiny else 32, "max_steps": steps},
         "data": {"sources": [{"family": "calc_chain", "seed": 1, "size": 256}]}}))
     task = TaskSpec(name="gpu_check", family="calc_chain", allowed_base_models=["tiny-s"],
-                    hidden_eval_size=32 if tiny else 200, budget={"max_steps": steps, "max_seconds": 600, "max_usd": 10})
+                    hidden_eval_size=32 if tiny else 200,
+                    budget={"max_steps": steps, "max_seconds": 600, "max_usd": 10})
     free = CostModel(startup_s=0.0, grpo_step_s=1e-4, grpo_token_s=0.0, sft_step_s=1e-4, sft_sequence_s=0.0)
     t0 = time.perf_counter()
     res = run_job(job, task, model_dir=BUILT["folder"], output_dir=folder / "job_harness_out", cost_model=free,
@@ -318,8 +320,8 @@ def outer_update(device: str, tiny: bool) -> dict:
     if gpu:
         torch.cuda.synchronize()
     return {"lora_r": r, "trainable_m": round(trainable / 1e6, 2), "turns": n, "tokens_per_update": tokens,
-            "update_seconds": [round(x, 3) for x in times], "tokens_per_s": round(tokens / (sum(steady) / len(steady)), 1),
-            "loss": stats.get("loss")}
+            "update_seconds": [round(x, 3) for x in times],
+            "tokens_per_s": round(tokens / (sum(steady) / len(steady)), 1), "loss": stats.get("loss")}
 
 
 @part("agent_vllm")
@@ -358,7 +360,8 @@ def agent_vllm(device: str, tiny: bool, folder: Path) -> dict:
     prompt = local.render(msgs, tools)
     with torch.no_grad():
         logits = model(torch.tensor([prompt + sampled.token_ids], device=device)).logits[0, len(prompt) - 1:-1]
-    want = torch.log_softmax(logits.float(), -1).gather(1, torch.tensor(sampled.token_ids, device=device)[:, None])[:, 0]
+    want = torch.log_softmax(logits.float(), -1).gather(
+        1, torch.tensor(sampled.token_ids, device=device)[:, None])[:, 0]
     local_greedy = local.generate(msgs, tools, temperature=0, max_new_tokens=32).token_ids
     same = common_prefix_length(vllm_greedy, local_greedy)
     return {"engine_start_s": round(engine_s, 1), "prompt_tokens": sampled.prompt_tokens,

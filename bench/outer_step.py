@@ -1,7 +1,7 @@
 """(d) Where an outer step's time goes: agent sampling, validation, inner jobs, evaluation, update.
 
-Runs ``at-train``'s trainer (``experiment=smoke`` by default, sequential jobs, not overlapped with the sampling, so that the job-side
-sums are wall time, job cache off) for a few steps and splits each step with the numbers the trainer
+Runs ``at-train``'s trainer (``experiment=smoke`` by default, sequential jobs, not overlapped with the sampling, so that
+the job-side sums are wall time, job cache off) for a few steps and splits each step with the numbers the trainer
 logs per step (``metrics.jsonl``: ``seconds_sampling``, ``seconds_jobs``, ``seconds_update`` and the
 job-side sums ``seconds_jobs_validate``/``_process``/``_eval``), plus the agent's own
 ``validate_job`` calls timed here (they happen inside sampling):
@@ -54,8 +54,9 @@ def main() -> None:
     from agent_trainer.outer_loop.rl.train import Trainer
 
     wd = C.workdir(a.workdir, "outer")
-    cfg = compose_config([*a.overrides, "hardware=cpu", "hardware.threads_per_job=1", "inner.cache=false", "outer.overlap_jobs=false",
-                          "tracking=off", f"runs_dir={wd}", "run_id=bench", f"outer.steps={a.steps}"], "train")
+    cfg = compose_config([*a.overrides, "hardware=cpu", "hardware.threads_per_job=1", "inner.cache=false",
+                          "outer.overlap_jobs=false", "tracking=off", f"runs_dir={wd}", "run_id=bench",
+                          f"outer.steps={a.steps}"], "train")
     quiet_libraries()
 
     # The agent's validate_job calls happen inside sampling; time them (jobs' validations are logged).

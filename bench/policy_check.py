@@ -78,7 +78,8 @@ def main(argv: list[str]) -> None:
                 submitted += bool(ep.box.state.submitted)
                 tokens += r.tokens_out
                 n += 1
-        print(f"{tag}: valid_first={first / n:.2f} submitted={submitted / n:.2f} tokens_out={tokens / n:.0f}", flush=True)
+        print(f"{tag}: valid_first={first / n:.2f} submitted={submitted / n:.2f} tokens_out={tokens / n:.0f}",
+              flush=True)
 
     t0 = time.time()
     evaluate("before")

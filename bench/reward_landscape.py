@@ -31,7 +31,8 @@ FAMILIES = "calc_chain,reverse_text,sort_numbers,unit_convert,count_char"
 
 
 def job_for(family: str, base: str, algorithm: str, lr: float, steps: int) -> dict:
-    """The job a novice would write for these choices (agent_trainer.outer_loop.agents.novice's rendering and defaults)."""
+    """The job a novice would write for these choices (agent_trainer.outer_loop.agents.novice's rendering and
+    defaults)."""
     from agent_trainer.evaluation.families import get_family
     from agent_trainer.outer_loop.agents.novice import default_rewards
 
@@ -53,7 +54,8 @@ def main() -> None:
     p.add_argument("--algorithms", default="sft,grpo")
     p.add_argument("--lrs", default="1e-4,1e-3,5e-3")
     p.add_argument("--steps", default="20,100")
-    p.add_argument("--budget", default="tiny", help="task spec budget: tiny | fast (examples/tasks/<family>_v1_<budget>.json)")
+    p.add_argument("--budget", default="tiny",
+                   help="task spec budget: tiny | fast (examples/tasks/<family>_v1_<budget>.json)")
     p.add_argument("--jsonl", type=Path, default=None, help="append one JSON line per job here")
     a = p.parse_args()
 
@@ -95,7 +97,8 @@ def main() -> None:
     by_pair = defaultdict(list)
     for r in rows:
         by_pair[(r["algorithm"], r["lr"])].append(r["reward"])
-    print("  by algorithm x lr " + "  ".join(f"{k[0]} {k[1]:g}: {statistics.mean(v):.3f}" for k, v in sorted(by_pair.items())))
+    print("  by algorithm x lr " + "  ".join(f"{k[0]} {k[1]:g}: {statistics.mean(v):.3f}"
+                                             for k, v in sorted(by_pair.items())))
     if a.json:
         a.json.write_text(json.dumps(rows, indent=2))
 

@@ -13,7 +13,8 @@ USER_ERROR_CLASSES = (
     ("agent_trainer.inner_loop.models", "ModelNotFoundError"),
     ("agent_trainer.inner_loop.models", "ModelError"),
     ("agent_trainer.inner_loop.run.job", "JobError"),
-    ("agent_trainer.outer_loop.agents.served_sampler", "ServedSamplerError"),   # agent.sampler=served: the server's answer
+    ("agent_trainer.outer_loop.agents.served_sampler", "ServedSamplerError"),   # agent.sampler=served:
+                                                                                # the server's answer
 )
 
 

@@ -1,6 +1,7 @@
 """How often an agent's turns held a parsed tool call, per outer step, from a run folder's trajectories.
 
-    python -m agent_trainer.commands.agent_turns runs/<run_id>            # at-train (episodes/s0000-...) or at-episode (episodes/0)
+    python -m agent_trainer.commands.agent_turns runs/<run_id>            # at-train (episodes/s0000-...) or
+                                                                          # at-episode (episodes/0)
 
 Prints one line per step (at-episode: one line): episodes, agent turns, turns with a parsed call, their share,
 and the tools called. Reads ``trajectory.jsonl`` only (assistant messages with ``tool_calls``).

@@ -31,7 +31,8 @@ def run(cfg: DictConfig) -> float | None:
         return None
     check_reachable(cfg)  # a closed MLflow server fails here, in seconds
     if cfg.checkpoint and not cfg.table and not resolve_path(cfg.checkpoint).is_dir():  # before the heavy imports
-        raise cli.UserError(f"checkpoint {cfg.checkpoint!r} is not a folder; give a trained model folder (config.json + safetensors)")
+        raise cli.UserError(
+            f"checkpoint {cfg.checkpoint!r} is not a folder; give a trained model folder (config.json + safetensors)")
     from agent_trainer.evaluation import baselines
     from agent_trainer.evaluation.tasks import load_task
     from agent_trainer.inner_loop.models import resolve_model

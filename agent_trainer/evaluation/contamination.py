@@ -164,7 +164,8 @@ def _index(family: str, n: int) -> _HiddenIndex:
     return _HiddenIndex(family, n)
 
 
-def find_overlap(family: str, n: int, texts: Iterable[tuple[str, str]], min_hits: int = MIN_HITS) -> ContaminationReport:
+def find_overlap(family: str, n: int, texts: Iterable[tuple[str, str]],
+                 min_hits: int = MIN_HITS) -> ContaminationReport:
     """Check ``(source label, text)`` pairs against the first ``n`` hidden items of ``family``."""
     index = _index(family, int(n))
     report = ContaminationReport(family=family, n=int(n))

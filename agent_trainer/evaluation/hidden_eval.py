@@ -119,7 +119,8 @@ def generate_completions(model, tokenizer, prompts: list[str], max_new_tokens: i
 
 def score_examples(model, tokenizer, family: TaskFamily, examples: list[Example], batch_size: int = 64,
                    fmt: PromptFormat = RAW) -> tuple[float, list[dict]]:
-    """Mean score of the model on ``examples`` (prompts rendered in ``fmt``) and a few (prompt, completion, answer) samples."""
+    """Mean score of the model on ``examples`` (prompts rendered in ``fmt``) and a few (prompt, completion, answer)
+    samples."""
     prompts = [render(tokenizer, e.prompt, fmt) for e in examples]
     completions = generate_completions(model, tokenizer, prompts, family.max_new_tokens, batch_size)
     scores = [family.score_one(c, e.answer) for c, e in zip(completions, examples)]

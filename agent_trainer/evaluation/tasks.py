@@ -43,7 +43,8 @@ class TaskSpec(BaseModel):
     hidden_eval_size: int = Field(200, ge=1, le=5000)
     held_out: bool | None = Field(None, description="defaults to the family's own flag")
     prompt_format: Literal["raw", "chat"] = Field("raw", description="how models see prompts: raw (the family's "
-                                                  "text) or chat (the model's chat template); agent_trainer.evaluation.prompts")
+                                                  "text) or chat (the model's chat template); "
+                                                  "agent_trainer.evaluation.prompts")
     system_prompt: str | None = Field(None, description="chat: the system message; null = the instruction + "
                                                         "'Answer with the answer only.', '' = none")
 

@@ -19,7 +19,8 @@ import torch
 from agent_trainer.outer_loop.agents import BackendError, Generation, make_backend, parse_tool_calls
 from agent_trainer.outer_loop.episode.tools import SCHEMAS
 
-_spec = importlib.util.spec_from_file_location("openai_server", Path(__file__).parents[1] / "fixtures" / "openai_server.py")
+_spec = importlib.util.spec_from_file_location("openai_server",
+                                               Path(__file__).parents[1] / "fixtures" / "openai_server.py")
 openai_server = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(openai_server)
 _spec = importlib.util.spec_from_file_location("widen_heads", Path(__file__).parents[1] / "fixtures" / "widen_heads.py")
@@ -34,8 +35,9 @@ CALL_TEXT = '<tool_call>\n{"name": "finish", "arguments": {"summary": "ok"}}\n</
 # --- parsing (no model) -------------------------------------------------------------------
 
 def test_parse_tool_calls_is_robust():
-    text, calls = parse_tool_calls('Let me look.\n<tool_call>\n{"name": "read_file", "arguments": {"path": "a"}}\n'
-                                   '</tool_call>\n<tool_call>{"name": "finish", "arguments": "{\\"summary\\": \\"x\\"}"}')
+    text, calls = parse_tool_calls(
+        'Let me look.\n<tool_call>\n{"name": "read_file", "arguments": {"path": "a"}}\n'
+        '</tool_call>\n<tool_call>{"name": "finish", "arguments": "{\\"summary\\": \\"x\\"}"}')
     assert text == "Let me look." and [c["name"] for c in calls] == ["read_file", "finish"]
     assert calls[0]["arguments"] == {"path": "a"} and calls[1]["arguments"] == {"summary": "x"}
     assert calls[0]["id"] != calls[1]["id"] and calls[0]["id"].startswith("call_")
@@ -190,7 +192,8 @@ def test_openai_backend_against_a_served_local_model(agent, monkeypatch):
 def test_openai_backend_errors_without_a_server(monkeypatch):
     monkeypatch.delenv("AT_MISSING_KEY", raising=False)
     with pytest.raises(BackendError, match="AT_MISSING_KEY is empty or unset"):
-        make_backend({"kind": "openai", "model": "m", "base_url": "http://127.0.0.1:9/v1", "api_key_env": "AT_MISSING_KEY"})
+        make_backend({"kind": "openai", "model": "m", "base_url": "http://127.0.0.1:9/v1",
+                      "api_key_env": "AT_MISSING_KEY"})
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

@@ -96,5 +96,6 @@ def test_models_then_eval_end_to_end(tmp_path, built_agent, capsys):
     assert run.data.metrics["eval/hidden_score"] == pytest.approx(score)
     assert run.data.params["model.name"] == "tiny-s" and run.data.params["inner.eval_size"] == "16"
 
-    at_eval.run(compose_config([f"runs_dir={tmp_path}", "run_id=table", "table=true", "tracking=off", "inner.eval_size=16"], "eval"))
+    at_eval.run(compose_config([f"runs_dir={tmp_path}", "run_id=table", "table=true", "tracking=off",
+                                "inner.eval_size=16"], "eval"))
     assert (tmp_path / "table" / "baselines.md").read_text().strip()

@@ -56,7 +56,8 @@ def test_episode_through_an_openai_compatible_endpoint(tmp_path, built_agent, mo
                              max_seconds=600, render_tools=False) as srv:
         price_in, price_out = 2.0, 8.0
         cfg = compose_config([f"runs_dir={tmp_path}", "run_id=http", f"task.spec_path={TASK}", "agent=openai",
-                              "agent.model=tiny-agent", f"agent.base_url={srv.base_url}", "agent.api_key_env=AT_TEST_KEY",
+                              "agent.model=tiny-agent", f"agent.base_url={srv.base_url}",
+                              "agent.api_key_env=AT_TEST_KEY",
                               "agent.tool_schemas=names", "agent.temperature=0.7", "agent.max_new_tokens=320",
                               f"agent.usd_per_1m_tokens_in={price_in}", f"agent.usd_per_1m_tokens_out={price_out}",
                               "agent.max_turns=8"], "episode")

@@ -5,7 +5,8 @@
 - a job run twice is a cache hit the second time: same numbers, marked cached, ~free; identical jobs
   submitted together run once (the second waits on the key's lock and gets the hit).
 
-    .venv/bin/pytest tests/integration/test_executors.py -q        (~2 min on 2 cores, most of it submitit's fresh interpreters)
+    .venv/bin/pytest tests/integration/test_executors.py -q        (~2 min on 2 cores, most of it submitit's fresh
+                                                                    interpreters)
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ TASK = TaskSpec(name="calc_test", family="calc_chain", allowed_base_models=["tin
                 budget={"max_steps": 50, "max_seconds": 60, "max_usd": 0.05})
 JOBS = {  # three different jobs, so that a mixed-up order would show
     "sft_a": {"algorithm": "sft", "hyperparameters": {"batch_size": 8, "learning_rate": 3e-3, "max_steps": 4}},
-    "sft_b": {"algorithm": "sft", "hyperparameters": {"batch_size": 8, "learning_rate": 1e-2, "max_steps": 3}, "seed": 1},
+    "sft_b": {"algorithm": "sft", "hyperparameters": {"batch_size": 8, "learning_rate": 1e-2, "max_steps": 3},
+              "seed": 1},
     "grpo": {"algorithm": "grpo", "hyperparameters": {"batch_size": 8, "learning_rate": 1e-3, "max_steps": 2,
                                                       "num_generations": 4, "max_completion_length": 4},
              "reward": {"functions": [{"name": "numeric_closeness", "weight": 1.0}]}},
@@ -126,7 +128,8 @@ def test_a_repeated_job_is_a_cache_hit_with_the_same_result(reference, base_dir,
     assert json.loads((tmp_path / "run3" / RESULT_FILE).read_text())["cached"] is True
 
     # Off by config: the same job runs again.
-    fresh = make_executor("sequential").run([replace(pair[0], output_dir=tmp_path / "run4").with_settings(cache=False)])[0]
+    fresh = make_executor("sequential").run(
+        [replace(pair[0], output_dir=tmp_path / "run4").with_settings(cache=False)])[0]
     assert not fresh.cached and fresh.cache_key is None and _numbers(fresh) == _numbers(miss)
 
 

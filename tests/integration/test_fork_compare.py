@@ -87,7 +87,8 @@ def test_branches_start_from_the_same_point_with_the_same_budget(forked):
     # same seed, same prompt: the continue branch's next turn is the source's own continuation
     src_next = next(e for e in src[cut:] if e.get("event") == "message" and e["role"] == "assistant")
     cont_next = next(m for m in messages["continue"] if m["role"] == "assistant")
-    assert (cont_next.get("content"), cont_next.get("tool_calls")) == (src_next.get("content"), src_next.get("tool_calls"))
+    assert ((cont_next.get("content"), cont_next.get("tool_calls"))
+            == (src_next.get("content"), src_next.get("tool_calls")))
 
 
 def test_nested_mlflow_runs(forked):
@@ -101,7 +102,8 @@ def test_nested_mlflow_runs(forked):
         row = next(r for r in forked["rows"] if r["branch"] == c.data.tags["branch"])
         assert c.data.metrics["reward_total"] == pytest.approx(row["reward"])
         assert c.data.metrics["switches_after_fork"] == row["switches_after_fork"]
-    assert {"comparison.md", "comparison.csv", "fork.png"} <= {a.path for a in client.list_artifacts(parent.info.run_id)}
+    assert ({"comparison.md", "comparison.csv", "fork.png"}
+            <= {a.path for a in client.list_artifacts(parent.info.run_id)})
 
 
 def test_compare_two_runs_matches_mlflow(forked, tmp_path):

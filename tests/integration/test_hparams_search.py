@@ -17,7 +17,8 @@ BIN = Path(sys.executable).parent
 ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("optuna") is None or importlib.util.find_spec("hydra_plugins.hydra_optuna_sweeper") is None,
+    importlib.util.find_spec("optuna") is None
+    or importlib.util.find_spec("hydra_plugins.hydra_optuna_sweeper") is None,
     reason="the sweep extra is not installed (pip install -e '.[sweep]' -c requirements/cpu.txt)",
 )
 

@@ -94,7 +94,8 @@ def world(built_models, tmp_path_factory):
 
 def _state(world) -> dict:
     # What defines the hidden set and the scorer (other code may change under a shared tree).
-    harness_code = [*REPO.glob("agent_trainer/evaluation/families/*.py"), REPO / "agent_trainer" / "evaluation" / "hidden_eval.py"]
+    harness_code = [*REPO.glob("agent_trainer/evaluation/families/*.py"),
+                    REPO / "agent_trainer" / "evaluation" / "hidden_eval.py"]
     hidden = hidden_set(FAMILY, 200)
     return {"code": _digest(harness_code), "model": _digest(p for p in world["base"].iterdir() if p.is_file()),
             "world": _digest(p for p in world["root"].rglob("*") if p.is_file() and "cache" not in p.parts
@@ -174,7 +175,8 @@ ATTACKS = {
     # writing where it must not
     "write_outside": ("open({root!r} + '/planted.txt', 'w').write('x')", "FileNotFoundError"),
     "write_job_folder": ("open('reward.py', 'w').write('x')", "OSError"),
-    "write_repo": ("open({repo!r} + '/agent_trainer/evaluation/families/base.py', 'a').write('x')", "FileNotFoundError"),
+    "write_repo": ("open({repo!r} + '/agent_trainer/evaluation/families/base.py', 'a').write('x')",
+                   "FileNotFoundError"),
     # an import hook for the trainer: a .pth or sitecustomize in the interpreter's site-packages
     "import_hook_pth": ("import site\nopen(site.getsitepackages()[0] + '/zz_redteam.pth', 'w').write('import os')",
                         ("OSError", "PermissionError")),
@@ -251,7 +253,8 @@ def test_endless_loop_at_import_is_cut_off(harness, tmp_path):
 
 
 def test_ending_the_reward_process_is_a_finding(harness, tmp_path):
-    text = _probe(harness, tmp_path, "import os\nos._exit(7)\n\ndef attack(prompts, completions, **kwargs):\n    pass\n")
+    text = _probe(harness, tmp_path,
+                  "import os\nos._exit(7)\n\ndef attack(prompts, completions, **kwargs):\n    pass\n")
     assert "exited with code 7" in text
 
 

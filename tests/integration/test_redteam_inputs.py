@@ -6,8 +6,8 @@ Each attack is a job folder an agent could write. Planted code writes a marker f
 ``LEAKED <name>`` when it runs; the tests assert that no marker exists. The shadowing attacks are
 run three ways: through the validation (which refuses the names), and, bypassing it, straight
 through the harness's child processes (the probe's scoring child, the trainer cold, warm and
-sandboxed), which must never import from the job folder whatever it holds (``agent_trainer.inner_loop.isolation.launcher``).
-See docs/security.md.
+sandboxed), which must never import from the job folder whatever it holds
+(``agent_trainer.inner_loop.isolation.launcher``). See docs/security.md.
 """
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ PYC = f"__pycache__/resource.{sys.implementation.cache_tag}.pyc"
 SHADOWS = {
     "stdlib_resource": ["resource.py"], "stdlib_json": ["json.py"], "library_torch": ["torch.py"],
     "library_yaml_package": ["yaml/__init__.py"], "library_typing_extensions": ["typing_extensions.py"],
-    "harness_package": ["agent_trainer/inner_loop/__init__.py", "agent_trainer/inner_loop/train/rewards.py", "agent_trainer/inner_loop/run/worker.py"],
+    "harness_package": ["agent_trainer/inner_loop/__init__.py", "agent_trainer/inner_loop/train/rewards.py",
+                        "agent_trainer/inner_loop/run/worker.py"],
     "sitecustomize": ["sitecustomize.py"], "usercustomize": ["usercustomize.py"], "path_hook": ["evil.pth"],
     "pycache_bytecode": ["resource.py", PYC], "sourceless_bytecode": ["runpy.pyc"],
 }

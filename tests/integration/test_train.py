@@ -75,8 +75,8 @@ def _child_runs(uri: str, parent: str) -> list[str]:
 
 
 def test_killed_mid_step_resumes_with_every_step_and_record_once(tmp_path, built_agent):
-    args = [sys.executable, "-m", "agent_trainer.commands.train", f"runs_dir={tmp_path}", "experiment=smoke", "outer.steps=3",
-            "tracking.enabled=true"]
+    args = [sys.executable, "-m", "agent_trainer.commands.train", f"runs_dir={tmp_path}", "experiment=smoke",
+            "outer.steps=3", "tracking.enabled=true"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(args + ["run_id=r"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
@@ -114,7 +114,8 @@ def test_killed_mid_step_resumes_with_every_step_and_record_once(tmp_path, built
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_0000", "step_0001", "step_0002"]
     kept = sorted(p.name for p in (run / "episodes").iterdir())
     assert sorted({int(name[1:5]) for name in kept}) == [0, 1, 2] and len(kept) == 3 * int(rows[0]["episodes"])
-    assert all(p.name.startswith("s0001-") for p in (run / "rolled_back").iterdir()), "only the killed step is set aside"
+    assert all(p.name.startswith("s0001-")
+               for p in (run / "rolled_back").iterdir()), "only the killed step is set aside"
     assert _child_runs(f"sqlite:///{tmp_path.resolve()}/mlflow.db", marker["mlflow_run_id"]) == sorted(
         p.name for p in (run / "episodes").iterdir()), "each kept episode's nested run exactly once"
     # ledger: every record parses; each episode's LLM calls appear exactly once (= its turns)

@@ -119,7 +119,8 @@ INVALID = [
 # The strategy space (docs/inner_loop.md): dpo, self-generated sources, stages.
 STAGED = {"base_model": "tiny-s", "seed": 0, "data": BASE["data"], "reward": BASE["reward"],
           "stages": [{"algorithm": "sft", "hyperparameters": {"batch_size": 32, "max_steps": 100}},
-                     {"algorithm": "grpo", "hyperparameters": {"batch_size": 64, "num_generations": 8, "max_steps": 50}}]}
+                     {"algorithm": "grpo",
+                      "hyperparameters": {"batch_size": 64, "num_generations": 8, "max_steps": 50}}]}
 
 
 def staged(*changes: tuple[str, object]) -> dict:

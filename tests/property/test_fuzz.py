@@ -156,7 +156,8 @@ DATA_TEXT = st.one_of(
                                             "[" * 50_000, '{"prompt": "p", "answer": "a"}\n' * 3]),
 )
 REWARD_TEXT = st.one_of(st.text(max_size=200), st.sampled_from(
-    [EXAMPLE_REWARD, EXAMPLE_REWARD.replace("def ", "async def "), "def r(prompts, completions, **kw):\n    return [0.0] * len(completions)\n", "def (:", "\x00", "(" * 500,
+    [EXAMPLE_REWARD, EXAMPLE_REWARD.replace("def ", "async def "),
+     "def r(prompts, completions, **kw):\n    return [0.0] * len(completions)\n", "def (:", "\x00", "(" * 500,
      "import os\nos.system('touch /tmp/pwned')\n", "r = lambda *a, **k: 1\n"]))
 
 
@@ -186,7 +187,8 @@ def test_malformed_job_yaml_is_refused_with_findings_only(tmp_path):
             spec = None
             assert str(e).strip()
         assert spec is None or isinstance(spec, JobSpec)
-        if spec is not None:  # the harness hands the training process the spec as JSON (agent_trainer.inner_loop.run.worker)
+        if spec is not None:  # the harness hands the training process the spec as JSON
+                              # (agent_trainer.inner_loop.run.worker)
             back = JobSpec.model_validate_json(spec.model_dump_json(exclude_unset=True),
                                                context={"task_family": TASK.family})
             assert back == spec

@@ -45,8 +45,8 @@ def _scripted_transcript(task, rng, tmp_path) -> list[dict]:
     for i in range(32):
         call = script.send(result) if i else next(script)
         cid = f"call_{i}"
-        messages.append({"role": "assistant", "content": "", "tool_calls": [{"id": cid, "type": "function", "function": {
-            "name": call["name"], "arguments": json.dumps(call["arguments"])}}]})
+        messages.append({"role": "assistant", "content": "", "tool_calls": [{"id": cid, "type": "function",
+            "function": {"name": call["name"], "arguments": json.dumps(call["arguments"])}}]})
         if call["name"] == "submit_job":
             return messages
         if call["name"] == "write_file":

@@ -1,4 +1,5 @@
-"""The warm start of a pretrained agent (agent_trainer.outer_loop.agents.agent_warm_start): which transcripts, in which format."""
+"""The warm start of a pretrained agent (agent_trainer.outer_loop.agents.agent_warm_start): which transcripts, in which
+format."""
 
 from __future__ import annotations
 

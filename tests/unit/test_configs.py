@@ -17,7 +17,8 @@ from agent_trainer.config import (
     COMMAND_SCHEMAS, CONFIG_DIR, GROUP_SCHEMAS, Config, ConfigError, EvalCommand, JobCommand, field_help, validate,
 )
 
-REQUIRED_GROUPS = {"agent", "task", "budget", "hardware", "outer", "inner", "strategy", "tracking", "experiment", "model"}
+REQUIRED_GROUPS = {"agent", "task", "budget", "hardware", "outer", "inner", "strategy", "tracking", "experiment",
+                   "model"}
 NOT_GROUPS = {"local"}  # optional personal overrides, usually absent
 
 

@@ -73,8 +73,10 @@ def test_the_reference_answer_scores_one_and_a_wrong_one_zero(name):
     [
         ("calc_chain", "16", "16", 1.0), ("calc_chain", "-4", "-4", 1.0), ("calc_chain", "4", "-4", 0.0),
         ("calc_chain", "16.0", "16", 1.0), ("calc_chain", "17", "16", 0.0), ("calc_chain", "abc", "16", 0.0),
-        ("reverse_text", "tac", "tac", 1.0), ("reverse_text", " TAC ", "tac", 1.0), ("reverse_text", "ta c", "tac", 0.0),
-        ("sort_numbers", "2 5 9", "2 5 9", 1.0), ("sort_numbers", "2  5 9", "2 5 9", 1.0), ("sort_numbers", "2 9 5", "2 5 9", 0.0),
+        ("reverse_text", "tac", "tac", 1.0), ("reverse_text", " TAC ", "tac", 1.0),
+        ("reverse_text", "ta c", "tac", 0.0),
+        ("sort_numbers", "2 5 9", "2 5 9", 1.0), ("sort_numbers", "2  5 9", "2 5 9", 1.0),
+        ("sort_numbers", "2 9 5", "2 5 9", 0.0),
         ("unit_convert", "3000", "3000", 1.0), ("unit_convert", "300", "3000", 0.0),
         ("count_char", "3", "3", 1.0), ("count_char", "3 times", "3", 1.0), ("count_char", "2", "3", 0.0),
         ("triage", "billing", "billing", 1.0), ("triage", "Billing.", "billing", 1.0),

@@ -176,9 +176,11 @@ GRAPH = project_graph()
 
 
 def test_packages_are_scanned():
-    assert {"agent_trainer.inner_loop.run.job", "agent_trainer.inner_loop.train", "agent_trainer.outer_loop.episode.episode", "agent_trainer.evaluation.tasks", "agent_trainer.commands.job",
+    assert {"agent_trainer.inner_loop.run.job", "agent_trainer.inner_loop.train",
+            "agent_trainer.outer_loop.episode.episode", "agent_trainer.evaluation.tasks", "agent_trainer.commands.job",
             "agent_trainer.registry"} <= set(GRAPH)
-    assert {"agent_trainer.inner_loop.run.result", "agent_trainer.inner_loop.run.worker", "agent_trainer.evaluation.tasks"} <= GRAPH["agent_trainer.inner_loop.run.job"].imports
+    assert {"agent_trainer.inner_loop.run.result", "agent_trainer.inner_loop.run.worker",
+            "agent_trainer.evaluation.tasks"} <= GRAPH["agent_trainer.inner_loop.run.job"].imports
 
 
 def test_no_import_cycle():

@@ -1,4 +1,5 @@
-"""The import rule (docs/architecture.md), by the second component of a module's name: commands -> outer_loop -> inner_loop -> evaluation -> agent_trainer.
+"""The import rule (docs/architecture.md), by the second component of a module's name: commands -> outer_loop ->
+inner_loop -> evaluation -> agent_trainer.
 
 Every module is parsed with ``ast`` (nothing is imported), including imports inside functions and
 ``importlib.import_module("...")`` / ``__import__("...")`` with a literal name.
@@ -68,7 +69,8 @@ def modules() -> list[tuple[str, Path]]:
 
 def test_packages_are_scanned():
     names = {m for m, _ in modules()}
-    assert {"agent_trainer.config", "agent_trainer.tracking", "agent_trainer.evaluation.tasks", "agent_trainer.inner_loop.spec.jobspec"} <= names
+    assert {"agent_trainer.config", "agent_trainer.tracking", "agent_trainer.evaluation.tasks",
+            "agent_trainer.inner_loop.spec.jobspec"} <= names
 
 
 @pytest.mark.parametrize("module,path", modules(), ids=[m for m, _ in modules()])
@@ -79,12 +81,17 @@ def test_module_respects_the_import_rule(module, path):
 
 
 @pytest.mark.parametrize("source,module,expected", [
-    ("import agent_trainer.outer_loop.rl.policy", "agent_trainer.inner_loop.run.job", ["agent_trainer.outer_loop.rl.policy"]),
-    ("def f():\n    from agent_trainer.inner_loop import models", "agent_trainer.evaluation.baselines", ["agent_trainer.inner_loop"]),
-    ("import importlib\nimportlib.import_module('agent_trainer.outer_loop.episode.tools')", "agent_trainer.evaluation.x", ["agent_trainer.outer_loop.episode.tools"]),
+    ("import agent_trainer.outer_loop.rl.policy", "agent_trainer.inner_loop.run.job",
+     ["agent_trainer.outer_loop.rl.policy"]),
+    ("def f():\n    from agent_trainer.inner_loop import models", "agent_trainer.evaluation.baselines",
+     ["agent_trainer.inner_loop"]),
+    ("import importlib\nimportlib.import_module('agent_trainer.outer_loop.episode.tools')",
+     "agent_trainer.evaluation.x", ["agent_trainer.outer_loop.episode.tools"]),
     ("from agent_trainer.evaluation.tasks import load_task", "agent_trainer.cli", ["agent_trainer.evaluation.tasks"]),
-    ("from ..outer_loop import x", "agent_trainer.inner_loop.sub.mod", []),  # relative: resolves to agent_trainer.inner_loop.outer_loop
-    ("from .. import outer_loop", "agent_trainer.evaluation.sub.__init__", []),  # agent_trainer.evaluation.outer_loop, a subpackage
+    ("from ..outer_loop import x", "agent_trainer.inner_loop.sub.mod", []),  # relative: resolves to
+                                                                             # agent_trainer.inner_loop.outer_loop
+    ("from .. import outer_loop", "agent_trainer.evaluation.sub.__init__", []),  # agent_trainer.evaluation.outer_loop,
+                                                                                 # a subpackage
     ("from agent_trainer.evaluation.tasks import load_task", "agent_trainer.inner_loop.run.job", []),
     ("from agent_trainer.tracking import Tracker", "agent_trainer.evaluation.baselines", []),
     ("from agent_trainer.commands.train import run", "agent_trainer.outer_loop.rl.train",

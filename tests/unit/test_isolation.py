@@ -1,4 +1,5 @@
-"""The one launcher (agent_trainer.inner_loop.isolation.launcher): no other module starts a process, and each start is isolated.
+"""The one launcher (agent_trainer.inner_loop.isolation.launcher): no other module starts a process, and each start is
+isolated.
 
 Every module of the project's packages is parsed with ``ast`` (nothing is imported): a process
 start anywhere but ``agent_trainer/inner_loop/isolation/launcher.py`` fails the test, so a new launcher cannot be added
@@ -53,7 +54,8 @@ def test_only_the_launcher_starts_processes(path):
     if rel == LAUNCHER:
         assert starts, "the launcher is where processes start"
         return
-    assert not starts, f"{rel} starts processes itself ({starts}); go through agent_trainer.inner_loop.isolation.launcher"
+    assert not starts, (
+        f"{rel} starts processes itself ({starts}); go through agent_trainer.inner_loop.isolation.launcher")
 
 
 @pytest.mark.parametrize("source", [

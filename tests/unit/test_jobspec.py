@@ -62,8 +62,9 @@ def test_example_strategies():
 
 def test_cross_field_errors_point_at_the_field():
     bad = dict(GRPO, hyperparameters={"batch_size": 30, "num_generations": 8})
-    assert errors_of(bad) == [("hyperparameters.batch_size",
-                               "batch_size (30) must be divisible by num_generations (8) for GRPO; e.g. batch_size: 24")]
+    assert errors_of(bad) == [
+        ("hyperparameters.batch_size",
+         "batch_size (30) must be divisible by num_generations (8) for GRPO; e.g. batch_size: 24")]
     dup = dict(GRPO, reward={"functions": [{"name": "exact_match"}, {"name": "exact_match"}]})
     (field, msg), = errors_of(dup)
     assert field == "reward.functions.1.name" and "listed twice" in msg
@@ -91,7 +92,8 @@ def test_sft_needs_no_reward_and_grpo_file_rewards_need_identifiers():
 
 
 def test_effective_max_steps_uses_epochs_only_without_max_steps():
-    by_epochs = JobSpec.model_validate(dict(GRPO, hyperparameters={"epochs": 2, "batch_size": 64, "num_generations": 8}))
+    by_epochs = JobSpec.model_validate(dict(GRPO,
+                                            hyperparameters={"epochs": 2, "batch_size": 64, "num_generations": 8}))
     assert by_epochs.rows_per_step() == 8
     assert by_epochs.effective_max_steps(100) == 25  # ceil(2 * 100 / 8)
     both = JobSpec.model_validate(dict(GRPO, hyperparameters={"epochs": 2, "max_steps": 7}))

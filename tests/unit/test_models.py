@@ -64,7 +64,8 @@ def test_chat_template_renders_tools_and_tool_calls(tok):
         {"role": "system", "content": "You write training jobs."},
         {"role": "user", "content": "Train calc_chain."},
         {"role": "assistant", "content": "Writing the job.", "tool_calls": [
-            {"type": "function", "function": {"name": "write_file", "arguments": {"path": "job.yaml", "content": "seed: 0"}}}]},
+            {"type": "function", "function": {"name": "write_file",
+                                              "arguments": {"path": "job.yaml", "content": "seed: 0"}}}]},
         {"role": "tool", "content": "wrote job.yaml"},
         {"role": "tool", "content": "second result"},
         {"role": "assistant", "content": "Done."},

@@ -25,7 +25,8 @@ call = scripted.call
 def script():
     return scripted.ScriptedBackend([
         [call("write_file", path="job.yaml", content=BAD)], [call("submit_job", path="job.yaml")],
-        [call("write_file", path="job.yaml", content=BAD.replace("sft", "grpo"))], [call("submit_job", path="job.yaml")],
+        [call("write_file", path="job.yaml", content=BAD.replace("sft", "grpo"))],
+        [call("submit_job", path="job.yaml")],
         [call("finish", summary="done")]])
 
 

@@ -9,8 +9,8 @@ import torch
 from peft import LoraConfig, get_peft_model
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from agent_trainer.outer_loop.rl.policy import (AgentPolicy, PolicyConfig, TurnSample, collate, group_advantages, merge_turns,
-                               token_logprobs)
+from agent_trainer.outer_loop.rl.policy import (AgentPolicy, PolicyConfig, TurnSample, collate, group_advantages,
+                                                merge_turns, token_logprobs)
 
 
 def tiny_policy(lr: float = 1e-2, **kw) -> AgentPolicy:
@@ -304,7 +304,8 @@ def test_the_policy_is_updated_on_its_device_and_stays_there(device):
     model = get_peft_model(Qwen3ForCausalLM(cfg), LoraConfig(r=4, lora_alpha=8, target_modules="all-linear",
                                                              task_type="CAUSAL_LM"))
     pol = AgentPolicy(model, types.SimpleNamespace(pad_token_id=0),
-                      PolicyConfig(lr=1e-2, micro_batch_size=4, focus_top_frac=0.5), trainer_kwargs=device_kwargs(device))
+                      PolicyConfig(lr=1e-2, micro_batch_size=4, focus_top_frac=0.5),
+                      trainer_kwargs=device_kwargs(device))
     assert next(pol.model.parameters()).device.type == device
     samples = []
     for i, a in enumerate([1.0, -1.0, 1.0, -1.0]):

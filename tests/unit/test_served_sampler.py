@@ -164,16 +164,16 @@ def test_unreachable_server_and_unset_key_are_one_line(smollm2, monkeypatch):
         ServedSampler(base_url=f"http://127.0.0.1:{port}/v1", model_path=smollm2, max_retries=0)
     assert "\n" not in str(e.value)
     monkeypatch.delenv("AT_NO_SUCH_KEY", raising=False)
-    # The wording of every agent backend (agent_trainer.outer_loop.agents.base.key_unset_message): the variable, the fix, and
-    # the config value for a server without a key.
+    # The wording of every agent backend (agent_trainer.outer_loop.agents.base.key_unset_message): the variable, the
+    # fix, and the config value for a server without a key.
     with pytest.raises(ServedSamplerError, match=r"AT_NO_SUCH_KEY is empty or unset; export the API key in it, or "
                                                  r"agent.api_key_env=null if http://127.0.0.1:1/v1 needs no key"):
         ServedSampler(base_url="http://127.0.0.1:1/v1", model_path=smollm2, api_key_env="AT_NO_SUCH_KEY")
 
 
 def test_keys_a_server_echoes_are_redacted_in_errors(smollm2, tmp_path, monkeypatch):
-    """As the OpenAI backend does (agent_trainer.outer_loop.agents.base.redact_keys): the key itself and key-like strings a
-    body quotes become ***, in an error's message and in a body quoted whole."""
+    """As the OpenAI backend does (agent_trainer.outer_loop.agents.base.redact_keys): the key itself and key-like
+    strings a body quotes become ***, in an error's message and in a body quoted whole."""
     monkeypatch.setenv("AT_SERVED_KEY", "hunter2-correct-horse")
     with fake.serve(root=str(smollm2)) as server:
         s = sampler(server, smollm2, api_key_env="AT_SERVED_KEY")

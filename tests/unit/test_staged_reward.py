@@ -55,7 +55,8 @@ def test_weights_are_configurable():
 
 
 def test_flagged_job_scores_as_its_baseline():
-    clean, flagged = staged_reward(0, ok_job(post=0.9, base=0.2)), staged_reward(0, ok_job(post=0.9, base=0.2, flagged=True))
+    clean, flagged = (staged_reward(0, ok_job(post=0.9, base=0.2)),
+                      staged_reward(0, ok_job(post=0.9, base=0.2, flagged=True)))
     assert flagged.uplift == 0.0 and flagged.normalized_uplift == 0.0 and flagged.post_score == 0.2
     assert flagged.quality == pytest.approx(0.25 * 0.2) and flagged.flagged
     assert clean.total > flagged.total

@@ -136,7 +136,8 @@ def test_ran_is_derived_from_the_snapshot_when_the_result_has_none(tmp_path):
                {"status": "invalid", "steps": 0})
     _write_job(tmp_path, "03", {"base_model": "tiny-s", "data": {**src, "file": "d.jsonl"},
                                 "stages": [{"algorithm": "sft", "hyperparameters": {"max_steps": 30}},
-                                           {"algorithm": "grpo", "peft": {"r": 4}, "hyperparameters": {"max_steps": 30}}]},
+                                           {"algorithm": "grpo", "peft": {"r": 4},
+                                            "hyperparameters": {"max_steps": 30}}]},
                {"status": "crashed", "steps": 30})
     own = {"stages": [stage("dpo", data="self_generated", steps=12)]}
     _write_job(tmp_path, "04", {"base_model": "tiny-s", "algorithm": "sft", "data": src},

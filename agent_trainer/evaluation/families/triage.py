@@ -1,4 +1,5 @@
-"""triage (held out): route a short support message to a queue, e.g. ``triage: my card was charged twice =`` -> ``billing``."""
+"""triage (held out): route a short support message to a queue, e.g. ``triage: my card was charged twice =`` ->
+``billing``."""
 
 from __future__ import annotations
 

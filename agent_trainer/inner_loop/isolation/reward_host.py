@@ -1,11 +1,13 @@
 """Reward host: runs a job's ``reward.py`` alone in its own (sandboxed) process and answers calls.
 
-    python -I reward_host.py --fd 3 --cwd JOB_DIR     # started by agent_trainer.inner_loop.isolation.reward_proxy, never by hand
+    python -I reward_host.py --fd 3 --cwd JOB_DIR     # started by agent_trainer.inner_loop.isolation.reward_proxy,
+                                                      # never by hand
 
 Over the inherited socket ``--fd``: length-prefixed JSON, ``{"op": "load", "source", "filename"}`` ->
 ``{"ok", "names"}`` and ``{"op": "call", "filename", "name", "prompts", "completions", "kwargs", "state"}``
 -> ``{"values", "metrics"}``, or ``{"error": traceback}``. Standard library only: it runs with no project
-package importable (docs/security.md). ``agent_trainer.inner_loop.isolation.reward_proxy`` treats every answer as untrusted.
+package importable (docs/security.md). ``agent_trainer.inner_loop.isolation.reward_proxy`` treats every answer as
+untrusted.
 """
 
 import argparse
@@ -83,7 +85,8 @@ def serve(sock):
             module = types.ModuleType("job_reward")
             module.__file__ = filename
             try:
-                exec(compile(msg["source"], filename, "exec"), module.__dict__)  # noqa: S102 - the agent's code, sandboxed
+                exec(compile(msg["source"], filename, "exec"),  # noqa: S102 - the agent's code, sandboxed
+                     module.__dict__)
                 modules[filename] = module
                 names = sorted(k for k, v in list(module.__dict__.items()) if callable(v) and not k.startswith("__"))
                 send(sock, {"ok": True, "names": names})

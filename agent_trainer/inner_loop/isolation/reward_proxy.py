@@ -7,10 +7,10 @@
     >>> score_with_host(reward_spec, job_dir, request, timeout_s=30, policy=policy)  # the validation probe
 
 Agent-written reward functions (``source: file``) never run in the trainer or in the harness:
-they run in ``agent_trainer/inner_loop/isolation/reward_host.py``, in a sandbox of their own (``agent_trainer.inner_loop.isolation.sandbox``),
-and answer with numbers over a socket. Library rewards run where they are called. Every answer is
-untrusted: size-capped, type-checked (``agent_trainer.inner_loop.train.rewards``' checks), and a host that does not
-answer within ``SandboxPolicy.reward_timeout_s`` fails the job with a message that says so.
+they run in ``agent_trainer/inner_loop/isolation/reward_host.py``, in a sandbox of their own
+(``agent_trainer.inner_loop.isolation.sandbox``), and answer with numbers over a socket. Library rewards run where they
+are called. Every answer is untrusted: size-capped, type-checked (``agent_trainer.inner_loop.train.rewards``' checks),
+and a host that does not answer within ``SandboxPolicy.reward_timeout_s`` fails the job with a message that says so.
 """
 
 from __future__ import annotations

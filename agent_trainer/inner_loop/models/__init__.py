@@ -27,6 +27,6 @@ from agent_trainer.inner_loop.models.tokenizer import (
 
 __all__ = [
     "BASE_MODELS", "BUILDERS", "BUILD_VERSION", "CHAT_TEMPLATE", "EOS_TOKEN", "PAD_TOKEN", "SPECIAL_TOKENS",
-    "TINY_M", "TINY_S", "ModelBuildConfig", "ModelError", "ModelNotFoundError", "build_all", "build_model", "build_tokenizer",
-    "load_model", "load_tokenizer", "model_dir", "model_hash", "register_builder", "resolve_model",
+    "TINY_M", "TINY_S", "ModelBuildConfig", "ModelError", "ModelNotFoundError", "build_all", "build_model",
+    "build_tokenizer", "load_model", "load_tokenizer", "model_dir", "model_hash", "register_builder", "resolve_model",
 ]

@@ -48,7 +48,8 @@ class BaseModel:
     build: ModelBuildConfig | None = None
     path: str | None = None  # "local": this folder (from configuration) instead of the hf/ search
     dtype: str = "float32"  # how the harness loads it (evaluation, the dry run)
-    cost_factor: float | None = None  # seconds per step relative to tiny-s on this machine (agent_trainer.inner_loop.spec.cost)
+    cost_factor: float | None = None  # seconds per step relative to tiny-s on this machine
+                                      # (agent_trainer.inner_loop.spec.cost)
 
 
 BASE_MODELS: Registry[BaseModel] = Registry("base model", error=ModelNotFoundError,
@@ -222,7 +223,8 @@ def _local_model(info: BaseModel, cache_dir) -> Path:
                                      f"{info.name}.path a Hugging Face model folder (config.json, *.safetensors, "
                                      "tokenizer files)")
         return path
-    roots = [Path(os.environ["AGENT_TRAINER_QWEN3_DIR"]).expanduser()] if os.environ.get("AGENT_TRAINER_QWEN3_DIR") else []
+    roots = ([Path(os.environ["AGENT_TRAINER_QWEN3_DIR"]).expanduser()] if os.environ.get("AGENT_TRAINER_QWEN3_DIR")
+             else [])
     roots.append(default_cache_dir(cache_dir) / "hf")
     tried = [root / sub for root in roots for sub in (info.hf_folder, info.name)]
     for path in tried:

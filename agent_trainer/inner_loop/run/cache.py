@@ -1,7 +1,8 @@
 """Job cache: a job whose content was already run returns its stored result instead of training again.
 
     r = run_job(job_dir, task, cache=True)      # a hit: r.cached, r.cached_from (the run that trained it)
-    r = through_cache(Job.open(request), execute)   # what run_request does with settings.cache (agent_trainer.inner_loop.run.job)
+    r = through_cache(Job.open(request), execute)   # what run_request does with settings.cache
+                                                    # (agent_trainer.inner_loop.run.job)
 
 ``cache_key`` hashes everything that decides a job's numbers (its files, task, base model, seed,
 libraries, harness source, settings that change an outcome). Only ``ok`` and ``diverged`` results are

@@ -5,8 +5,8 @@
     >>> ex.plan(requests)                                                        # what would run (dry_run)
 
 Kinds: ``sequential``, ``local_parallel`` (threads waiting on the jobs' own processes; on GPUs each
-running job holds ``gpus_per_job`` of them), ``submitit_local``, ``slurm``, ``ray`` (``agent_trainer.inner_loop.run.launchers``).
-Results come back in request order. docs/inner_loop.md, "Executors".
+running job holds ``gpus_per_job`` of them), ``submitit_local``, ``slurm``, ``ray``
+(``agent_trainer.inner_loop.run.launchers``). Results come back in request order. docs/inner_loop.md, "Executors".
 """
 
 from __future__ import annotations

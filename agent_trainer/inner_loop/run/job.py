@@ -110,7 +110,8 @@ class Job:
     request: JobRequest
     cost_model: Any            # agent_trainer.inner_loop.spec.cost.CostModel
     policy: Any                # agent_trainer.inner_loop.isolation.sandbox.SandboxPolicy
-    report: Any                # agent_trainer.inner_loop.spec.validate.ValidationReport: reading's findings, then validation's
+    report: Any                # agent_trainer.inner_loop.spec.validate.ValidationReport: reading's findings, then
+                               # validation's
     spec: Any                  # agent_trainer.inner_loop.spec.jobspec.JobSpec | None
     t_start: float
 
@@ -145,8 +146,8 @@ def run_job(job_dir: str | Path, task: TaskSpec | str | Path, *, output_dir: str
 
 
 def run_request(request: JobRequest) -> JobResult:
-    """Run one job, through the job cache (``agent_trainer.inner_loop.run.cache``) when ``settings.cache``; never raises for a job's
-    fault. Every executor runs its requests through this."""
+    """Run one job, through the job cache (``agent_trainer.inner_loop.run.cache``) when ``settings.cache``; never raises
+    for a job's fault. Every executor runs its requests through this."""
     job = Job.open(request)
     if request.settings.cache:
         from agent_trainer.inner_loop.run.cache import through_cache
@@ -170,8 +171,8 @@ def execute(job: Job) -> JobResult:
     if res.status in ("ok", "timeout") and saved and (r.out / "model").is_dir():
         _check_trained(res, job.spec, r.job_dir, r.out, r.task.family, r.hidden_n)
         with HARNESS_LOCK:
-            _score(res, r.out / "model", base_dir, r.settings.cache_dir, eval_device(r.settings.device, r.settings.gpus),
-                   for_task(r.task))
+            _score(res, r.out / "model", base_dir, r.settings.cache_dir,
+                   eval_device(r.settings.device, r.settings.gpus), for_task(r.task))
     return record(job, res, log)
 
 
@@ -226,8 +227,8 @@ def prepare(job: Job, res: JobResult):
 
 
 def train(job: Job, res: JobResult, base_dir: Path, wrap, reward_host) -> tuple[list[dict], bool]:
-    """The training process (``agent_trainer.inner_loop.run.worker``), its outcome into ``res``; returns its train log and
-    whether it reported a saved model."""
+    """The training process (``agent_trainer.inner_loop.run.worker``), its outcome into ``res``; returns its train log
+    and whether it reported a saved model."""
     from agent_trainer.inner_loop.run.worker import run_worker
 
     r, s, task = job.request, job.request.settings, job.request.task

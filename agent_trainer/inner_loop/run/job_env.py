@@ -1,7 +1,8 @@
 """What a job's training process is given: its environment variables, its GPUs, its file-size cap.
 
-Shared by the worker's parent side (``agent_trainer.inner_loop.run.worker``), the sandbox (``agent_trainer.inner_loop.isolation.sandbox``), the
-executors (``agent_trainer.inner_loop.run.executor``) and the harness's scoring (``agent_trainer.inner_loop.run.job``).
+Shared by the worker's parent side (``agent_trainer.inner_loop.run.worker``), the sandbox
+(``agent_trainer.inner_loop.isolation.sandbox``), the executors (``agent_trainer.inner_loop.run.executor``) and the
+harness's scoring (``agent_trainer.inner_loop.run.job``).
 """
 
 from __future__ import annotations

@@ -127,7 +127,8 @@ class SubmititExecutor:
         try:
             import submitit
         except ImportError:
-            raise RuntimeError("hardware.executor=slurm/submitit_local needs submitit: pip install -e '.[slurm]'") from None
+            raise RuntimeError(
+                "hardware.executor=slurm/submitit_local needs submitit: pip install -e '.[slurm]'") from None
         reqs = [r.absolute() for r in with_threads(requests, self.threads)]
         self.folder.mkdir(parents=True, exist_ok=True)
         ex = submitit.AutoExecutor(folder=self.folder / "%j", cluster=self.cluster)

@@ -2,7 +2,7 @@
 
     settings = JobSettings(cache_dir="~/.cache/agent-trainer", threads=1, cache=True)
     request = JobRequest.of("examples/jobs/sft_full", "examples/tasks/calc_chain_v1_fast.json", settings=settings)
-    result = run_request(request)                      # agent_trainer.inner_loop.run.job; executors take lists of requests
+    result = run_request(request)                   # agent_trainer.inner_loop.run.job; executors take lists of requests
 
 Settings are plain, picklable values (SLURM and Ray ship requests to other machines); the outer loop
 builds one ``JobSettings`` from the inner and hardware config groups (``agent_trainer.outer_loop.rl.run_config``).
@@ -30,12 +30,12 @@ class JobSettings:
     of resolving the job's ``base_model``; ``hidden_n``: hidden items scored (default: the task's);
     ``timeout_s``: the hard kill deadline (default: ``KILL_FACTOR``/``KILL_MARGIN_S`` of the task's budget);
     ``price_per_hour``: USD per hour of this machine (default: ``cost_model``'s); ``cost_model``
-    (``agent_trainer.inner_loop.spec.cost.CostModel``): the validation's estimate (default: this machine's measured profile);
-    ``threads``: torch threads of the training process; ``dry_run``: validation probes the base model;
+    (``agent_trainer.inner_loop.spec.cost.CostModel``): the validation's estimate (default: this machine's measured
+    profile); ``threads``: torch threads of the training process; ``dry_run``: validation probes the base model;
     ``progress``: a progress bar; ``warm``: fork the trainer from a pre-imported worker (jobs without agent
     code or data); ``cache``: return the stored result of an identical job (``agent_trainer.inner_loop.run.cache``);
-    ``sandbox``: ``agent_trainer.inner_loop.isolation.sandbox.SandboxPolicy`` (or a dict of its fields, a bool, None: the default);
-    ``device``: ``cpu``, ``cuda`` or ``auto``; ``gpus``: the job's ``CUDA_VISIBLE_DEVICES`` (None: this
+    ``sandbox``: ``agent_trainer.inner_loop.isolation.sandbox.SandboxPolicy`` (or a dict of its fields, a bool, None:
+    the default); ``device``: ``cpu``, ``cuda`` or ``auto``; ``gpus``: the job's ``CUDA_VISIBLE_DEVICES`` (None: this
     process's); ``vllm``: GRPO generation through vLLM; ``wrap``: turns the trainer's argv into a sandboxed
     one; ``tracker``: anything with ``log_params``/``log_metrics``/``log_artifact``.
     """

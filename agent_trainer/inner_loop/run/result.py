@@ -1,7 +1,7 @@
 """The record of one inner job: ``JobResult``, its ``result.json``, what identifies the job, how it is tracked.
 
-Shared by the job runner (``agent_trainer.inner_loop.run.job``), the job cache (``agent_trainer.inner_loop.run.cache``) and the scale-out
-launchers (``agent_trainer.inner_loop.run.launchers``), which all write results.
+Shared by the job runner (``agent_trainer.inner_loop.run.job``), the job cache (``agent_trainer.inner_loop.run.cache``)
+and the scale-out launchers (``agent_trainer.inner_loop.run.launchers``), which all write results.
 """
 
 from __future__ import annotations
@@ -58,8 +58,8 @@ class JobResult:
     # What actually ran, from the job's process (agent_trainer.inner_loop.train.stages): {"stages": [{"algorithm":
     # sft|grpo|dpo, "peft": full|lora, "data_source": curated|self_generated|mixed|agent, "steps": int}]}.
     ran: dict = field(default_factory=lambda: {"stages": []})
-    # Job cache (agent_trainer.inner_loop.run.cache): a hit is ``cached`` (its numbers come from the run in ``cached_from``;
-    # seconds["total"] and usd are the lookup's); ``cache_key`` is set whenever the cache was asked.
+    # Job cache (agent_trainer.inner_loop.run.cache): a hit is ``cached`` (its numbers come from the run in
+    # ``cached_from``; seconds["total"] and usd are the lookup's); ``cache_key`` is set whenever the cache was asked.
     cached: bool = False
     cache_key: str | None = None
     cached_from: str | None = None
@@ -86,7 +86,8 @@ class JobResult:
         return float(self.seconds.get("train_estimated", self.seconds.get("train", 0.0)))
 
     def outcome(self, budget_seconds: float):
-        """The staged reward's input (``agent_trainer.evaluation.staged_reward.JobOutcome``) for a task of ``budget_seconds``."""
+        """The staged reward's input (``agent_trainer.evaluation.staged_reward.JobOutcome``) for a task of
+        ``budget_seconds``."""
         from agent_trainer.evaluation.staged_reward import JobOutcome
 
         return JobOutcome(status=self.status, post_score=self.hidden_score, baseline=self.baseline,

@@ -3,8 +3,8 @@
     python -m agent_trainer.inner_loop.run.worker JOB_DIR --model BASE_DIR --family calc_chain \\
         --output OUT_DIR --max-steps 200 --max-seconds 90 [--threads 2] [--device cuda [--vllm]]
 
-The harness starts it (``run_worker``, through ``agent_trainer.inner_loop.isolation.launcher``) and reads back only the files
-it writes under OUT_DIR (docs/inner_loop.md, "Outcomes"); with ``--reward-fd`` the job's rewards run in
+The harness starts it (``run_worker``, through ``agent_trainer.inner_loop.isolation.launcher``) and reads back only the
+files it writes under OUT_DIR (docs/inner_loop.md, "Outcomes"); with ``--reward-fd`` the job's rewards run in
 its sandboxed reward host (``agent_trainer.inner_loop.isolation.reward_proxy``). Isolation: docs/security.md.
 """
 
@@ -69,8 +69,8 @@ def run(job_dir: Path, model: Path, family: str, output_dir: Path, max_steps: in
 
     ``spec``: the harness's parsed ``JobSpec`` (a ``JobSpec`` or the path of its JSON, ``SPEC_FILE``);
     None reads ``job.yaml`` from ``job_dir``.
-    ``reward_fd``: a socket to the job's reward host (``agent_trainer.inner_loop.isolation.reward_proxy``); the job's own
-    reward functions then run there, never in this process. ``device``: ``cpu``, ``cuda`` (the GPUs
+    ``reward_fd``: a socket to the job's reward host (``agent_trainer.inner_loop.isolation.reward_proxy``); the job's
+    own reward functions then run there, never in this process. ``device``: ``cpu``, ``cuda`` (the GPUs
     this process sees) or ``auto``; ``vllm``: GRPO generation through vLLM (``runners.config``); ``fmt``:
     the task's prompt format (``agent_trainer.evaluation.prompts.PromptFormat``; None: raw)."""
     t0 = time.monotonic()
@@ -148,8 +148,8 @@ def _log_tail(output_dir: Path, chars: int = ERROR_TAIL_CHARS) -> str:
 
 # --- warm workers ------------------------------------------------------------------------------
 # Jobs without agent-written code or data may fork from a forkserver that pre-imported TRL
-# (``agent_trainer.inner_loop.isolation.launcher.forkserver``), saving a fresh interpreter's ~10 s of imports. Jobs carrying
-# agent files take the cold path (a fresh isolated interpreter), the one a sandbox can wrap.
+# (``agent_trainer.inner_loop.isolation.launcher.forkserver``), saving a fresh interpreter's ~10 s of imports. Jobs
+# carrying agent files take the cold path (a fresh isolated interpreter), the one a sandbox can wrap.
 PRELOAD = ["agent_trainer.inner_loop.run.worker_preload"]
 
 
@@ -166,10 +166,11 @@ def run_worker(job_dir: Path, model: Path, family: str, output_dir: Path, *, max
     """Run the job's training process and wait for it, killing its process group at ``deadline_s``.
 
     ``warm=True`` forks it from the pre-imported forkserver (no ``wrap`` then: a sandbox needs the
-    cold path, a fresh isolated interpreter). ``reward_host`` (``agent_trainer.inner_loop.isolation.reward_proxy.RewardHost``)
-    is started first, the child talks to it through an inherited socket, and it is killed at the end.
-    ``device`` (``cpu`` | ``cuda`` | ``auto``), ``gpus`` (``job_gpus``) and ``vllm``: where the child trains.
-    ``spec``: the parsed ``JobSpec`` the child trains (``SPEC_FILE`` in ``output_dir``); None: it reads job.yaml."""
+    cold path, a fresh isolated interpreter). ``reward_host``
+    (``agent_trainer.inner_loop.isolation.reward_proxy.RewardHost``) is started first, the child talks to it through an
+    inherited socket, and it is killed at the end. ``device`` (``cpu`` | ``cuda`` | ``auto``), ``gpus`` (``job_gpus``)
+    and ``vllm``: where the child trains. ``spec``: the parsed ``JobSpec`` the child trains (``SPEC_FILE`` in
+    ``output_dir``); None: it reads job.yaml."""
     from tqdm.auto import tqdm
 
     from agent_trainer.inner_loop.train.data import TRAINED_ROWS
@@ -184,7 +185,8 @@ def run_worker(job_dir: Path, model: Path, family: str, output_dir: Path, *, max
     shutil.rmtree(home, ignore_errors=True)
     home.mkdir()
     job_dir = Path(job_dir).resolve()
-    argv = isolation.python_module("agent_trainer.inner_loop.run.worker", str(job_dir), "--model", str(Path(model).resolve()),
+    argv = isolation.python_module("agent_trainer.inner_loop.run.worker", str(job_dir),
+                                   "--model", str(Path(model).resolve()),
                                    "--family", family, "--output", str(output_dir.resolve()),
                                    "--max-steps", str(max_steps), "--max-seconds", str(max_seconds))
     if threads:
@@ -212,7 +214,8 @@ def run_worker(job_dir: Path, model: Path, family: str, output_dir: Path, *, max
     if warm and wrap is not None:
         raise ValueError("a sandboxed job (wrap=...) cannot run in a warm worker; use warm=False")
     with open(output_dir / WORKER_LOG, "wb") as log:
-        # The job's process works in its own home folder, never in the job folder (agent_trainer.inner_loop.isolation.launcher).
+        # The job's process works in its own home folder, never in the job folder
+        # (agent_trainer.inner_loop.isolation.launcher).
         if warm:
             proc = isolation.WarmProcess(
                 warm_context(), run, (job_dir, Path(model).resolve(), family, output_dir.resolve(), max_steps,
@@ -285,7 +288,8 @@ def _advance(bar, output_dir: Path, offset: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m agent_trainer.inner_loop.run.worker", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m agent_trainer.inner_loop.run.worker",
+                                description=__doc__.split("\n")[0])
     p.add_argument("job_dir", type=Path, help="the job folder (job.yaml, optional data.jsonl / reward.py)")
     p.add_argument("--model", type=Path, required=True, help="base model folder (safetensors + tokenizer)")
     p.add_argument("--family", required=True, help="the task family (labels data rows without one)")

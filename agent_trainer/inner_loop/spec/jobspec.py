@@ -2,8 +2,8 @@
 
     spec = load_job("examples/jobs/grpo_lora")      # JobSpecError with one line per problem
 
-Only the *shape* of a job is checked here; ``agent_trainer.inner_loop.spec.validate`` adds the checks that need the task,
-the files and a dry run. Example jobs and the field rules: docs/inner_loop.md, "The job folder" and
+Only the *shape* of a job is checked here; ``agent_trainer.inner_loop.spec.validate`` adds the checks that need the
+task, the files and a dry run. Example jobs and the field rules: docs/inner_loop.md, "The job folder" and
 "Strategy space".
 """
 
@@ -454,8 +454,8 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             return sizes[id(n)]
 
         if node is not None and expanded(node) > self.max_nodes:
-            raise yaml.composer.ComposerError(None, None, f"more than {self.max_nodes} values (an alias counts as all it repeats)",
-                                              node.start_mark)
+            raise yaml.composer.ComposerError(
+                None, None, f"more than {self.max_nodes} values (an alias counts as all it repeats)", node.start_mark)
         return node
 
     def fetch_flow_collection_start(self, token_class):

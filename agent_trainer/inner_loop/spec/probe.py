@@ -1,9 +1,9 @@
 """The validation probe's dry run: load the base model, try the first rows, score a few samples.
 
-Called by ``agent_trainer.inner_loop.spec.validate.validate_job(..., dry_run=True)``; it adds findings to a report. Library
-rewards are scored in an isolated child process (this module's ``main``, through ``agent_trainer.inner_loop.isolation.launcher``),
-agent-written ones in the sandboxed reward host (``agent_trainer.inner_loop.isolation.reward_proxy``). docs/inner_loop.md,
-"Validation".
+Called by ``agent_trainer.inner_loop.spec.validate.validate_job(..., dry_run=True)``; it adds findings to a report.
+Library rewards are scored in an isolated child process (this module's ``main``, through
+``agent_trainer.inner_loop.isolation.launcher``), agent-written ones in the sandboxed reward host
+(``agent_trainer.inner_loop.isolation.reward_proxy``). docs/inner_loop.md, "Validation".
 """
 
 from __future__ import annotations
@@ -113,8 +113,8 @@ def score_in_child(reward_spec, job_dir: Path, request: dict, timeout_s: float, 
                "OMP_NUM_THREADS": "1"}
         cpu = int(timeout_s) + 5
         with open(err_path, "wb") as err:
-            proc = isolation.start(isolation.python_module("agent_trainer.inner_loop.spec.probe", str(req), str(res)), cwd=tmp, env=env,
-                                   agent_dirs=[job_dir], stderr=err,
+            proc = isolation.start(isolation.python_module("agent_trainer.inner_loop.spec.probe", str(req), str(res)),
+                                   cwd=tmp, env=env, agent_dirs=[job_dir], stderr=err,
                                    limits={"RLIMIT_CPU": cpu, "RLIMIT_FSIZE": CHILD_FILE_BYTES})
             try:
                 proc.wait(timeout=timeout_s)

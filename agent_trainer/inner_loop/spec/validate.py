@@ -425,8 +425,8 @@ def validate_job(job_dir: str | Path, task: TaskSpec | str | Path, *, dry_run: b
                  sandbox=None, output_dir: str | Path | None = None) -> ValidationReport:
     """Validate a job folder for a task; never raises on bad input (every problem is a finding).
 
-    ``sandbox`` (``agent_trainer.inner_loop.isolation.sandbox.SandboxPolicy``, a bool or None for the default) decides whether
-    a job with agent-written code or data may run here; the dry run calls agent rewards in its sandbox.
+    ``sandbox`` (``agent_trainer.inner_loop.isolation.sandbox.SandboxPolicy``, a bool or None for the default) decides
+    whether a job with agent-written code or data may run here; the dry run calls agent rewards in its sandbox.
 
     ``dry_run`` loads the base model (``agent_trainer.inner_loop.models``, cached under ``cache_dir``) and probes
     the first rows; ``model_dir`` uses that model folder instead of resolving ``base_model``.
@@ -489,7 +489,8 @@ def internal_error(report: ValidationReport, e: Exception) -> None:
 
 
 def _check_files(report: ValidationReport, job_dir: Path, spec: JobSpec, output_dir) -> bool:
-    """Findings for job folder entries that could act as code (``agent_trainer.inner_loop.spec.jobfiles``); True when there are any."""
+    """Findings for job folder entries that could act as code (``agent_trainer.inner_loop.spec.jobfiles``); True when
+    there are any."""
     reward_files = [n for n in spec.agent_files() if n.endswith(".py")]
     problems = job_folder_problems(job_dir, reward_files, skip=[output_dir] if output_dir else [])
     for path, message in problems[:10]:

@@ -14,5 +14,6 @@ execute the job's reward code. ``agent_trainer.inner_loop.run.job.run_job`` does
 Nothing is imported here (the runners pull in torch and transformers); their names live in their modules:
 ``agent_trainer.inner_loop.train.callbacks``: BudgetGuard, StepLog
 ``agent_trainer.inner_loop.train.config``: lora_config, planned_steps, trl_config
-``agent_trainer.inner_loop.train.train``: MODEL_DIR, TRAIN_LOG, TRL_CONFIG, TrainReport, build_trainer, save_checkpoint, train
+``agent_trainer.inner_loop.train.train``: MODEL_DIR, TRAIN_LOG, TRL_CONFIG, TrainReport, build_trainer, save_checkpoint,
+    train
 """

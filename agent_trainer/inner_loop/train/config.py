@@ -56,7 +56,8 @@ def device_settings(device: str) -> dict:
 
 
 def planned_steps(spec: JobSpec, n_rows: int, budget_steps: int) -> int:
-    """Optimizer steps the job will run: its ``max_steps`` (or ``epochs`` when only that is set), capped by the task budget."""
+    """Optimizer steps the job will run: its ``max_steps`` (or ``epochs`` when only that is set), capped by the task
+    budget."""
     return max(1, min(spec.effective_max_steps(n_rows), budget_steps))
 
 
@@ -85,7 +86,8 @@ def _no_checkpointing() -> dict:
     from transformers import TrainingArguments
 
     names = {f.name for f in dataclasses.fields(TrainingArguments)}
-    return {"activation_checkpointing": False} if "activation_checkpointing" in names else {"gradient_checkpointing": False}
+    return ({"activation_checkpointing": False} if "activation_checkpointing" in names
+            else {"gradient_checkpointing": False})
 
 
 def _common(spec: JobSpec, output_dir: Path, max_steps: int, device: str = "cpu") -> dict:

@@ -89,7 +89,8 @@ def read_data_file(path: str | Path) -> list[dict]:
     if problems:
         raise DataFileError(path, problems)
     if not rows:
-        raise DataFileError(path, [(0, "file has no rows; add lines like {\"prompt\": \"calc: 2+3=\", \"answer\": \"5\"}")])
+        raise DataFileError(path,
+                            [(0, "file has no rows; add lines like {\"prompt\": \"calc: 2+3=\", \"answer\": \"5\"}")])
     if len(rows) > MAX_ROWS:
         raise DataFileError(path, [(0, f"file has {len(rows)} rows; the limit is {MAX_ROWS}")])
     return rows

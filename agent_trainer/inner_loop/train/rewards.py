@@ -170,7 +170,8 @@ class RewardInfo:
 
 
 _BUILT_IN: dict[str, RewardInfo] = {
-    "exact_match": RewardInfo(exact_match, "1 if the first line equals the answer, else 0; sparse when the base is weak"),
+    "exact_match": RewardInfo(
+        exact_match, "1 if the first line equals the answer, else 0; sparse when the base is weak"),
     "numeric_closeness": RewardInfo(
         numeric_closeness, "partial credit 1/(1+|got-want|/s) for numeric answers; pair it with exact_match"),
     "format_ok": RewardInfo(format_ok, "1 if the completion is one line shaped like the answer (number/word/list)"),
@@ -247,9 +248,10 @@ def load_reward_file(path: str | Path) -> types.ModuleType:
     return module
 
 
-# A job process whose agent reward code runs in a sandboxed reward host (``agent_trainer.inner_loop.isolation.reward_proxy``)
-# installs a loader here: ``resolve_rewards`` then gets ``source: file`` functions from it, as
-# callables that ask the host, and never imports the agent's file in this process.
+# A job process whose agent reward code runs in a sandboxed reward host
+# (``agent_trainer.inner_loop.isolation.reward_proxy``) installs a loader here: ``resolve_rewards`` then gets
+# ``source: file`` functions from it, as callables that ask the host, and never imports the agent's file in this
+# process.
 _file_function_loader: Callable[[Path, str], RewardFn] | None = None
 
 

@@ -148,8 +148,9 @@ def rejection_sample(model, tokenizer, items: list[dict], cfg, rewards: Rewards,
     """SFT rows from the model's accepted samples of ``items`` (``cfg``: a ``SelfGenerated`` block)."""
     t0 = time.monotonic()
     stats = GenStats("rejection_sampling")
-    items, groups, totals = _sample_and_score(model, tokenizer, items, cfg.samples_per_prompt, cfg.max_completion_length,
-                                              cfg.temperature, seed, deadline, rewards, stats)
+    items, groups, totals = _sample_and_score(model, tokenizer, items, cfg.samples_per_prompt,
+                                              cfg.max_completion_length, cfg.temperature, seed, deadline, rewards,
+                                              stats)
     kept: list[dict] = []
     for row, group, values in zip(items, groups, totals):
         seen: set[str] = set()

@@ -100,7 +100,8 @@ def _pairs(spec, rows, origins, model, tokenizer, ranking, deadline):
 
 
 def _write_rows(path: Path, rows: list[dict]) -> None:
-    """The rows this stage trains on, as the harness checks them after training (``agent_trainer.inner_loop.isolation.contamination``)."""
+    """The rows this stage trains on, as the harness checks them after training
+    (``agent_trainer.inner_loop.isolation.contamination``)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as f:
         for row in trained_record(rows):

@@ -106,7 +106,8 @@ def _is_project_model(name: str | None) -> bool:
 
 
 def _project_model(name: str) -> str:
-    """The folder of project model ``name`` (built on first use), as ``agent_trainer.inner_loop.models.resolve_model`` finds it."""
+    """The folder of project model ``name`` (built on first use), as ``agent_trainer.inner_loop.models.resolve_model``
+    finds it."""
     from agent_trainer.inner_loop.models import resolve_model
 
     return str(resolve_model(name))

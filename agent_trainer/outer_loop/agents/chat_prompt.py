@@ -74,8 +74,8 @@ def template_support(tokenizer, **chat_template_kwargs: Any) -> TemplateSupport:
 
 
 def tool_prompt(tools: list[dict[str, Any]], fmt: ToolCallFormat) -> str:
-    """The tools as the project's own chat template lists them (``agent_trainer.inner_loop.models.tokenizer``), and how to
-    call one in ``fmt``: text for the system message of a template that drops ``tools``."""
+    """The tools as the project's own chat template lists them (``agent_trainer.inner_loop.models.tokenizer``), and how
+    to call one in ``fmt``: text for the system message of a template that drops ``tools``."""
     schemas = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
     if fmt.name == "hermes":
         how = ("For each call, return a json object with the function name and arguments within "

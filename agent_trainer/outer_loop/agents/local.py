@@ -5,8 +5,8 @@
     >>> gen = backend.generate(messages, tools, temperature=1.0, max_new_tokens=256, seed=0)
 
 The prompt is the tokenizer's chat template (``agent_trainer.outer_loop.agents.chat_prompt``); calls are read in
-``tool_format`` (``agent_trainer.outer_loop.agents.toolcalls``). Sampling shapes the distribution by the temperature only,
-so the returned log-probs are ``log_softmax(logits / temperature)`` of each sampled token, as the update
+``tool_format`` (``agent_trainer.outer_loop.agents.toolcalls``). Sampling shapes the distribution by the temperature
+only, so the returned log-probs are ``log_softmax(logits / temperature)`` of each sampled token, as the update
 recomputes them; the end-of-turn token is in ``token_ids`` and ``logprobs`` but not in ``text``.
 """
 
@@ -50,8 +50,9 @@ class LocalBackend(AgentBackend):
     def __init__(self, model, tokenizer, *, device: str = "auto", model_name: str | None = None,
                  chat_template_kwargs: dict[str, Any] | None = None, tool_format: str = AUTO):
         if not getattr(tokenizer, "chat_template", None):
-            raise BackendError("the tokenizer has no chat_template; use the project tokenizer "
-                               "(agent_trainer.inner_loop.models.tokenizer.build_tokenizer) or one saved with a template")
+            raise BackendError(
+                "the tokenizer has no chat_template; use the project tokenizer "
+                "(agent_trainer.inner_loop.models.tokenizer.build_tokenizer) or one saved with a template")
         self.device = pick_device(device)
         self.model = model.to(self.device).eval()
         self.tokenizer = tokenizer
@@ -116,7 +117,8 @@ class LocalBackend(AgentBackend):
         content, calls, errors = self.parse_tool_text(raw)
         return Generation(
             text=content, tool_calls=calls, prompt_tokens=len(prompt), completion_tokens=len(ids),
-            token_ids=ids, logprobs=lps, prompt_ids=prompt, finish_reason=("tool_calls" if calls else "stop") if finished else "length",
+            token_ids=ids, logprobs=lps, prompt_ids=prompt,
+            finish_reason=("tool_calls" if calls else "stop") if finished else "length",
             raw=raw, tool_call_errors=errors,
         )
 

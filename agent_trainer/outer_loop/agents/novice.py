@@ -1,8 +1,8 @@
 """A scripted, randomized novice policy: the teacher of the tiny agent's warm start.
 
-It works like a beginner with a broad, imperfect prior: it mostly picks the small base model, draws hyperparameters from wide ranges (often poor ones), writes an
-invalid ``job.yaml`` a fair share of the time, fixes it only sometimes, and submits. Its
-transcripts (through the real tools) are what the tiny agent is supervised on, so the agent
+It works like a beginner with a broad, imperfect prior: it mostly picks the small base model, draws hyperparameters from
+wide ranges (often poor ones), writes an invalid ``job.yaml`` a fair share of the time, fixes it only sometimes, and
+submits. Its transcripts (through the real tools) are what the tiny agent is supervised on, so the agent
 starts out writing real jobs of mixed quality and reinforcement learning has something to learn.
 
     >>> script = novice_episode(task, random.Random(0))

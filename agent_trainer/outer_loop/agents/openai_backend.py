@@ -35,7 +35,8 @@ MODELS_TIMEOUT_S = 10.0        # GET /v1/models, asked once for the context leng
 MAX_BACKOFF_S = 30.0
 MAX_RETRY_AFTER_S = 60.0
 HEAD_CHARS = 200               # how much of an unexpected body an error message quotes
-__all__ = ["OpenAIBackend", "key_unset_message"]   # key_unset_message: agent_trainer.outer_loop.agents.base's, for scripts
+__all__ = ["OpenAIBackend", "key_unset_message"]   # key_unset_message: agent_trainer.outer_loop.agents.base's,
+                                                   # for scripts
 
 
 class OpenAIBackend(AgentBackend):

@@ -5,8 +5,9 @@
     >>> gen = backend.generate(messages, tools, temperature=1.0, max_new_tokens=512, seed=0)
 
 vllm is imported lazily (absent from the CPU install: a ``BackendError`` says so). Prompts are rendered as the
-local backend renders them (``agent_trainer.outer_loop.agents.chat_prompt``) and given as token ids; the returned log-probs
-are ``log_softmax(logits / temperature)`` of each sampled token. On a CPU: docs/outer_loop.md, "vLLM on the CPU".
+local backend renders them (``agent_trainer.outer_loop.agents.chat_prompt``) and given as token ids; the returned
+log-probs are ``log_softmax(logits / temperature)`` of each sampled token. On a CPU: docs/outer_loop.md,
+"vLLM on the CPU".
 """
 
 from __future__ import annotations

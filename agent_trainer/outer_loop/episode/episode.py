@@ -122,7 +122,8 @@ class EpisodeResult:
     tokens_out: int
     usd: float
     seconds: float
-    strategy: dict[str, Any] = field(default_factory=dict)   # labels, switches, steering (agent_trainer.outer_loop.strategy.strategy)
+    strategy: dict[str, Any] = field(default_factory=dict)   # labels, switches, steering
+                                                             # (agent_trainer.outer_loop.strategy.strategy)
 
     def summary(self) -> dict[str, Any]:
         """Everything but the token-level turns (for summary.json and MLflow)."""
@@ -137,7 +138,8 @@ class Episode:
     def __init__(self, backend, task, episode_dir: str | Path, *, ledger=None, settings: EpisodeSettings | None = None,
                  episode_id: str | None = None, seed: int = 0, defer_jobs: bool = False,
                  job_settings: JobSettings | None = None, model_name: str = "agent", steering=None):
-        """``steering``: an ``agent_trainer.outer_loop.strategy.steering.Steering`` (check protocol, interventions, journal, evaluator)."""
+        """``steering``: an ``agent_trainer.outer_loop.strategy.steering.Steering`` (check protocol, interventions,
+        journal, evaluator)."""
         self.backend, self.task = backend, task
         self.dir = Path(episode_dir)
         self.settings = settings or EpisodeSettings()
@@ -185,7 +187,8 @@ class Episode:
                 break
             try:
                 gen = self.backend.generate(self.messages, tools, temperature=s.temperature,
-                                            max_new_tokens=s.max_new_tokens, seed=self.seed * 1000 + self.box.state.turns)
+                                            max_new_tokens=s.max_new_tokens,
+                                            seed=self.seed * 1000 + self.box.state.turns)
             except BackendError as e:
                 self.status = "backend_error"
                 self.log({"event": "backend_error", "message": str(e)})

@@ -77,7 +77,8 @@ class EpisodeState:
         return self.validations.index(True)
 
     def outcome(self, task, pick: str = "last"):
-        """``agent_trainer.evaluation.staged_reward.JobOutcome`` of the last (or ``best``-scoring) submitted job, or None."""
+        """``agent_trainer.evaluation.staged_reward.JobOutcome`` of the last (or ``best``-scoring) submitted job, or
+        None."""
         if not self.jobs:
             return None
         res = self.jobs[-1] if pick == "last" else max(self.jobs, key=lambda r: r.hidden_score or -1.0)
@@ -359,7 +360,8 @@ def _job_text(v: dict[str, Any], jobs_left: int) -> str:
         lines.append("error: " + str(v["error"])[-1500:])
     for f in v.get("findings") or []:
         if f.get("severity") == "error":
-            lines.append(f"error {f.get('field')}: {f.get('message')}" + (f" (fix: {f['hint']})" if f.get("hint") else ""))
+            lines.append(f"error {f.get('field')}: {f.get('message')}"
+                         + (f" (fix: {f['hint']})" if f.get("hint") else ""))
     lines.append(f"steps: {v.get('steps', 0)} of {v.get('planned_steps', 0)}")
     for key, label in (("reward_curve", "training reward"), ("loss_curve", "training loss")):
         curve = v.get(key) or []

@@ -37,7 +37,8 @@ class Workspace:
 
     @classmethod
     def create(cls, root: str | Path, task, **limits: Any) -> "Workspace":
-        """A fresh workspace for ``task`` (an ``agent_trainer.evaluation.tasks.TaskSpec``); an existing folder is replaced."""
+        """A fresh workspace for ``task`` (an ``agent_trainer.evaluation.tasks.TaskSpec``); an existing folder is
+        replaced."""
         root = Path(root)
         if root.exists():
             shutil.rmtree(root)
@@ -201,7 +202,8 @@ def _schema_lines(model, indent: int, shown: set | None = None) -> list[str]:
         ann = f.annotation
         nested = _nested_model(ann, BaseModel)
         typ = _type_name(ann)
-        shown_default = (f.json_schema_extra or {}).get("shown_default") if isinstance(f.json_schema_extra, dict) else None
+        shown_default = ((f.json_schema_extra or {}).get("shown_default") if isinstance(f.json_schema_extra, dict)
+                         else None)
         if shown_default:  # filled in from the task when left out
             default = f"default: {shown_default}"
         elif f.is_required():

@@ -4,8 +4,8 @@
     >>> rows = run_rows(runs)            # grouped by the params that differ between the runs
     >>> write_report(runs, rows, "runs/<compare run>")   # compare.md/.csv, configs.md/.csv, *.png, plot_data.json
 
-Reading the runs (``collect``, ``RunData``, ``CompareError``) lives in ``agent_trainer.outer_loop.report.compare_runs`` and is
-importable from here. Which metric names are read and how runs are grouped: docs/sweeps.md, "Compare".
+Reading the runs (``collect``, ``RunData``, ``CompareError``) lives in ``agent_trainer.outer_loop.report.compare_runs``
+and is importable from here. Which metric names are read and how runs are grouped: docs/sweeps.md, "Compare".
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import math
 from pathlib import Path
 from typing import Any, Sequence
 
-from agent_trainer.outer_loop.report.compare_runs import (HISTORY_KEYS, REWARD_KEYS, RUN_FILES, CompareError, Note, RunData, RunRef,
-                                     collect, resolve)
+from agent_trainer.outer_loop.report.compare_runs import (HISTORY_KEYS, REWARD_KEYS, RUN_FILES, CompareError, Note,
+                                                          RunData, RunRef, collect, resolve)
 
 __all__ = ["HISTORY_KEYS", "REWARD_KEYS", "RUN_FILES", "CompareError", "Note", "RunData", "RunRef", "collect",
            "resolve", "differing_keys", "group_keys", "short_names", "legend_labels", "run_rows", "config_rows",

@@ -90,7 +90,8 @@ class TurnSample:
         return self.weight if self.focus_weight is None else self.focus_weight
 
 
-def merge_turns(turns: Sequence[tuple[list[int], list[int], list[float]]]) -> list[tuple[list[int], list[int], list[float], list[int]]]:
+def merge_turns(turns: Sequence[tuple[list[int], list[int], list[float]]]
+                ) -> list[tuple[list[int], list[int], list[float], list[int]]]:
     """Fold an episode's turns into as few sequences as possible: ``(context, completion, logprobs, mask)``.
 
     Turn k+1's prompt is turn k's prompt and completion plus the tool result (the chat template

@@ -45,7 +45,8 @@ def episode_settings(cfg: Conf) -> EpisodeSettings:
 
 
 def job_settings(cfg: Conf) -> JobSettings:
-    """The ``JobSettings`` of every job (``agent_trainer.inner_loop.run.request``) from the inner and hardware groups."""
+    """The ``JobSettings`` of every job (``agent_trainer.inner_loop.run.request``) from the inner and hardware
+    groups."""
     c = typed(cfg)
     i, h = c.inner, c.hardware
     return JobSettings(cache_dir=c.cache_dir, hidden_n=i.eval_size, timeout_s=i.timeout_s,
@@ -54,7 +55,8 @@ def job_settings(cfg: Conf) -> JobSettings:
 
 
 def sandbox_settings(cfg: Conf) -> dict[str, Any]:
-    """``JobSettings.sandbox`` / ``validate_job(sandbox=...)`` from the inner group (``agent_trainer.inner_loop.isolation.sandbox``)."""
+    """``JobSettings.sandbox`` / ``validate_job(sandbox=...)`` from the inner group
+    (``agent_trainer.inner_loop.isolation.sandbox``)."""
     from agent_trainer.inner_loop.isolation.sandbox import SandboxPolicy
 
     return SandboxPolicy.from_config(typed(cfg).inner).as_dict()

@@ -1,8 +1,9 @@
 """Outer training: the agent's LoRA learns, by group-relative policy gradient, to write better jobs.
 
 Each step plays a group of episodes per sampled task (their inner jobs run in parallel through the job
-executor), turns staged rewards into group-relative advantages, updates the adapter (``agent_trainer.outer_loop.rl.policy``),
-checkpoints and logs; held-out families are played with no update (``agent_trainer.outer_loop.rl.heldout``).
+executor), turns staged rewards into group-relative advantages, updates the adapter
+(``agent_trainer.outer_loop.rl.policy``), checkpoints and logs; held-out families are played with no update
+(``agent_trainer.outer_loop.rl.heldout``).
 
     >>> from agent_trainer.outer_loop.rl.train import TrainSettings, train
     >>> summary = train(settings, run_dir, agent_dir=resolve_model("tiny-agent"), tracker=tracker)
@@ -54,7 +55,8 @@ class TrainSettings:
     overlap_jobs: bool = OuterConfig.overlap_jobs   # start an episode's last job while the next ones are sampled
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     episode: EpisodeSettings = field(default_factory=EpisodeSettings)
-    job: JobSettings = field(default_factory=JobSettings)      # how each inner job runs (agent_trainer.inner_loop.run.request)
+    job: JobSettings = field(default_factory=JobSettings)      # how each inner job runs
+                                                               # (agent_trainer.inner_loop.run.request)
 
 
 @dataclass
@@ -125,7 +127,8 @@ def read_metrics_file(run_dir: Path) -> list[dict]:
     return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
 
 
-def step_metrics(results: list[EpisodeResult], update: dict, seconds: dict, ledger, prefix: str = "") -> dict[str, float]:
+def step_metrics(results: list[EpisodeResult], update: dict, seconds: dict, ledger,
+                 prefix: str = "") -> dict[str, float]:
     """Reward, stages, choices and cost of one step's episodes."""
     n = max(1, len(results))
     rewards = [r.reward["total"] for r in results]
@@ -169,12 +172,12 @@ class Trainer:
                  tool_format: str = "auto"):
         """``state``: from ``prepare_resume`` to continue a run (open the ledger after that call);
         ``model_name``: the agent's name in the ledger's price table (default: the folder's name);
-        ``steering``: a callable giving each episode its strategy layer (``agent_trainer.outer_loop.strategy.steering.make_steering``);
-        ``sampler``: a backend that samples the agent's turns instead of the policy's own model (``agent=vllm``:
-        a ``VLLMBackend(trainable=True)`` of the same base), given the policy's weights at the start and after
-        every update (``load_weights``); ``agent_device``: where the policy samples and is updated (``cpu``,
-        ``cuda``: ``hardware.agent_device``); ``tool_format``: how the policy's turns write tool calls
-        (``agent.tool_format``; ``auto``: from its chat template)."""
+        ``steering``: a callable giving each episode its strategy layer
+        (``agent_trainer.outer_loop.strategy.steering.make_steering``); ``sampler``: a backend that samples the agent's
+        turns instead of the policy's own model (``agent=vllm``: a ``VLLMBackend(trainable=True)`` of the same base),
+        given the policy's weights at the start and after every update (``load_weights``); ``agent_device``: where the
+        policy samples and is updated (``cpu``, ``cuda``: ``hardware.agent_device``); ``tool_format``: how the policy's
+        turns write tool calls (``agent.tool_format``; ``auto``: from its chat template)."""
         self.steering = steering
         from agent_trainer.outer_loop.agents.local import LocalBackend
 
@@ -428,7 +431,8 @@ class Trainer:
             fh.flush()
             os.fsync(fh.fileno())
         self.state.step = step + 1
-        self.state.ledger_bytes = (self.run_dir / "ledger.jsonl").stat().st_size if (self.run_dir / "ledger.jsonl").exists() else 0
+        self.state.ledger_bytes = ((self.run_dir / "ledger.jsonl").stat().st_size
+                                   if (self.run_dir / "ledger.jsonl").exists() else 0)
         (tmp / "state.json").write_text(json.dumps(asdict(self.state)))
         os.replace(tmp, final)
 
@@ -489,8 +493,9 @@ class Trainer:
 def log_episode_run(tracker, summary: dict[str, Any], step: int) -> None:
     """One nested MLflow run per episode: its choices as params, its stages and cost as metrics."""
     reward = summary.get("reward") or {}
-    with tracker.child(summary["episode_id"], tags={"step": step, "task": summary.get("task"),
-                                                     "split": "heldout" if "-heldout-" in summary["episode_id"] else "train"}) as ep:
+    with tracker.child(summary["episode_id"],
+                       tags={"step": step, "task": summary.get("task"),
+                             "split": "heldout" if "-heldout-" in summary["episode_id"] else "train"}) as ep:
         ep.log_params({f"choice.{k}": v for k, v in (summary.get("choices") or {}).items()})
         metrics = reward_metrics(reward)
         metrics.update({k: summary.get(k) for k in ("tokens_in", "tokens_out", "usd", "n_turns")
@@ -509,7 +514,8 @@ def summarize(rows: list[dict], k: int = 3) -> dict[str, Any]:
         vals = [x.get(key, 0.0) for x in xs]
         return sum(vals) / len(vals)
 
-    out = {"steps": len(rows), f"reward_first{k}": mean(first, "reward_mean"), f"reward_last{k}": mean(last, "reward_mean")}
+    out = {"steps": len(rows), f"reward_first{k}": mean(first, "reward_mean"),
+           f"reward_last{k}": mean(last, "reward_mean")}
     out["reward_gain"] = out[f"reward_last{k}"] - out[f"reward_first{k}"]
     out.update(heldout.summary(rows))
     for key in sorted({k2 for r in rows for k2 in r if k2.startswith("share_") or k2 == "valid_first_try"}):

@@ -1,8 +1,8 @@
 """The evaluator agent: after a job it predicts, evaluates, analyses and suggests; the adoption check.
 
-    >>> ev = RuleEvaluator(min_gain=0.01)                      # offline heuristics
-    >>> ev = LLMEvaluator(backend, model_name="tiny-agent")    # a second agent through any AgentBackend
-    >>> e = ev.evaluate(history, base_dev=0.12, task=task)     # Evaluation(prediction, evaluation, analysis, suggestions)
+    >>> ev = RuleEvaluator(min_gain=0.01)                    # offline heuristics
+    >>> ev = LLMEvaluator(backend, model_name="tiny-agent")  # a second agent through any AgentBackend
+    >>> e = ev.evaluate(history, base_dev=0.12, task=task)   # Evaluation(prediction, evaluation, analysis, suggestions)
     >>> adopted(e.suggestions[0], before=history[-1], after=next_job)
 
 Suggestion types and targets, the adoption rule and the metrics: docs/strategy.md, "Evaluator agent".
@@ -113,7 +113,8 @@ def job_value(rec: JobRecord, target: str) -> Any:
     if target == "base_model":
         return rec.spec.get("base_model")
     if target == "reward":
-        fns = ((rec.spec.get("reward") or {}).get("functions") or []) if isinstance(rec.spec.get("reward"), dict) else []
+        fns = (((rec.spec.get("reward") or {}).get("functions") or []) if isinstance(rec.spec.get("reward"), dict)
+               else [])
         return ",".join(sorted(str(f.get("name")) for f in fns if isinstance(f, dict))) or None
     if target == "algorithm":
         return [str(s.get("algorithm")).lower() for s in stages]
@@ -250,7 +251,8 @@ EVALUATE_SCHEMA = tool_schema(
      "evaluation": {"type": "string", "description": "how good the job was, in one sentence"},
      "analysis": {"type": "string", "description": "why: what in the curves, settings or strategy explains it"},
      "suggestions": {"type": "array", "description": "[{type: execution|strategy, target, value, text}]; execution "
-                     "targets: " + ", ".join(EXECUTION_TARGETS) + "; strategy targets: " + ", ".join(STRATEGY_TARGETS)}},
+                     "targets: " + ", ".join(EXECUTION_TARGETS)
+                     + "; strategy targets: " + ", ".join(STRATEGY_TARGETS)}},
     ["evaluation", "suggestions"])
 
 EVALUATOR_PROMPT = ("You evaluate training jobs another agent ran. After each job: predict the next job's dev score, "

@@ -27,8 +27,10 @@ DECIDE_SCHEMA = tool_schema(
      "scores": {"type": "array", "description": "your last three dev scores, oldest first (as the check shows them)"},
      "decision": {"type": "string", "description": "CONTINUE or SWITCH"},
      "component": {"type": "string", "description": "SWITCH: algorithm | data_source | stage"},
-     "alternative": {"type": "string", "description": "SWITCH: the concrete new value, e.g. grpo, self_generated, sft>grpo"},
-     "reason": {"type": "string", "description": "SWITCH: why the alternative; CONTINUE: why scores should still rise"}},
+     "alternative": {"type": "string",
+                     "description": "SWITCH: the concrete new value, e.g. grpo, self_generated, sft>grpo"},
+     "reason": {"type": "string",
+                "description": "SWITCH: why the alternative; CONTINUE: why scores should still rise"}},
     ["strategy", "scores", "decision", "reason"])
 
 

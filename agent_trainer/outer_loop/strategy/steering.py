@@ -26,7 +26,8 @@ from agent_trainer.outer_loop.strategy import protocol, strategy
 from agent_trainer.outer_loop.strategy.evaluator import Evaluation, JobRecord, adopted
 from agent_trainer.outer_loop.episode.tools import ToolResult
 
-DEV_SEED = 999_999  # the last agent seed (agent_trainer.evaluation.families.MAX_AGENT_SEED - 1): public, disjoint from hidden
+DEV_SEED = 999_999  # the last agent seed (agent_trainer.evaluation.families.MAX_AGENT_SEED - 1): public, disjoint
+                    # from hidden
 _DEV_CACHE: dict[tuple[str, str, int], float] = {}
 
 
@@ -355,7 +356,8 @@ class Steering:
         ep.log({"event": "decision", **row})
         self._open = None
         if decision is None:
-            ep._add_message({"role": "user", "content": "Your answer was logged as malformed. Go on with your next job."})
+            ep._add_message({"role": "user",
+                             "content": "Your answer was logged as malformed. Go on with your next job."})
         return True
 
     # --- results ---------------------------------------------------------------------------
