@@ -1,0 +1,28 @@
+"""bench/same_steps.py: two runs are the same step by step when every key but clocks and dollars is equal."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+spec = importlib.util.spec_from_file_location("same_steps", ROOT / "bench" / "same_steps.py")
+same_steps = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(same_steps)
+
+
+def write(path: Path, rows: list[dict]) -> str:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def test_clocks_may_differ_and_nothing_else(tmp_path, capsys):
+    a = [{"step": 0, "reward_mean": 0.25, "seconds_step": 30.0, "usd": 0.001, "cache_hits": 0}]
+    b = [{"step": 0, "reward_mean": 0.25, "seconds_step": 41.5, "usd": 0.002, "cache_hits": 3}]
+    assert same_steps.main([write(tmp_path / "a", a), write(tmp_path / "b", b)]) == 0
+    assert "same: 1 steps x 2 keys" in capsys.readouterr().out
+    b[0]["reward_mean"] = 0.2500001
+    assert same_steps.main([write(tmp_path / "a", a), write(tmp_path / "b", b)]) == 1
+    assert "step 0: reward_mean" in capsys.readouterr().out
+    assert same_steps.main([write(tmp_path / "a", a), write(tmp_path / "c", a * 2)]) == 1, "a missing step differs"
