@@ -12,7 +12,6 @@ submission, 130 interrupted (docs/real_models.md, "A served agent").
 
 from __future__ import annotations
 
-import os
 import sys
 
 import hydra
@@ -57,10 +56,10 @@ def check_agent(cfg: DictConfig) -> None:
     a = cfg.agent
     if cfg.get("dry_run"):
         return  # a dry run writes the resolved config only
-    if str(a.backend) == "openai" and a.api_key_env and not os.environ.get(str(a.api_key_env)):
-        from agent_trainer.outer_loop.agents.openai_backend import key_unset_message
+    if str(a.backend) == "openai" and a.api_key_env:
+        from agent_trainer.outer_loop.agents.base import read_api_key
 
-        raise cli.UserError(key_unset_message(str(a.api_key_env), a.base_url))
+        read_api_key(str(a.api_key_env), a.base_url, error=cli.UserError)
 
 
 def resolve_agent_prices(cfg: DictConfig) -> str | None:

@@ -90,7 +90,7 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def key_parts(job, settings: dict[str, Any] | None = None) -> dict[str, Any]:
+def key_parts(job) -> dict[str, Any]:
     """Everything the key hashes, readable (stored in the entry), for a ``Job`` whose spec was parsed."""
     from agent_trainer.inner_loop.models import resolve_model
 
@@ -108,7 +108,7 @@ def key_parts(job, settings: dict[str, Any] | None = None) -> dict[str, Any]:
         "seed": spec.seed,
         "libraries": library_versions(),
         "harness": harness_digest(),
-        "settings": {k: _plain(v) for k, v in sorted((settings or outcome_settings(job)).items())},
+        "settings": {k: _plain(v) for k, v in sorted(outcome_settings(job).items())},
     }
 
 

@@ -138,6 +138,12 @@ class Job:
         """The job trains on agent-written data or calls agent-written reward code."""
         return bool(self.spec is not None and (self.spec.uses_agent_code or self.spec.uses_agent_data))
 
+    @property
+    def warm_path(self) -> bool:
+        """The trainer forks from the pre-imported warm worker: asked for, no sandbox wrapper, no agent files."""
+        s = self.request.settings
+        return s.warm and s.wrap is None and self.spec is not None and not self.agent_files
+
 
 def run_job(job_dir: str | Path, task: TaskSpec | str | Path, *, output_dir: str | Path | None = None,
             **settings: Any) -> JobResult:
@@ -183,7 +189,7 @@ def validate(job: Job, res: JobResult) -> bool:
     r, s = job.request, job.request.settings
     with HARNESS_LOCK:  # the dry run loads a model in this process
         if job.spec is not None:
-            if s.warm and s.wrap is None and not job.agent_files:
+            if job.warm_path:
                 from agent_trainer.inner_loop.run.worker import warm_context
 
                 warm_context()  # the warm worker's ~10 s of imports overlap the validation
@@ -236,7 +242,7 @@ def train(job: Job, res: JobResult, base_dir: Path, wrap, reward_host) -> tuple[
     try:
         run = run_worker(r.job_dir, base_dir, task.family, r.out, spec=job.spec, max_steps=task.budget.max_steps,
                          max_seconds=task.budget.max_seconds, deadline_s=r.deadline_s, threads=s.threads,
-                         progress=s.progress, wrap=wrap, warm=s.warm and wrap is None and not job.agent_files,
+                         progress=s.progress, wrap=wrap, warm=job.warm_path,
                          reward_host=reward_host, device=s.device, gpus=s.gpus, vllm=s.vllm, fmt=for_task(task))
     finally:
         if reward_host is not None:

@@ -115,7 +115,7 @@ def key_unset_message(api_key_env: str, base_url: str | None) -> str:
     return f"environment variable {api_key_env} is empty or unset; export the API key in it{no_key}"
 
 
-def read_api_key(api_key_env: str | None, base_url: str | None, error: type[BackendError] = BackendError) -> str:
+def read_api_key(api_key_env: str | None, base_url: str | None, error: type[Exception] = BackendError) -> str:
     """The key in the variable ``api_key_env`` names (``""`` when none is named); ``error`` with
     ``key_unset_message`` when it names one that is empty or unset."""
     key = os.environ.get(api_key_env, "") if api_key_env else ""

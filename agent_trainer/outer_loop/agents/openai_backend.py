@@ -18,7 +18,7 @@ import time
 from typing import Any, Callable
 
 from agent_trainer.outer_loop.agents.base import (
-    AgentBackend, BackendError, Generation, card_context, error_text, key_unset_message, model_cards, quote_body,
+    AgentBackend, BackendError, Generation, card_context, error_text, model_cards, quote_body,
     read_api_key, redact_keys,
 )
 from agent_trainer.outer_loop.agents.toolcalls import parse_openai_tool_calls
@@ -35,8 +35,6 @@ MODELS_TIMEOUT_S = 10.0        # GET /v1/models, asked once for the context leng
 MAX_BACKOFF_S = 30.0
 MAX_RETRY_AFTER_S = 60.0
 HEAD_CHARS = 200               # how much of an unexpected body an error message quotes
-__all__ = ["OpenAIBackend", "key_unset_message"]   # key_unset_message: agent_trainer.outer_loop.agents.base's,
-                                                   # for scripts
 
 
 class OpenAIBackend(AgentBackend):
