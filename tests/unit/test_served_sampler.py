@@ -244,3 +244,18 @@ def test_agent_smollm2_served_makes_at_trains_sampler(smollm2):
         s = make_sampler(cfg, smollm2)
         assert isinstance(s, ServedSampler) and s.url == server.base_url and s.tool_format == "hermes"
     assert make_sampler(compose_config(["agent=smollm2"], "train"), smollm2) is None
+
+
+def test_a_steps_turns_go_to_the_server_together(smollm2, tmp_path):
+    """``generate_batch`` sends the turns concurrently (the server batches them) and answers in request order."""
+    from agent_trainer.outer_loop.agents.base import SampleRequest
+
+    with fake.serve(root=str(smollm2)) as server:
+        s = sampler(server, smollm2)
+        s.push_adapter(policy(), tmp_path / "run")
+        server.delay_s = 0.3
+        convs = [MESSAGES + [{"role": "user", "content": f"turn {i}"}] for i in range(6)]
+        out = s.generate_batch([SampleRequest(c, TOOLS, 0.7, 32, seed=i) for i, c in enumerate(convs)])
+        assert server.max_in_flight == 6
+        assert [g.prompt_ids for g in out] == [in_process_prompt(s.tokenizer, c, TOOLS) for c in convs]
+        assert sorted(b["seed"] for b in server.posts("/v1/completions")) == list(range(6))

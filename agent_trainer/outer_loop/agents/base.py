@@ -65,6 +65,17 @@ class Generation:
         return msg
 
 
+@dataclass
+class SampleRequest:
+    """One turn to sample: ``AgentBackend.generate``'s arguments (``generate_batch`` takes a list of them)."""
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None = None
+    temperature: float = 1.0
+    max_new_tokens: int = 512
+    seed: int | None = None
+
+
 class AgentBackend(ABC):
     """Something that turns a conversation and tool schemas into one sampled assistant turn."""
 
@@ -73,6 +84,8 @@ class AgentBackend(ABC):
     #: How tool calls are written in sampled text: a ``TOOL_CALL_FORMATS`` name, or ``auto`` (from the
     #: tokenizer's chat template, if the backend has a ``tokenizer``; else ``hermes``).
     tool_format: str = AUTO
+    #: Turns ``generate_batch`` asks for at once (1: one after the other).
+    concurrent_requests: int = 1
 
     @abstractmethod
     def generate(
@@ -85,6 +98,26 @@ class AgentBackend(ABC):
         seed: int | None = None,
     ) -> Generation:
         """Sample one assistant turn; ``temperature`` 0 means greedy."""
+
+    def generate_batch(self, requests: list[SampleRequest]) -> list[Generation | BackendError]:
+        """One turn for each request, in order; a request the backend cannot answer gets its ``BackendError``
+        in its place. The default calls ``generate`` for each, ``concurrent_requests`` at a time (a server
+        batches concurrent requests: the served sampler sends a step's turns together); the local backend
+        samples them in one padded batch."""
+        def one(r: SampleRequest) -> Generation | BackendError:
+            try:
+                return self.generate(r.messages, r.tools, temperature=r.temperature,
+                                     max_new_tokens=r.max_new_tokens, seed=r.seed)
+            except BackendError as e:
+                return e
+
+        if self.concurrent_requests <= 1 or len(requests) <= 1:
+            return [one(r) for r in requests]
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=min(self.concurrent_requests, len(requests)),
+                                thread_name_prefix="agent-turns") as pool:
+            return list(pool.map(one, requests))
 
     def close(self) -> None:
         """Release resources (engines, HTTP clients); the default has none."""
@@ -185,8 +218,3 @@ def parse_tool_calls(text: str, tool_format: str = "hermes") -> tuple[str, list[
     """
     content, calls, _ = TOOL_CALL_FORMATS[tool_format].parse(text)
     return content, calls
-
-
-def tool_name(tool: dict[str, Any]) -> str:
-    """The function name of an OpenAI tool schema (either the wrapped or the bare form)."""
-    return (tool.get("function") or tool).get("name", "")

@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import torch
 
-from agent_trainer.outer_loop.agents.base import AUTO, AgentBackend, BackendError, Generation
+from agent_trainer.outer_loop.agents.base import AUTO, AgentBackend, BackendError, Generation, SampleRequest
 from agent_trainer.outer_loop.agents.chat_prompt import render_prompt, template_support
 
 log = logging.getLogger(__name__)
@@ -48,7 +48,8 @@ class LocalBackend(AgentBackend):
     """A model and its tokenizer, already loaded (tests build tiny ones in memory)."""
 
     def __init__(self, model, tokenizer, *, device: str = "auto", model_name: str | None = None,
-                 chat_template_kwargs: dict[str, Any] | None = None, tool_format: str = AUTO):
+                 chat_template_kwargs: dict[str, Any] | None = None, tool_format: str = AUTO,
+                 max_batch: int = 16):
         if not getattr(tokenizer, "chat_template", None):
             raise BackendError(
                 "the tokenizer has no chat_template; use the project tokenizer "
@@ -67,6 +68,7 @@ class LocalBackend(AgentBackend):
                     if t in tokenizer.get_vocab())
         self.stop_ids = {i for i in stop if i is not None}
         self.max_positions = int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
+        self.max_batch = max(1, int(max_batch))   # rows sampled together at most (``generate_batch``)
 
     @classmethod
     def from_path(cls, model_path: str | Path, *, device: str = "auto", dtype: str = "float32",
@@ -103,14 +105,39 @@ class LocalBackend(AgentBackend):
             self.event_log({"event": "backend_warning", "kind": "template_drops_tools", "message": message})
 
     def generate(self, messages, tools=None, *, temperature=1.0, max_new_tokens=512, seed=None) -> Generation:
-        if temperature < 0:
-            raise BackendError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
-        prompt = self.render(messages, tools)
-        room = self.max_positions - len(prompt)
-        if room <= 0:
-            raise BackendError(f"the conversation is {len(prompt)} tokens, the model's context is "
-                               f"{self.max_positions}; shorten tool outputs or lower max_turns")
-        ids, lps = self._sample(prompt, temperature, min(max_new_tokens, room), seed)
+        result = self.generate_batch([SampleRequest(messages, tools, temperature, max_new_tokens, seed)])[0]
+        if isinstance(result, BackendError):
+            raise result
+        return result
+
+    def generate_batch(self, requests: list) -> list[Generation | BackendError]:
+        """One turn for each request (``messages``, ``tools``, ``temperature``, ``max_new_tokens``, ``seed``),
+        sampled together: the prompts left-padded into one batch, one KV cache, each row stopping at its own
+        end of turn or token budget and leaving the batch then. Row i draws from its own generator seeded with
+        its ``seed``, so a row's tokens and log-probs are those ``generate`` gives it alone (within float
+        noise of the padded batch). A request that cannot be sampled gets its ``BackendError`` in its place."""
+        out: list[Generation | BackendError | None] = [None] * len(requests)
+        rows: list[tuple[int, list[int], float, int, int | None]] = []
+        for i, r in enumerate(requests):
+            if r.temperature < 0:
+                out[i] = BackendError(f"temperature must be >= 0 (0 = greedy), got {r.temperature}")
+                continue
+            prompt = self.render(r.messages, r.tools)
+            room = self.max_positions - len(prompt)
+            if room <= 0:
+                out[i] = BackendError(f"the conversation is {len(prompt)} tokens, the model's context is "
+                                      f"{self.max_positions}; shorten tool outputs or lower max_turns")
+                continue
+            rows.append((i, prompt, float(r.temperature), min(int(r.max_new_tokens), room), r.seed))
+        for start in range(0, len(rows), self.max_batch):
+            chunk = rows[start: start + self.max_batch]
+            sampled = self._sample_batch([p for _, p, _, _, _ in chunk], [t for _, _, t, _, _ in chunk],
+                                         [n for _, _, _, n, _ in chunk], [sd for _, _, _, _, sd in chunk])
+            for (i, prompt, _, _, _), (ids, lps) in zip(chunk, sampled):
+                out[i] = self._generation(prompt, ids, lps)
+        return out  # type: ignore[return-value]
+
+    def _generation(self, prompt: list[int], ids: list[int], lps: list[float]) -> Generation:
         finished = bool(ids) and ids[-1] in self.stop_ids
         body = ids[:-1] if finished else ids
         raw = self.tokenizer.decode(body, skip_special_tokens=False)
@@ -123,30 +150,56 @@ class LocalBackend(AgentBackend):
         )
 
     @torch.no_grad()
-    def _sample(self, prompt: list[int], temperature: float, max_new_tokens: int, seed: int | None
-                ) -> tuple[list[int], list[float]]:
-        gen = torch.Generator(device=self.device)
-        if seed is None:
-            gen.seed()
-        else:
-            gen.manual_seed(int(seed))
-        inp = torch.tensor([prompt], device=self.device)
+    def _sample_batch(self, prompts: list[list[int]], temperatures: list[float], budgets: list[int],
+                      seeds: list[int | None]) -> list[tuple[list[int], list[float]]]:
+        """Sample rows together: left-padded prefill, then one token a row a step from the shared KV cache.
+
+        Position ids count real tokens only (a padded row sees the positions it would see alone); the
+        LM head runs on each row's last position only; a finished row leaves the batch and its cache."""
+        n, width = len(prompts), max(len(p) for p in prompts)
+        gens = []
+        for sd in seeds:
+            g = torch.Generator(device=self.device)
+            g.manual_seed(int(sd)) if sd is not None else g.seed()
+            gens.append(g)
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        inp = torch.full((n, width), pad, dtype=torch.long, device=self.device)
+        attn = torch.zeros((n, width), dtype=torch.long, device=self.device)
+        for r, p in enumerate(prompts):
+            inp[r, width - len(p):] = torch.tensor(p, device=self.device)
+            attn[r, width - len(p):] = 1
+        pos = (attn.cumsum(-1) - 1).clamp(min=0)
+        ids: list[list[int]] = [[] for _ in range(n)]
+        lps: list[list[float]] = [[] for _ in range(n)]
+        active = list(range(n))          # rows still sampling, in cache order
         cache, cache_kw = None, _cache_kw()
-        ids: list[int] = []
-        lps: list[float] = []
-        for _ in range(max_new_tokens):
-            out = self.model(input_ids=inp, use_cache=True, **{cache_kw: cache})
+        while active:
+            out = self.model(input_ids=inp, attention_mask=attn, position_ids=pos, use_cache=True,
+                             logits_to_keep=1, **{cache_kw: cache})
             cache = getattr(out, cache_kw)
-            logits = out.logits[0, -1].float()
-            if temperature > 0:
-                logp = torch.log_softmax(logits / temperature, dim=-1)
-                tok = torch.multinomial(logp.exp(), 1, generator=gen)
-            else:
-                logp = torch.log_softmax(logits, dim=-1)
-                tok = logp.argmax().view(1)
-            ids.append(int(tok))
-            lps.append(float(logp[tok]))
-            if ids[-1] in self.stop_ids:
+            logits = out.logits[:, -1].float()
+            keep: list[int] = []
+            for j, r in enumerate(active):
+                t = temperatures[r]
+                if t > 0:
+                    logp = torch.log_softmax(logits[j] / t, dim=-1)
+                    tok = int(torch.multinomial(logp.exp(), 1, generator=gens[r]))
+                else:
+                    logp = torch.log_softmax(logits[j], dim=-1)
+                    tok = int(logp.argmax())
+                ids[r].append(tok)
+                lps[r].append(float(logp[tok]))
+                if tok not in self.stop_ids and len(ids[r]) < budgets[r]:
+                    keep.append(j)
+            if not keep:
                 break
-            inp = tok.view(1, 1)
-        return ids, lps
+            last_pos = pos[:, -1:]
+            if len(keep) < len(active):
+                sel = torch.tensor(keep, device=self.device)
+                cache.batch_select_indices(sel)
+                attn, last_pos = attn[sel], last_pos[sel]
+                active = [active[j] for j in keep]
+            inp = torch.tensor([[ids[r][-1]] for r in active], device=self.device)
+            attn = torch.cat([attn, attn.new_ones((len(active), 1))], dim=-1)
+            pos = last_pos + 1
+        return list(zip(ids, lps))

@@ -50,7 +50,10 @@ def served_sampler(agent, agent_dir: str | Path) -> "ServedSampler":
 
 
 class ServedSampler(AgentBackend):
-    """Turns from ``base_url`` (``/v1``), under the LoRA last pushed with ``push_adapter``."""
+    """Turns from ``base_url`` (``/v1``), under the LoRA last pushed with ``push_adapter``; a step's turns are sent
+    concurrently (``generate_batch``), so the server batches them."""
+
+    concurrent_requests = 16
 
     def __init__(self, *, base_url: str, model_path: str | Path, model_name: str | None = None,
                  api_key_env: str | None = None, timeout_s: float = 300.0, max_retries: int = 2,

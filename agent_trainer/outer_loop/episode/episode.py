@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from agent_trainer.config import AgentConfig, BudgetConfig, StrategyConfig
+from agent_trainer.outer_loop.agents.base import BackendError, SampleRequest
 from agent_trainer.evaluation.staged_reward import RewardWeights, staged_reward
 from agent_trainer.inner_loop.run.request import JobRequest, JobSettings
 from agent_trainer.outer_loop.episode.tools import PendingJob, ToolBox, ToolLimits
@@ -160,6 +161,7 @@ class Episode:
         self.status = "running"
         self.tokens_in = self.tokens_out = 0
         self._pending_calls: dict[int, str] = {}  # pending job index -> tool_call_id of its submit_job
+        self._last_prompt = 0                      # prompt tokens of the last turn (the ledger's estimate)
         self._t0 = time.time()
         self._traj = open(self.dir / "trajectory.jsonl", "a", encoding="utf-8")
         for m in self.messages:
@@ -168,61 +170,79 @@ class Episode:
     # --- the agent's turns --------------------------------------------------------------------
     def play(self) -> str:
         """Run agent turns until the episode ends; returns the status."""
-        from agent_trainer.outer_loop.agents.base import BackendError
+        while (request := self.next_request()) is not None:
+            try:
+                gen = self.backend.generate(request.messages, request.tools, temperature=request.temperature,
+                                            max_new_tokens=request.max_new_tokens, seed=request.seed)
+            except BackendError as e:
+                self.fail_turn(e)
+                break
+            self.take_turn(gen)
+        return self.settle()
+
+    def next_request(self) -> SampleRequest | None:
+        """What the agent's next turn asks of the backend, or None when the episode ends or waits for a job
+        (the turn is counted and the ledger checked here; ``take_turn`` consumes the answer)."""
         from agent_trainer.outer_loop.episode.ledger import BudgetExhausted
 
+        if self.status != "running" or self.box.done or self.waiting:
+            return None
         s = self.settings
-        tools = self.tool_schemas()
-        last_prompt = 0
-        while not self.box.done and not self.waiting:
-            if self.ledger is not None:
-                try:
-                    self.ledger.check("llm", self.ledger.estimate_llm(self.model_name, last_prompt + 512,
-                                                                        s.max_new_tokens), episode=self.id)
-                except BudgetExhausted as e:
-                    self.status = "budget_exhausted"
-                    self.log({"event": "budget_exhausted", "message": str(e)})
-                    break
-            if not self.box.next_turn():
-                break
+        if self.ledger is not None:
             try:
-                gen = self.backend.generate(self.messages, tools, temperature=s.temperature,
-                                            max_new_tokens=s.max_new_tokens,
-                                            seed=self.seed * 1000 + self.box.state.turns)
-            except BackendError as e:
-                self.status = "backend_error"
-                self.log({"event": "backend_error", "message": str(e)})
+                self.ledger.check("llm", self.ledger.estimate_llm(self.model_name, self._last_prompt + 512,
+                                                                    s.max_new_tokens), episode=self.id)
+            except BudgetExhausted as e:
+                self.status = "budget_exhausted"
+                self.log({"event": "budget_exhausted", "message": str(e)})
+                return None
+        if not self.box.next_turn():
+            return None
+        return SampleRequest(self.messages, self.tool_schemas(), s.temperature, s.max_new_tokens,
+                           self.seed * 1000 + self.box.state.turns)
+
+    def fail_turn(self, error: Exception) -> None:
+        """The backend could not answer the turn: the episode ends as ``backend_error``."""
+        self.status = "backend_error"
+        self.log({"event": "backend_error", "message": str(error)})
+
+    def take_turn(self, gen) -> None:
+        """Record a sampled turn and run its tool calls."""
+        s = self.settings
+        self._last_prompt = gen.prompt_tokens
+        self.tokens_in += gen.prompt_tokens
+        self.tokens_out += gen.completion_tokens
+        if self.ledger is not None:
+            self.ledger.record_llm(episode=self.id, model=self.model_name, tokens_in=gen.prompt_tokens,
+                                   tokens_out=gen.completion_tokens)
+        if gen.token_ids and gen.logprobs is not None and gen.prompt_ids is not None:
+            self.turns.append(TurnRecord(list(gen.prompt_ids), list(gen.token_ids), list(gen.logprobs),
+                                         s.temperature))
+        msg = gen.as_message()
+        self.messages.append(msg)
+        self.log({"event": "message", **msg, "prompt_tokens": gen.prompt_tokens,
+                   "completion_tokens": gen.completion_tokens, "token_ids": gen.token_ids,
+                   "logprobs": gen.logprobs, "finish_reason": gen.finish_reason})
+        if self.steering is not None and self.steering.handle_turn(self, gen):
+            return  # the turn answered an open strategy check
+        if not gen.tool_calls:
+            self._add_message({"role": "user", "content": NO_TOOL_CALL})
+            return
+        for call in gen.tool_calls:
+            before, ran_before = len(self.box.state.pending), len(self.box.state.jobs)
+            res = self.box.call(call["name"], call["arguments"])
+            if len(self.box.state.pending) > before:
+                self._pending_calls[self.box.state.pending[-1].index] = call["id"]
+            self._add_message({"role": "tool", "tool_call_id": call["id"], "name": call["name"],
+                               "content": res.text}, ok=res.ok)
+            if len(self.box.state.jobs) > ran_before:
+                self._after_job(self.box.state.jobs[-1])
+            if self.box.done or self.waiting:
                 break
-            last_prompt = gen.prompt_tokens
-            self.tokens_in += gen.prompt_tokens
-            self.tokens_out += gen.completion_tokens
-            if self.ledger is not None:
-                self.ledger.record_llm(episode=self.id, model=self.model_name, tokens_in=gen.prompt_tokens,
-                                       tokens_out=gen.completion_tokens)
-            if gen.token_ids and gen.logprobs is not None and gen.prompt_ids is not None:
-                self.turns.append(TurnRecord(list(gen.prompt_ids), list(gen.token_ids), list(gen.logprobs),
-                                             s.temperature))
-            msg = gen.as_message()
-            self.messages.append(msg)
-            self.log({"event": "message", **msg, "prompt_tokens": gen.prompt_tokens,
-                       "completion_tokens": gen.completion_tokens, "token_ids": gen.token_ids,
-                       "logprobs": gen.logprobs, "finish_reason": gen.finish_reason})
-            if self.steering is not None and self.steering.handle_turn(self, gen):
-                continue  # the turn answered an open strategy check
-            if not gen.tool_calls:
-                self._add_message({"role": "user", "content": NO_TOOL_CALL})
-                continue
-            for call in gen.tool_calls:
-                before, ran_before = len(self.box.state.pending), len(self.box.state.jobs)
-                res = self.box.call(call["name"], call["arguments"])
-                if len(self.box.state.pending) > before:
-                    self._pending_calls[self.box.state.pending[-1].index] = call["id"]
-                self._add_message({"role": "tool", "tool_call_id": call["id"], "name": call["name"],
-                                   "content": res.text}, ok=res.ok)
-                if len(self.box.state.jobs) > ran_before:
-                    self._after_job(self.box.state.jobs[-1])
-                if self.box.done or self.waiting:
-                    break
+
+    def settle(self) -> str:
+        """The status once no more turns come: finished, max_jobs or max_turns (unless already ended
+        otherwise or waiting for a job)."""
         if self.status == "running" and not self.waiting:
             st = self.box.state
             self.status = ("finished" if st.finished else "max_jobs" if st.submitted >= self.box.limits.max_jobs
@@ -319,21 +339,45 @@ def reward_metrics(reward: dict[str, Any]) -> dict[str, float]:
     return {f"reward_{k}": float(v) for k, v in reward.items() if isinstance(v, (int, float))}
 
 
-def play_all(episodes: list[Episode], run_jobs) -> None:
-    """Play deferred-job episodes to their end: whenever some wait for a job's result (``Episode.waiting``),
-    ``run_jobs(waiting)`` runs their pending jobs (all at once, e.g. through an executor) and completes them,
-    and those episodes go on with the results in their conversation. A job no turn waits for (an
-    episode's last) stays pending: the caller runs those afterwards (``Trainer.play`` does, in one
-    batch). With one job per episode this is just ``play`` for each."""
-    for ep in episodes:
-        ep.play()
-    while True:
-        waiting = [ep for ep in episodes if ep.waiting]
-        if not waiting:
-            return
+def play_together(episodes: list[Episode], on_end=None) -> None:
+    """Play episodes turn by turn, together: each round, the next turn of every live episode that shares a
+    backend is sampled in one call (``AgentBackend.generate_batch``: one padded batch locally, concurrent
+    requests to a server), then each episode runs its tool calls. An episode that ends (or waits for a job)
+    leaves the rounds, and ``on_end(episode)`` is called then, while the others go on."""
+    live = list(episodes)
+    while live:
+        asked: list[tuple[Episode, SampleRequest]] = []
+        for ep in live:
+            request = ep.next_request()
+            if request is None:
+                ep.settle()
+                if on_end is not None:
+                    on_end(ep)
+            else:
+                asked.append((ep, request))
+        live = [ep for ep, _ in asked]
+        by_backend: dict[int, list[tuple[Episode, SampleRequest]]] = {}
+        for ep, request in asked:
+            by_backend.setdefault(id(ep.backend), []).append((ep, request))
+        for pairs in by_backend.values():
+            answers = pairs[0][0].backend.generate_batch([r for _, r in pairs])
+            for (ep, _), answer in zip(pairs, answers):
+                if isinstance(answer, BackendError):
+                    ep.fail_turn(answer)
+                else:
+                    ep.take_turn(answer)
+
+
+def play_all(episodes: list[Episode], run_jobs, on_end=None) -> None:
+    """Play deferred-job episodes to their end, together (``play_together``): whenever some wait for a job's
+    result (``Episode.waiting``), ``run_jobs(waiting)`` runs their pending jobs (all at once, e.g. through an
+    executor) and completes them, and those episodes go on with the results in their conversation. A job no
+    turn waits for (an episode's last) stays pending: ``on_end`` may start it as soon as its episode ends,
+    or the caller runs it afterwards (``Trainer.play`` does one or the other)."""
+    play_together(episodes, on_end)
+    while waiting := [ep for ep in episodes if ep.waiting]:
         run_jobs(waiting)
-        for ep in waiting:
-            ep.play()
+        play_together(waiting, on_end)
 
 
 def compact_tool_schemas(schemas: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -134,6 +134,7 @@ def step_metrics(results: list[EpisodeResult], update: dict, seconds: dict, ledg
     rewards = [r.reward["total"] for r in results]
     mean = sum(rewards) / n
     m: dict[str, float] = {
+        "excluded": float(sum(bool(r.reward.get("excluded")) for r in results)),
         "reward_mean": mean,
         "reward_std": (sum((x - mean) ** 2 for x in rewards) / n) ** 0.5,
         "validation_mean": sum(r.reward["validation"] for r in results) / n,
@@ -268,9 +269,9 @@ class Trainer:
             play_all(episodes, self._run_jobs_blocking)
             self._run_jobs_blocking(episodes)   # the jobs no turn waits for (each episode's last), in one batch
             return episodes
-        # Overlapped: an episode's final job starts as soon as the episode ends, while the next
-        # episodes are sampled (on 2 cores: the agent's turns on one, jobs on the other and in the gaps).
-        # Results are the same as batch-wise (each job's numbers depend on its content only); only
+        # Overlapped: an episode's final job starts as soon as the episode ends, while the other
+        # episodes are still sampled (on 2 cores: the agent's turns on one, jobs on the other and in the
+        # gaps). Results are the same as batch-wise (each job's numbers depend on its content only); only
         # the wall time changes. Jobs an agent waits for mid-episode run batch-wise as before.
         from concurrent.futures import ThreadPoolExecutor
 
@@ -278,16 +279,11 @@ class Trainer:
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="job-feeder") as feeder:
             futures = []
 
-            def play_and_feed(batch):
-                for ep in batch:
-                    ep.play()
-                    if not ep.waiting and ep.pending:
-                        futures.append(feeder.submit(self.run_jobs, [ep]))
+            def feed(ep: Episode) -> None:
+                if not ep.waiting and ep.pending:
+                    futures.append(feeder.submit(self.run_jobs, [ep]))
 
-            play_and_feed(episodes)
-            while waiting := [ep for ep in episodes if ep.waiting]:
-                self._run_jobs_blocking(waiting)
-                play_and_feed(waiting)
+            play_all(episodes, self._run_jobs_blocking, on_end=feed)
             t0 = time.time()
             for fut in futures:
                 fut.result()
@@ -392,10 +388,11 @@ class Trainer:
         return metrics
 
     def samples(self, results: list[EpisodeResult], tasks: list) -> list[TurnSample]:
-        """Turn samples with group-relative advantages (one group per task)."""
+        """Turn samples with group-relative advantages (one group per task). An episode whose job the machine
+        failed (``reward["excluded"]``: the wall-clock safety cap) is left out of its group and of the update."""
         out: list[TurnSample] = []
         for task in tasks:
-            group = [r for r in results if r.task == task.name]
+            group = [r for r in results if r.task == task.name and not r.reward.get("excluded")]
             adv = group_advantages([r.reward["total"] for r in group], self.s.policy.scale_by_std)
             for r, a in zip(group, adv):
                 n_tokens = sum(len(t.completion_ids) for t in r.turns)
@@ -434,7 +431,18 @@ class Trainer:
         self.state.ledger_bytes = ((self.run_dir / "ledger.jsonl").stat().st_size
                                    if (self.run_dir / "ledger.jsonl").exists() else 0)
         (tmp / "state.json").write_text(json.dumps(asdict(self.state)))
-        os.replace(tmp, final)
+        if final.exists():  # a step checkpointed again (a rolled-back step replayed): the new one wins
+            old = final.with_name(final.name + ".old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(final, old)
+            os.replace(tmp, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, final)
+        from agent_trainer import sweeps
+
+        if (self.run_dir / sweeps.RUN_FILE).is_file():  # the run folder says it holds a complete step
+            sweeps.write_run_file(self.run_dir, steps_completed=step + 1)
 
     def sync_tracker(self) -> None:
         """Log to MLflow the metrics of complete steps that it does not hold yet (exactly once)."""

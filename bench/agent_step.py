@@ -1,0 +1,223 @@
+"""What a real agent's outer step costs, side by side: SmolLM2 (the warm-started ``smollm2-agent``) as the agent.
+
+1. Sampling 8 episodes (2 tasks x 4, the ``experiment=smollm2_cpu`` settings): one episode after the other
+   (``Episode.play``, one sequence at a time) vs together (``play_together``: every live episode's next turn in
+   one padded batch). The same seeds give the same episodes both ways (counted).
+2. The update of those 8 episodes: before (the LM head and a full-vocabulary log-softmax at every position,
+   ``outer.micro_batch_size`` rows a micro-batch, no checkpointing, glibc's default heap) vs after (the recipe:
+   log-probs at the loss positions only, token-capped micro-batches, gradient checkpointing, large frees
+   returned to the OS). Each side in a process of its own: peak RSS and seconds, and the loss (the same both
+   sides).
+3. One outer step of ``at-train experiment=smollm2_cpu`` end to end (its episodes, jobs, update; no held-out).
+
+    .venv/bin/python bench/agent_step.py                  # all three (~30 min on 2 cores)
+    .venv/bin/python bench/agent_step.py --skip-step      # 1 and 2 only
+    .venv/bin/python bench/agent_step.py --max-turns 2    # shorter episodes (a quicker look)
+
+Prints ``RATIO agent_sampling_batched`` (target >= 3), ``RATIO agent_update_memory`` (target >= 3, the after side
+at most 4 GB) and the step's seconds (target <= 360).
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common as C  # noqa: E402
+
+RECIPE = "experiment=smollm2_cpu"
+TASKS = ("examples/tasks/calc_chain_v1_tiny.json", "examples/tasks/sort_numbers_v1_tiny.json")
+
+
+def recipe_config(overrides: list[str]):
+    from agent_trainer.config import compose_config, validate
+
+    return validate(compose_config([RECIPE, "tracking=off", *overrides], "train"))
+
+
+def make_episodes(backend, conf, folder: Path, tag: str, group: int) -> list:
+    from agent_trainer.evaluation.tasks import load_task
+    from agent_trainer.outer_loop.episode.episode import Episode
+    from agent_trainer.outer_loop.rl.run_config import episode_settings, job_settings
+
+    settings, jobs = episode_settings(conf), job_settings(conf)
+    out = []
+    for t_i, spec in enumerate(TASKS):
+        task = load_task(C.ROOT / spec)
+        for g in range(group):
+            out.append(Episode(backend, task, folder / tag / f"{task.name}-{g}", settings=settings, seed=1000 * t_i + g,
+                               defer_jobs=True, job_settings=jobs, model_name="smollm2-agent"))
+    return out
+
+
+def sampling_side(conf, folder: Path, group: int) -> tuple[dict, list[dict]]:
+    """Seconds of one-by-one and batched sampling of the same episodes; the batched side's turns."""
+    import torch
+
+    from agent_trainer.outer_loop.agents.agent_warm_start import resolve_agent
+    from agent_trainer.outer_loop.agents.local import LocalBackend
+    from agent_trainer.outer_loop.episode.episode import play_together
+    from agent_trainer.outer_loop.rl.policy import AgentPolicy, PolicyConfig
+    from agent_trainer.outer_loop.rl.run_config import agent_threads
+    from agent_trainer.config import settings_from
+
+    torch.set_num_threads(agent_threads(conf))
+    agent_dir = resolve_agent(conf.agent.model, progress=False)
+    policy = AgentPolicy.from_pretrained(agent_dir, settings_from(PolicyConfig, conf.outer), seed=0)
+    backend = LocalBackend(policy.model, policy.tokenizer, device="cpu", model_name="smollm2-agent",
+                           tool_format=conf.agent.tool_format)
+    out: dict = {"threads": torch.get_num_threads()}
+    alone = make_episodes(backend, conf, folder, "alone", group)
+    with C.clock(out, "one_by_one_s"):
+        for ep in alone:
+            ep.play()
+    together = make_episodes(backend, conf, folder, "together", group)
+    with C.clock(out, "together_s"):
+        play_together(together)
+    out["same_episodes"] = sum(a.messages == b.messages for a, b in zip(alone, together))
+    out["episodes"] = len(together)
+    out["turns"] = sum(len(ep.turns) for ep in together)
+    out["tokens_out"] = sum(ep.tokens_out for ep in together)
+    out["tokens_in"] = sum(ep.tokens_in for ep in together)
+    rows = [{"episode_id": ep.id, "turns": [[t.prompt_ids, t.completion_ids, t.logprobs] for t in ep.turns],
+             "temperature": ep.settings.temperature} for ep in together]
+    for ep in alone + together:
+        ep.finish()
+    return out, rows
+
+
+def samples_of(rows: list[dict]):
+    """Turn samples of the episodes with alternating advantages (what an update of a step sees)."""
+    from agent_trainer.outer_loop.rl.policy import TurnSample, merge_turns
+
+    out = []
+    for i, r in enumerate(rows):
+        n = sum(len(t[1]) for t in r["turns"])
+        for ctx, comp, lps, mask in merge_turns([tuple(t) for t in r["turns"]]):
+            out.append(TurnSample(ctx, comp, lps, 0.5 if i % 2 else -0.5, r["temperature"], 0, r["episode_id"],
+                                  1.0 / max(1, n), completion_mask=mask))
+    return out
+
+
+def update_child(side: str, rows_file: str, overrides: list[str]) -> None:
+    """One side of the update comparison, in this (fresh) process; prints a JSON line."""
+    import torch
+
+    import agent_trainer.outer_loop.rl.policy as P
+    from agent_trainer.config import settings_from
+    from agent_trainer.outer_loop.agents.agent_warm_start import resolve_agent
+    from agent_trainer.outer_loop.rl.run_config import agent_threads
+
+    conf = recipe_config(overrides)
+    torch.set_num_threads(agent_threads(conf))
+    cfg = settings_from(P.PolicyConfig, conf.outer)
+    if side == "before":
+        from dataclasses import replace
+
+        cfg = replace(cfg, micro_batch_tokens=0, gradient_checkpointing=False)
+
+        def full_vocabulary(model, batch):
+            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1]
+            logits = logits.float() / batch["temperature"].view(-1, 1, 1)
+            logp = torch.log_softmax(logits, -1).gather(-1, batch["input_ids"][:, 1:].unsqueeze(-1)).squeeze(-1)
+            return torch.nn.functional.pad(logp, (1, 0))
+
+        P.token_logprobs = full_vocabulary
+        P.return_large_frees_to_os = lambda *a: False   # glibc's default heap, as before
+    policy = P.AgentPolicy.from_pretrained(resolve_agent(conf.agent.model, progress=False), cfg, seed=0)
+    samples = samples_of(json.loads(Path(rows_file).read_text()))
+    loaded = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
+    t0 = time.perf_counter()
+    stats = policy.update(samples)
+    print(json.dumps({"side": side, "seconds": round(time.perf_counter() - t0, 2), "loss": stats.get("loss"),
+                      "kl": stats.get("kl"), "rows": len(samples), "model_loaded_gb": round(loaded, 3),
+                      "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6, 3),
+                      "tokens": sum(len(s.context_ids) + len(s.completion_ids) for s in samples)}))
+
+
+def update_side(rows_file: Path, overrides: list[str]) -> dict:
+    out = {}
+    for side in ("before", "after"):
+        proc = subprocess.run([sys.executable, __file__, "--update-child", side, str(rows_file), "--", *overrides],
+                              capture_output=True, text=True)
+        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+        if proc.returncode != 0 or not lines:
+            out[side] = {"error": f"exit {proc.returncode}: {proc.stderr.strip().splitlines()[-1:]}"}
+        else:
+            out[side] = json.loads(lines[-1])
+    return out
+
+
+def step_side(folder: Path, overrides: list[str]) -> dict:
+    """One outer step of the recipe through at-train (no held-out evaluation), its seconds from metrics.jsonl."""
+    run_id = f"bench-agent-step-{int(time.time())}"
+    cmd = [str(Path(sys.executable).parent / "at-train"), RECIPE, "outer.steps=1", "outer.heldout_at_start=false",
+           "outer.heldout_episodes=0", "tracking=off", f"runs_dir={folder / 'runs'}", f"run_id={run_id}", *overrides]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    metrics = folder / "runs" / run_id / "metrics.jsonl"
+    if proc.returncode != 0 or not metrics.exists():
+        return {"error": f"exit {proc.returncode}: {proc.stderr.strip().splitlines()[-3:]}", "wall_s": round(wall, 1)}
+    row = json.loads(metrics.read_text().splitlines()[0])
+    keep = ("seconds_step", "seconds_sampling", "seconds_jobs", "seconds_update", "reward_mean", "valid_first_try",
+            "update_tokens", "tokens")
+    return {"wall_s": round(wall, 1), **{k: row.get(k) for k in keep}}
+
+
+def main() -> None:
+    p = C.parser(__doc__.splitlines()[0])
+    p.add_argument("--group", type=int, default=4, help="episodes per task (2 tasks)")
+    p.add_argument("--max-turns", type=int, default=None, help="agent.max_turns (default: the recipe's)")
+    p.add_argument("--skip-step", action="store_true", help="skip the end-to-end outer step")
+    p.add_argument("--update-child", nargs=2, default=None, help=argparse_hidden())
+    p.add_argument("overrides", nargs="*", help="more Hydra overrides of the recipe (after --)")
+    args = p.parse_args()
+    overrides = list(args.overrides) + ([f"agent.max_turns={args.max_turns}"] if args.max_turns else [])
+    if args.update_child:
+        update_child(args.update_child[0], args.update_child[1], overrides)
+        return
+    folder = C.workdir(args.workdir, "agent-step")
+    conf = recipe_config(overrides)
+    results: dict = {}
+    print(f"1. sampling {2 * args.group} episodes of smollm2-agent, one by one vs together ...", flush=True)
+    results["sampling"], rows = sampling_side(conf, folder, args.group)
+    rows_file = folder / "episodes.json"
+    rows_file.write_text(json.dumps(rows))
+    s = results["sampling"]
+    C.table([("one by one", s["one_by_one_s"]), ("together", s["together_s"])], ("sampling", "seconds"))
+    print(f"same episodes both ways: {s['same_episodes']} of {s['episodes']}; {s['turns']} turns, "
+          f"{s['tokens_out']} tokens sampled, {s['tokens_in']} prompt tokens", flush=True)
+    print("2. the update of the same episodes, before vs after ...", flush=True)
+    results["update"] = u = update_side(rows_file, overrides)
+    C.table([(side, u[side].get("peak_rss_gb"), u[side].get("seconds"), u[side].get("loss"), u[side].get("error", ""))
+             for side in ("before", "after")], ("update", "peak RSS GB", "seconds", "loss", ""))
+    claims = [C.ratio("agent_sampling_batched", s["one_by_one_s"] / max(s["together_s"], 1e-9), ">= 3")]
+    if "error" not in u["before"] and "error" not in u["after"]:
+        claims.append(C.ratio("agent_update_memory", u["before"]["peak_rss_gb"] / u["after"]["peak_rss_gb"], ">= 3"))
+        claims.append(C.ratio("agent_update_after_gb", u["after"]["peak_rss_gb"], "<= 4"))
+        same = abs(u["before"]["loss"] - u["after"]["loss"]) <= 1e-4 * max(1.0, abs(u["before"]["loss"]))
+        print(f"same loss both sides: {same} ({u['before']['loss']:.6f} vs {u['after']['loss']:.6f})")
+    if not args.skip_step:
+        print("3. one outer step of at-train experiment=smollm2_cpu ...", flush=True)
+        results["step"] = st = step_side(folder, overrides)
+        print(json.dumps(st))
+        if "seconds_step" in st and st["seconds_step"] is not None:
+            claims.append(C.ratio("agent_step_seconds", st["seconds_step"], "<= 360"))
+    results["claims"] = claims
+    C.write(args.json, "agent_step", results)
+
+
+def argparse_hidden():
+    import argparse
+
+    return argparse.SUPPRESS
+
+
+if __name__ == "__main__":
+    main()

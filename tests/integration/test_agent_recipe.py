@@ -1,0 +1,38 @@
+"""The pretrained agent's recipe (``experiment=smollm2_cpu``): it composes into what docs/real_models.md says, and
+a one-step version of it runs end to end on the tiny agent (batched sampling, the lean update, held-out start and
+end)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from agent_trainer.config import compose_config, validate
+
+
+def test_the_recipe_is_what_the_docs_say():
+    c = validate(compose_config(["experiment=smollm2_cpu"], "train"))
+    assert c.agent.model == "smollm2-agent" and c.agent.backend.value == "local"
+    assert c.outer.tasks_per_step * c.outer.group_size >= 8 and c.outer.tasks_per_step >= 2
+    assert c.outer.group_size >= 4 and c.outer.steps >= 12
+    assert list(c.task.train_families) == ["calc_chain", "reverse_text", "sort_numbers", "unit_convert", "count_char"]
+    assert list(c.task.held_out_families) == ["triage"]
+    assert c.outer.heldout_at_start and c.outer.heldout_every > c.outer.steps and c.outer.heldout_episodes >= 8
+    assert c.outer.gradient_checkpointing and c.outer.micro_batch_tokens > 0
+
+
+@pytest.mark.slow
+def test_one_step_of_the_recipe_runs_on_the_tiny_agent(tmp_path, built_agent):
+    from agent_trainer.commands import train as at_train
+
+    cfg = compose_config([f"runs_dir={tmp_path}", "run_id=recipe", "experiment=smollm2_cpu", "agent=tiny_local",
+                          "agent.max_new_tokens=320", "outer.steps=1", "outer.group_size=2",
+                          "outer.heldout_episodes=1", "tracking=off"], "train")
+    at_train.run(cfg)
+    run = tmp_path / "recipe"
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 1 and rows[0]["episodes"] == 4.0
+    assert rows[0]["update_samples"] >= 1 and "update_skipped" not in rows[0]
+    assert "heldout_reward_mean" in rows[0] and "heldout_end_reward_mean" in rows[0]
+    assert (run / "checkpoints/step_0000/adapter/adapter_model.safetensors").is_file()

@@ -1,0 +1,117 @@
+"""Sampling a step's turns together: the local backend's padded batch gives each row the tokens and log-probs
+it gets alone, and episodes played together (``play_together``) are the episodes played one by one.
+
+A tiny, untrained Qwen3 with the project tokenizer (built in memory): its turns are noise, which is what a
+test of the sampler wants (long, varied completions that stop at different steps).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from agent_trainer.outer_loop.agents.base import SampleRequest
+
+
+@pytest.fixture(scope="module")
+def backend():
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from agent_trainer.inner_loop.models.tokenizer import build_tokenizer
+    from agent_trainer.outer_loop.agents.local import LocalBackend
+
+    tok = build_tokenizer()
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, tie_word_embeddings=True,
+                      max_position_embeddings=1024, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield LocalBackend(Qwen3ForCausalLM(cfg), tok, device="cpu", model_name="tiny")
+    torch.set_num_threads(before)
+
+
+def _requests() -> list[SampleRequest]:
+    """Conversations of different lengths, temperatures and budgets (rows leave the batch at different steps)."""
+    convs = [[{"role": "user", "content": "Train a model."}],
+             [{"role": "system", "content": "You write jobs."},
+              {"role": "user", "content": "Post-train tiny-s on calc_chain: " + "a+b=c " * 30}],
+             [{"role": "user", "content": "sort: 3 1 2"}, {"role": "assistant", "content": "1 2 3"},
+              {"role": "user", "content": "again, with 9 8 7 and a longer message " * 5}]]
+    return [SampleRequest(convs[0], None, 1.0, 40, 11), SampleRequest(convs[1], None, 0.7, 7, 12),
+            SampleRequest(convs[2], None, 1.0, 25, 13), SampleRequest(convs[1], None, 0.0, 16, 14)]
+
+
+def test_batched_sampling_equals_one_by_one(backend):
+    requests = _requests()
+    alone = [backend.generate(r.messages, r.tools, temperature=r.temperature, max_new_tokens=r.max_new_tokens,
+                              seed=r.seed) for r in requests]
+    together = backend.generate_batch(requests)
+    assert len({len(g.token_ids) for g in alone}) > 1, "rows should stop at different steps"
+    for a, b, r in zip(alone, together, requests):
+        assert b.token_ids == a.token_ids and b.prompt_ids == a.prompt_ids
+        assert len(b.token_ids) <= r.max_new_tokens
+        assert torch.allclose(torch.tensor(b.logprobs), torch.tensor(a.logprobs), atol=1e-5)
+        assert (b.text, b.finish_reason, b.completion_tokens) == (a.text, a.finish_reason, a.completion_tokens)
+
+
+def test_batched_logprobs_are_the_policy_logprobs(backend):
+    """What the batch returns is log_softmax(logits / T) of the model on prompt + tokens, without padding."""
+    r = _requests()[0]
+    gen = backend.generate_batch(_requests())[0]
+    ids = torch.tensor([gen.prompt_ids + gen.token_ids])
+    with torch.no_grad():
+        logits = backend.model(ids).logits[0, len(gen.prompt_ids) - 1:-1].float() / r.temperature
+    want = torch.log_softmax(logits, -1).gather(1, torch.tensor(gen.token_ids)[:, None])[:, 0]
+    assert torch.allclose(want, torch.tensor(gen.logprobs), atol=1e-5)
+
+
+def test_a_row_that_cannot_be_sampled_gets_its_error(backend):
+    from agent_trainer.outer_loop.agents.base import BackendError
+
+    good, = _requests()[:1]
+    long = SampleRequest([{"role": "user", "content": "x " * 2000}], None, 1.0, 5, 1)
+    out = backend.generate_batch([good, long, SampleRequest(good.messages, None, -1.0, 5, 1)])
+    assert out[0].token_ids and isinstance(out[1], BackendError) and "context" in str(out[1])
+    assert isinstance(out[2], BackendError) and "temperature" in str(out[2])
+
+
+def test_max_batch_splits_rows_without_changing_them(backend):
+    requests = _requests()
+    whole = backend.generate_batch(requests)
+    backend.max_batch = 2
+    try:
+        split = backend.generate_batch(requests)
+    finally:
+        backend.max_batch = 16
+    assert [g.token_ids for g in split] == [g.token_ids for g in whole]
+
+
+def test_episodes_played_together_are_the_episodes_played_alone(backend, tmp_path):
+    """Rounds of batched turns (``play_together``) give every episode the conversation, tokens and status it
+    has when played alone; ``on_end`` hears of each episode once, as it ends."""
+    from pathlib import Path
+
+    from agent_trainer.evaluation.tasks import load_task
+    from agent_trainer.outer_loop.episode.episode import Episode, EpisodeSettings, play_together
+
+    task = load_task(Path(__file__).resolve().parents[2] / "examples/tasks/calc_chain_v1_tiny.json")
+    settings = [EpisodeSettings(max_turns=t, max_new_tokens=n, temperature=1.0, tool_schemas="names")
+                for t, n in ((2, 12), (3, 6), (1, 20))]
+
+    def episodes(folder):
+        return [Episode(backend, task, tmp_path / folder / str(i), settings=s, seed=100 + i)
+                for i, s in enumerate(settings)]
+
+    alone = episodes("alone")
+    for ep in alone:
+        ep.play()
+    ended: list[str] = []
+    together = episodes("together")
+    play_together(together, on_end=lambda ep: ended.append(ep.id))
+    assert sorted(ended) == sorted(ep.id for ep in together) and len(ended) == 3
+    for a, b in zip(alone, together):
+        assert b.status == a.status == "max_turns"
+        assert b.messages == a.messages
+        assert [t.completion_ids for t in b.turns] == [t.completion_ids for t in a.turns]
+        assert b.tokens_in == a.tokens_in and b.tokens_out == a.tokens_out

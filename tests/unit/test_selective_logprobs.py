@@ -1,0 +1,130 @@
+"""The update's log-probs only where the loss is: equal to the full-vocabulary log-softmax over every position,
+and the same loss and gradients; micro-batches cut by tokens; gradient checkpointing changes no number.
+
+Tiny Qwen3 models built in memory (no built models needed); SmolLM2's check is in
+tests/integration/test_real_agent_update.py."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+from agent_trainer.outer_loop.rl.policy import (
+    AgentPolicy, PolicyConfig, TurnSample, collate, micro_batches, token_entropies, token_logprobs,
+)
+
+
+def full_logprobs(model, batch):
+    """The reference: the LM head and a log-softmax over every position, then the sampled token's entry."""
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1]
+    logits = logits.float() / batch["temperature"].view(-1, 1, 1)
+    logp = torch.log_softmax(logits, dim=-1).gather(-1, batch["input_ids"][:, 1:].unsqueeze(-1)).squeeze(-1)
+    return torch.nn.functional.pad(logp, (1, 0))
+
+
+def tiny_policy(seed=0, **kw) -> AgentPolicy:
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = Qwen3Config(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=8, tie_word_embeddings=True,
+                      max_position_embeddings=512)
+    return _wrap(Qwen3ForCausalLM(cfg), kw)
+
+
+def _wrap(model, kw) -> AgentPolicy:
+    from peft import LoraConfig, get_peft_model
+
+    peft = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", task_type="CAUSAL_LM"))
+    for name, p in peft.named_parameters():   # LoRA B starts at 0: make the adapter do something
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.05)
+    return AgentPolicy(peft, types.SimpleNamespace(pad_token_id=0), PolicyConfig(lr=1e-2, **kw))
+
+
+def samples(n=5, seed=1) -> list[TurnSample]:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        ctx = torch.randint(1, 300, (int(torch.randint(5, 40, (1,), generator=g)),), generator=g).tolist()
+        comp = torch.randint(1, 300, (int(torch.randint(3, 20, (1,), generator=g)),), generator=g).tolist()
+        mask = [1] * len(comp)
+        if i % 2:                       # a merged episode: a tool result between two turns carries no loss
+            mask[len(comp) // 3: 2 * len(comp) // 3] = [0] * (2 * len(comp) // 3 - len(comp) // 3)
+        out.append(TurnSample(ctx, comp, [-1.0] * len(comp), advantage=(-1) ** i * 0.5, temperature=0.5 + 0.1 * i,
+                              episode_id=f"e{i}", completion_mask=mask))
+    return out
+
+
+def test_selective_logprobs_equal_the_full_ones_at_every_loss_position():
+    pol = tiny_policy()
+    batch = collate(samples(), 0)
+    want = full_logprobs(pol.model, batch) * (batch["loss_mask"] > 0)
+    got = token_logprobs(pol.model, batch)
+    assert torch.allclose(got, want, atol=1e-5) and got.abs().sum() > 0
+    assert (got[batch["loss_mask"] == 0] == 0).all()
+
+
+def test_entropies_at_the_loss_positions_equal_the_full_ones():
+    pol = tiny_policy()
+    batch = collate(samples(), 0)
+    with torch.no_grad():
+        logits = pol.model(input_ids=batch["input_ids"]).logits[:, :-1].float() / batch["temperature"].view(-1, 1, 1)
+    logp = torch.log_softmax(logits, -1)
+    want = torch.nn.functional.pad(-(logp.exp() * logp).sum(-1), (1, 0)) * (batch["loss_mask"] > 0)
+    assert torch.allclose(token_entropies(pol.model, batch), want, atol=1e-5)
+
+
+def _loss_and_grads(pol, batch, logprobs_fn, monkeypatch):
+    import agent_trainer.outer_loop.rl.policy as policy_mod
+
+    monkeypatch.setattr(policy_mod, "token_logprobs", logprobs_fn)
+    pol.model.train()
+    pol.model.zero_grad()
+    loss = pol.module.training_step(batch, 0)
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in pol.model.named_parameters() if p.requires_grad}
+
+
+@pytest.mark.parametrize("kl_beta", [0.0, 0.1])
+def test_loss_and_gradients_equal_todays_within_1e_5(kl_beta, monkeypatch):
+    pol = tiny_policy(kl_beta=kl_beta)
+    batch = collate(samples(), 0)
+    with torch.no_grad():   # sampled log-probs near the policy's: ratios near 1, some clipped
+        batch["old_logprobs"] = (full_logprobs(pol.model, batch) + 0.1 * torch.randn(batch["input_ids"].shape)) \
+            * batch["loss_mask"]
+    loss_full, g_full = _loss_and_grads(pol, batch, full_logprobs, monkeypatch)
+    loss_sel, g_sel = _loss_and_grads(pol, batch, token_logprobs, monkeypatch)
+    assert torch.allclose(loss_sel, loss_full, atol=1e-5)
+    assert all(torch.allclose(g_sel[n], g_full[n], atol=1e-5) for n in g_full)
+    assert sum(g.abs().sum() for g in g_sel.values()) > 0
+
+
+def test_micro_batches_by_tokens_keep_order_and_cap():
+    ss = samples(7)
+    lens = [len(s.context_ids) + len(s.completion_ids) for s in ss]
+    cut = micro_batches(ss, max_rows=4, max_tokens=max(lens) + 10)
+    assert [s for b in cut for s in b] == ss
+    for b in cut:
+        width = max(len(s.context_ids) + len(s.completion_ids) for s in b)
+        assert len(b) == 1 or len(b) * width <= max(lens) + 10
+    assert [len(b) for b in micro_batches(ss, max_rows=3)] == [3, 3, 1]
+    assert [len(b) for b in micro_batches(ss, max_rows=8, max_tokens=1)] == [1] * 7
+
+
+def test_the_update_is_the_same_by_rows_by_tokens_and_with_checkpointing():
+    """One update of the same samples: 8-row micro-batches, token-capped ones, and gradient checkpointing give
+    the same adapter (the loss is normalised over the whole step, gradients accumulate to one optimizer step)."""
+    states = []
+    for kw in ({}, {"micro_batch_tokens": 60}, {"gradient_checkpointing": True, "micro_batch_size": 2}):
+        pol = tiny_policy(**kw)
+        # SGD: the step is the gradient itself (Adam's first step is lr x its sign, which float noise can flip)
+        pol.module._optimizer = torch.optim.SGD([p for p in pol.model.parameters() if p.requires_grad], lr=1.0)
+        stats = pol.update(samples(6))
+        assert stats["samples"] == 6
+        states.append(pol.trainable_state())
+    for other in states[1:]:
+        assert all(torch.allclose(other[n], states[0][n], atol=1e-5) for n in states[0])
+    assert any(not torch.equal(states[0][n], tiny_policy().trainable_state()[n]) for n in states[0])
