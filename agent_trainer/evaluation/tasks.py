@@ -25,7 +25,9 @@ class InnerBudget(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # a NaN or inf budget disables the cap
 
     max_steps: int = Field(200, ge=1, le=100_000, description="optimizer steps per inner job")
-    max_seconds: float = Field(90.0, gt=0, le=86_400, description="wall-clock seconds per inner job")
+    max_seconds: float = Field(90.0, gt=0, le=86_400, description="compute per inner job, in the cost model's "
+                               "seconds (agent_trainer.inner_loop.spec.cost): estimated before the job runs, the "
+                               "same on every machine; the wall clock is only a safety cap (inner.timeout_s)")
     max_usd: float = Field(0.05, ge=0, description="estimated cost cap per inner job, USD")
 
 

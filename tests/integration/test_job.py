@@ -1,5 +1,5 @@
 """``run_job`` end to end through the worker process, on a random-init tiny Qwen3: every outcome
-(ok, diverged, timeout by budget and by hard kill, crashed, invalid, over_budget) writes
+(ok, diverged, refused over its compute budget, killed at the safety cap, crashed, invalid, over_budget) writes
 ``result.json``, the agent's view never carries the hidden score, and the harness keeps going.
 
     .venv/bin/pytest tests/integration/test_job.py -q            (~1.5-2 min on 2 cores)
@@ -45,7 +45,7 @@ def _job(tmp_path: Path, hp: dict, algorithm: str = "sft", reward: dict | None =
 
 def _run(job: Path, base_dir: Path, task: TaskSpec | None = None, **kw):
     res = run_job(job, task or _task(), model_dir=base_dir, cache_dir=job.parent / "cache", progress=False,
-                  cost_model=FAST_COSTS, **kw)
+                  cost_model=FAST_COSTS, **{"cache": False, "warm_workers": False, **kw})
     on_disk = json.loads((job / "output" / RESULT_FILE).read_text())
     assert on_disk["status"] == res.status, "result.json is written for every outcome"
     assert not set(HIDDEN) & set(res.visible()), "the agent's view never has the hidden score"
@@ -82,17 +82,48 @@ def test_diverging_job_ends_diverged(base_dir, tmp_path):
     assert res.hidden_score is None and not (tmp_path / "job" / "output" / "model").exists()
 
 
-def test_job_over_its_seconds_ends_timeout_and_keeps_its_partial_model(base_dir, tmp_path):
-    res, on_disk = _run(_job(tmp_path, {"learning_rate": 1e-3, "max_steps": 400}), base_dir,
-                        task=_task(max_seconds=1.0))
-    assert res.status == "timeout" and 1 <= res.steps < 400 and "time budget" in res.detail
-    assert on_disk["hidden_score"] is not None, "a budget stop saves the partial model and the harness scores it"
+def test_job_over_its_compute_budget_is_refused_before_it_starts(base_dir, tmp_path):
+    job = _job(tmp_path, {"learning_rate": 1e-3, "max_steps": 400})
+    res = run_job(job, _task(max_seconds=10.0), model_dir=base_dir, cache_dir=tmp_path / "cache", progress=False,
+                  cost_model=CostModel(), cache=False, warm_workers=False)
+    assert res.status == "invalid" and res.steps == 0 and res.hidden_score is None
+    assert any("over the task's 10 s budget" in f["message"] for f in res.findings), res.findings
+    assert not (job / "output" / "worker.log").exists(), "no training process was started"
 
 
-def test_hard_deadline_kills_the_worker(base_dir, tmp_path):
+def test_a_slow_job_scores_exactly_as_the_same_job_run_fast(base_dir, tmp_path, monkeypatch):
+    """Each step of the slow run sleeps 0.6 s (a busy machine): it runs past the task's 1 s budget in seconds, yet
+    trains the same steps and earns the same staged reward, because budgets and the speed stage are compute."""
+    from agent_trainer.evaluation.staged_reward import staged_reward
+    from agent_trainer.inner_loop.run.job_env import STEP_DELAY_ENV
+
+    task = _task(max_seconds=1.0)
+    results = {}
+    for name, delay in (("fast", None), ("slow", "0.6")):
+        if delay:
+            monkeypatch.setenv(STEP_DELAY_ENV, delay)
+        (tmp_path / name).mkdir()
+        results[name], _ = _run(_job(tmp_path / name, {"learning_rate": 1e-3, "max_steps": 5}), base_dir, task=task,
+                                cache=False)   # the slow run trains: no stored result of the fast one
+    fast, slow = results["fast"], results["slow"]
+    assert slow.seconds["train"] > 2 * task.budget.max_seconds, "the slow run took longer than its budget"
+    for res in (fast, slow):
+        assert res.status == "ok" and res.steps == 5, (res.status, res.detail)
+    same = ("steps", "hidden_score", "baseline", "uplift", "loss_curve", "final_train_loss")
+    assert {k: getattr(slow, k) for k in same} == {k: getattr(fast, k) for k in same}
+    assert slow.seconds["train_estimated"] == fast.seconds["train_estimated"]
+    rewards = [staged_reward(0, r.outcome(task.budget.max_seconds)).to_dict() for r in (fast, slow)]
+    assert rewards[0] == rewards[1] and rewards[0]["speed"] > 0
+
+
+def test_the_wall_clock_safety_cap_is_an_infrastructure_fault_retried_once(base_dir, tmp_path):
+    from agent_trainer.evaluation.staged_reward import staged_reward
+
     res, on_disk = _run(_job(tmp_path, {"learning_rate": 1e-3, "max_steps": 400}), base_dir, timeout_s=2.0)
-    assert res.status == "timeout" and "killed" in res.detail and on_disk["hidden_score"] is None
+    assert res.status == "infra_timeout" and "both tries" in res.detail and on_disk["hidden_score"] is None
     assert res.seconds["process"] < 10
+    reward = staged_reward(0, res.outcome(60.0))
+    assert reward.excluded and reward.total == 0.0
 
 
 RAISING_REWARD = '''

@@ -54,7 +54,7 @@ class Snapshot(TrainerCallback):
 def test_full_training_changes_every_parameter(base_dir, tmp_path, algorithm):
     snap = Snapshot()
     rewards = [("checksum", checksum_reward, 1.0)]
-    report = train(_spec(algorithm, lora=False), ROWS, rewards, base_dir, tmp_path, max_steps=50, max_seconds=120,
+    report = train(_spec(algorithm, lora=False), ROWS, rewards, base_dir, tmp_path, max_steps=50,
                    callbacks=[snap])
     assert report.status == "ok" and report.steps == 2
     assert snap.trainable == set(snap.before), "full fine-tuning trains every parameter"
@@ -70,7 +70,7 @@ def test_full_training_changes_every_parameter(base_dir, tmp_path, algorithm):
 def test_lora_changes_the_adapter_only_and_saves_a_merged_model(base_dir, tmp_path, algorithm):
     snap = Snapshot()
     report = train(_spec(algorithm, lora=True, steps=3), ROWS, [("checksum", checksum_reward, 1.0)], base_dir,
-                   tmp_path, max_steps=50, max_seconds=120, callbacks=[snap])
+                   tmp_path, max_steps=50, callbacks=[snap])
     assert report.status == "ok"
     assert snap.trainable and all("lora_" in n for n in snap.trainable)
     assert all(snap.changed(snap.trainable).values()), "every adapter matrix moves (B first, then A)"
@@ -107,18 +107,18 @@ def test_trl_config_carries_every_hyperparameter(tmp_path):
 
 
 def test_huge_learning_rate_diverges_and_saves_nothing(base_dir, tmp_path):
-    report = train(_spec("sft", lora=False, lr=1.0, steps=20), ROWS, [], base_dir, tmp_path, max_steps=50,
-                   max_seconds=120)
+    report = train(_spec("sft", lora=False, lr=1.0, steps=20), ROWS, [], base_dir, tmp_path, max_steps=50)
     assert report.status == "diverged" and report.steps < 20
     assert "learning_rate" in report.detail and report.model_dir is None
     assert not (tmp_path / "model").exists()
     assert json.loads((tmp_path / TRL_CONFIG).read_text())["learning_rate"] == 1.0
 
 
-def test_time_budget_stops_gracefully_and_keeps_the_model(base_dir, tmp_path):
+def test_compute_budget_stops_gracefully_at_a_counted_step_and_keeps_the_model(base_dir, tmp_path):
     report = train(_spec("sft", lora=False, steps=500), ROWS, [], base_dir, tmp_path, max_steps=500,
-                   max_seconds=0.5)
-    assert report.status == "timeout" and 1 <= report.steps < 500
+                   max_compute=1.0, step_compute=0.25)
+    assert report.status == "timeout" and report.steps == 4, "4 steps of 0.25 s fit in 1 s, whatever the clock"
+    assert "compute budget" in report.detail
     assert (tmp_path / "model" / "model.safetensors").is_file()
 
 

@@ -1,8 +1,12 @@
-"""Base models by name: the tiny models this project builds, and real Qwen3 models from a local folder.
+"""Base models by name: the tiny models this project ships, and real Qwen3 models from a local folder.
 
     from agent_trainer.inner_loop.models import resolve_model, load_model, load_tokenizer
-    path = resolve_model("tiny-s")          # built into the cache on first use (~1 minute)
+    path = resolve_model("tiny-s")          # the package's files, their sha256s checked against SHA256SUMS.json
     model, tok = load_model(path), load_tokenizer(path)
+
+tiny-s, tiny-m and the tiny agent (seed 0) ship with the package as files (``shipped/``, a few MB): the same
+bytes on every machine, whatever its CPU (a build's float kernels differ between CPUs). Other seeds, and a
+model whose build version is newer than its shipped files, are built into the cache as before.
 
 Nothing is downloaded. The cache layout, where Qwen3 folders go, ``base_models`` entries and
 ``register_builder``: docs/inner_loop.md, "Base models".
@@ -101,7 +105,8 @@ def reference_scores(name: str, seed: int, cache_dir, n: int) -> dict[str, float
     from agent_trainer.evaluation.families import family_names
     from agent_trainer.evaluation.hidden_eval import score_model
 
-    path = resolve_model(name, cache_dir=cache_dir, seed=seed, progress=False)
+    local = model_dir(name, seed, cache_dir, local=True)   # a local build of both compares with its own
+    path = local if is_built(local) else resolve_model(name, cache_dir=cache_dir, seed=seed, progress=False)
     model, tok = load_model(path), load_tokenizer(path)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -122,6 +127,76 @@ BUILDERS: dict[str, tuple[Builder, int]] = {
 _BUILTIN = frozenset(BUILDERS)
 
 
+# --- shipped models ------------------------------------------------------------------------------
+SHIPPED_DIR = Path(__file__).with_name("shipped")
+SHIPPED_SUMS = "SHA256SUMS.json"   # {"models": {name: {"seed", "version", "files": {file: sha256}}}}
+_VERIFIED: set[str] = set()
+
+
+def shipped_models() -> dict[str, dict]:
+    """The models the package ships: name -> {"seed", "version", "files"} ({} when none are)."""
+    try:
+        return json.loads((SHIPPED_DIR / SHIPPED_SUMS).read_text())["models"]
+    except (OSError, ValueError, KeyError):
+        return {}
+
+
+def shipped_dir(name: str, seed: int = 0) -> Path | None:
+    """The package's folder of model ``name`` when it ships that seed at the current build version, else None."""
+    entry = shipped_models().get(name)
+    if entry is None or int(entry["seed"]) != seed:
+        return None
+    expected = VERSIONS.get(name, BUILD_VERSION if name in _BUILTIN else None)
+    if expected is not None and int(entry["version"]) != expected:
+        return None   # the code builds other bytes now: build them into the cache
+    return SHIPPED_DIR / name
+
+
+def verify_shipped(name: str) -> Path:
+    """The shipped folder of ``name`` once every file's sha256 matches ``SHA256SUMS.json`` (checked once per
+    process); raises ``ModelError`` naming the file that does not."""
+    folder = SHIPPED_DIR / name
+    if name in _VERIFIED:
+        return folder
+    files = shipped_models()[name]["files"]
+    on_disk = sorted(p.name for p in folder.iterdir() if p.is_file()) if folder.is_dir() else []
+    if on_disk != sorted(files):
+        raise ModelError(f"shipped model {name!r}: {folder} holds {on_disk}, not the files {SHIPPED_SUMS} lists "
+                         f"({sorted(files)}); reinstall agent-trainer")
+    for fname, digest in files.items():
+        got = file_sha256(folder / fname)
+        if got != digest:
+            raise ModelError(f"shipped model {name!r}: {fname} has sha256 {got[:12]}, {SHIPPED_SUMS} says "
+                             f"{digest[:12]}; reinstall agent-trainer (or restore {folder / fname})")
+    _VERIFIED.add(name)
+    return folder
+
+
+def ship(built: dict[str, Path]) -> dict[str, tuple[Path, str]]:
+    """Make the seed-0 builds ``built`` (name -> folder, from ``build_all(local=True)``) the package's shipped
+    files and rewrite ``SHA256SUMS.json``; returns name -> (shipped folder, weights sha256)."""
+    sums = {"format": 1, "models": dict(shipped_models())}
+    out = {}
+    for name, folder in built.items():
+        target = SHIPPED_DIR / name
+        shutil.rmtree(target, ignore_errors=True)
+        target.mkdir(parents=True)
+        for f in sorted(Path(folder).iterdir()):
+            if f.is_file():
+                shutil.copyfile(f, target / f.name)
+        files = {f.name: file_sha256(f) for f in sorted(target.iterdir())}
+        sums["models"][name] = {"seed": 0, "version": VERSIONS.get(name, BUILD_VERSION), "files": files}
+        out[name] = (target, files["model.safetensors"])
+    (SHIPPED_DIR / SHIPPED_SUMS).write_text(json.dumps(sums, indent=1, sort_keys=True) + "\n")
+    _VERIFIED.clear()
+    return out
+
+
+def provenance(path: Path) -> str:
+    """``shipped`` for a folder of the package's shipped models, else ``built``."""
+    return "shipped" if Path(path).resolve().parent == SHIPPED_DIR.resolve() else "built"
+
+
 # Build versions of registered builders whose bytes change on their own schedule (the tiny agent);
 # the built-in models use BUILD_VERSION. A new version is a new folder: a stale build is never reused.
 VERSIONS: dict[str, int] = {}
@@ -138,8 +213,12 @@ def register_builder(name: str, builder: Builder, total_steps: int = 0, version:
         VERSIONS[name] = int(version)
 
 
-def model_dir(name: str, seed: int = 0, cache_dir: str | os.PathLike | None = None) -> Path:
-    """Where the built model ``name`` lives (whether or not it is built yet)."""
+def model_dir(name: str, seed: int = 0, cache_dir: str | os.PathLike | None = None, local: bool = False) -> Path:
+    """Where model ``name`` lives: its shipped folder (``shipped_dir``), else (or with ``local``) where it is
+    built in the cache (whether or not it is built yet)."""
+    shipped = None if local else shipped_dir(name, seed)
+    if shipped is not None:
+        return shipped
     return default_cache_dir(cache_dir) / "models" / f"{name}-seed{seed}-v{VERSIONS.get(name, BUILD_VERSION)}"
 
 
@@ -166,7 +245,8 @@ def _build_into_cache(name: str, seed: int, cache_dir, force: bool, progress: bo
         write = lambda tmp, step: builder(tmp, seed, step, cache_dir=cache_dir)  # noqa: E731
     else:
         write = lambda tmp, step: builder(tmp, seed, step)  # noqa: E731
-    return _into_cache(model_dir(name, seed, cache_dir), write, force, progress, total, f"building {name}")
+    return _into_cache(model_dir(name, seed, cache_dir, local=True), write, force, progress, total,
+                       f"building {name}")
 
 
 def _into_cache(final: Path, write: Callable[[Path, Callable | None], object], force: bool, progress: bool,
@@ -240,7 +320,10 @@ def _local_model(info: BaseModel, cache_dir) -> Path:
 
 def resolve_model(name: str, cache_dir: str | os.PathLike | None = None, build_missing: bool = True,
                   seed: int = 0, progress: bool = True) -> Path:
-    """The folder of base model ``name``; tiny models are built on first use unless ``build_missing`` is False."""
+    """The folder of base model ``name``: the shipped files of a tiny model (checked, ``verify_shipped``), else its
+    build, made on first use unless ``build_missing`` is False."""
+    if shipped_dir(name, seed) is not None:
+        return verify_shipped(name)
     info = BASE_MODELS.get(name) or (BaseModel(name, "built") if name in BUILDERS else None)
     if info is None:
         known = list(BASE_MODELS) + [b for b in BUILDERS if b not in BASE_MODELS]
@@ -271,8 +354,11 @@ def _build_worker(name: str, seed: int, cache_dir, force: bool, progress: bool) 
 
 
 def build_all(seed: int = 0, cache_dir: str | os.PathLike | None = None, force: bool = False,
-              progress: bool = True, parallel: bool = True) -> dict[str, Path]:
+              progress: bool = True, parallel: bool = True, local: bool = False) -> dict[str, Path]:
     """Build every registered model that is missing (or all with ``force``); returns name -> folder.
+
+    A shipped model is never built: its files are checked instead (``verify_shipped``); ``local`` builds
+    those too, into the cache (to compare a build with the shipped bytes, or to ship new ones).
 
     Each build uses one thread, so with ``parallel`` the built-in tiny models build in worker
     processes (same bytes as a sequential build) while builders registered at run time (which a fresh
@@ -281,7 +367,8 @@ def build_all(seed: int = 0, cache_dir: str | os.PathLike | None = None, force: 
     then tiny-m while the agent has the other core to itself. Three builds on two cores (one worker
     each) took 227 s; one core each way is what keeps ``at-models`` under 3 minutes (docs/baselines.md).
     """
-    todo = [n for n in BUILDERS if force or not is_built(model_dir(n, seed, cache_dir))]
+    shipped = {} if local else {n: verify_shipped(n) for n in BUILDERS if shipped_dir(n, seed) is not None}
+    todo = [n for n in BUILDERS if n not in shipped and (force or not is_built(model_dir(n, seed, cache_dir, True)))]
     cores = os.cpu_count() or 1
     in_pool = [n for n in todo if n in _BUILTIN] if parallel and len(todo) > 1 and cores > 1 else []
     futures = {}
@@ -301,7 +388,7 @@ def build_all(seed: int = 0, cache_dir: str | os.PathLike | None = None, force: 
     finally:
         if futures:
             pool.shutdown(wait=True, cancel_futures=True)
-    return {name: model_dir(name, seed, cache_dir) for name in BUILDERS}
+    return {name: shipped.get(name) or model_dir(name, seed, cache_dir, local=True) for name in BUILDERS}
 
 
 def load_tokenizer(path: str | os.PathLike):

@@ -13,6 +13,9 @@ from pathlib import Path
 from agent_trainer.registry import REGISTRY_ENV
 
 MAX_FILE_BYTES = 16 * 2**30  # a 1.7B fp32 checkpoint fits; a runaway writer does not fill the disk
+# A test hook passed through to the training process: seconds each step sleeps (a slow or busy machine on
+# demand; agent_trainer.inner_loop.train.callbacks.StepDelay). Unset everywhere but in tests.
+STEP_DELAY_ENV = "AGENT_TRAINER_TEST_STEP_DELAY_S"
 
 
 def child_env(home: Path, threads: int | None, gpus: str | None = None) -> dict[str, str]:
@@ -28,7 +31,7 @@ def child_env(home: Path, threads: int | None, gpus: str | None = None) -> dict[
     if gpus is not None:
         env["CUDA_VISIBLE_DEVICES"] = gpus
     # Families and base models from configuration (agent_trainer.registry): the job's rows may come from them.
-    env.update({k: os.environ[k] for k in REGISTRY_ENV if os.environ.get(k)})
+    env.update({k: os.environ[k] for k in (*REGISTRY_ENV, STEP_DELAY_ENV) if os.environ.get(k)})
     return env
 
 

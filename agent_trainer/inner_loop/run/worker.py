@@ -1,9 +1,11 @@
 """The inner job's own process: reads the job, builds its data and rewards, trains, saves.
 
     python -m agent_trainer.inner_loop.run.worker JOB_DIR --model BASE_DIR --family calc_chain \\
-        --output OUT_DIR --max-steps 200 --max-seconds 90 [--threads 2] [--device cuda [--vllm]]
+        --output OUT_DIR --max-steps 200 [--max-compute 75 --stage-costs '[[0.3, 0]]'] [--threads 2] \\
+        [--device cuda [--vllm]]
 
-The harness starts it (``run_worker``, through ``agent_trainer.inner_loop.isolation.launcher``) and reads back only the
+The harness starts it (``run_worker(Training.of(request, ...))``: ``fresh_output``, ``start``, ``watch``,
+``final_status``, through ``agent_trainer.inner_loop.isolation.launcher``) and reads back only the
 files it writes under OUT_DIR (docs/inner_loop.md, "Outcomes"); with ``--reward-fd`` the job's rewards run in
 its sandboxed reward host (``agent_trainer.inner_loop.isolation.reward_proxy``). Isolation: docs/security.md.
 """
@@ -20,7 +22,7 @@ import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from agent_trainer.inner_loop.isolation import launcher as isolation
 from agent_trainer.inner_loop.run.job_env import MAX_FILE_BYTES, child_env, job_gpus
@@ -62,11 +64,13 @@ def error_text(e: BaseException, job_dir: Path) -> str:
     return text[-ERROR_TAIL_CHARS:]
 
 
-def run(job_dir: Path, model: Path, family: str, output_dir: Path, max_steps: int, max_seconds: float,
+def run(job_dir: Path, model: Path, family: str, output_dir: Path, max_steps: int, max_compute: float | None = None,
         threads: int | None = None, reward_fd: int | None = None, reward_timeout_s: float = 60.0,
-        device: str = "cpu", vllm: bool = False, fmt=None, spec=None) -> dict:
+        device: str = "cpu", vllm: bool = False, fmt=None, spec=None, stage_costs: list | None = None) -> dict:
     """Train the job in this process; returns (and writes) the final status. Never raises for a job's fault.
 
+    ``max_compute`` and ``stage_costs``: the compute budget of the training and each stage's compute a step
+    and of its sampling (``agent_trainer.inner_loop.train.stages.run_stages``; None: steps only).
     ``spec``: the harness's parsed ``JobSpec`` (a ``JobSpec`` or the path of its JSON, ``SPEC_FILE``);
     None reads ``job.yaml`` from ``job_dir``.
     ``reward_fd``: a socket to the job's reward host (``agent_trainer.inner_loop.isolation.reward_proxy``); the job's
@@ -104,8 +108,8 @@ def run(job_dir: Path, model: Path, family: str, output_dir: Path, max_steps: in
             spec = JobSpec.model_validate_json(Path(spec).read_text(), context={"task_family": family})
         status["device"] = device = resolve_device(device)
         status.update(run_stages(spec, job_dir, model, family, output_dir, max_steps=max_steps,
-                                 max_seconds=max_seconds, ran=status["ran"], on_update=running,
-                                 device=device, vllm=vllm, fmt=fmt))
+                                 max_compute=max_compute, stage_costs=stage_costs, ran=status["ran"],
+                                 on_update=running, device=device, vllm=vllm, fmt=fmt))
     except Exception as e:  # the job's fault (bad reward, bad data) or ours: the harness reports it as crashed
         status["detail"] = f"{type(e).__name__}: {e}"[:500]
         status["error"] = error_text(e, job_dir)
@@ -158,104 +162,182 @@ def warm_context():
     return isolation.forkserver(PRELOAD, child_env(Path(tempfile.gettempdir()), None))
 
 
-def run_worker(job_dir: Path, model: Path, family: str, output_dir: Path, *, max_steps: int, max_seconds: float,
-               deadline_s: float, threads: int | None = None, progress: bool = True,
-               wrap: Callable[[list[str]], list[str]] | None = None, poll_s: float = 0.1,
-               warm: bool = False, reward_host=None, device: str = "cpu", gpus: str | None = None,
-               vllm: bool = False, fmt=None, spec=None) -> WorkerRun:
-    """Run the job's training process and wait for it, killing its process group at ``deadline_s``.
+@dataclass(frozen=True)
+class Training:
+    """What the training process is asked to do: the child's arguments, from a ``JobRequest`` (``of``) or by hand.
 
-    ``warm=True`` forks it from the pre-imported forkserver (no ``wrap`` then: a sandbox needs the
-    cold path, a fresh isolated interpreter). ``reward_host``
-    (``agent_trainer.inner_loop.isolation.reward_proxy.RewardHost``) is started first, the child talks to it through an
-    inherited socket, and it is killed at the end. ``device`` (``cpu`` | ``cuda`` | ``auto``), ``gpus`` (``job_gpus``)
-    and ``vllm``: where the child trains. ``spec``: the parsed ``JobSpec`` the child trains (``SPEC_FILE`` in
-    ``output_dir``); None: it reads job.yaml."""
-    from tqdm.auto import tqdm
+    ``max_compute``: compute seconds the training may spend (``agent_trainer.inner_loop.spec.cost``; None: steps
+    only); ``stage_costs``: each stage's (compute a step, compute of its sampling); ``spec``: the parsed
+    ``JobSpec`` the child trains (None: it reads job.yaml); ``gpus``: ``job_env.job_gpus``."""
 
+    job_dir: Path
+    model: Path
+    family: str
+    output_dir: Path
+    max_steps: int
+    max_compute: float | None = None
+    stage_costs: tuple = ()
+    threads: int | None = None
+    device: str = "cpu"
+    gpus: str | None = None
+    vllm: bool = False
+    fmt: Any = None
+    spec: Any = None
+
+    def __post_init__(self) -> None:
+        for name in ("job_dir", "model", "output_dir"):
+            object.__setattr__(self, name, Path(getattr(self, name)).resolve())
+
+    @classmethod
+    def of(cls, request, spec, model: Path, compute=None) -> "Training":
+        """The training of ``request`` (``agent_trainer.inner_loop.run.request.JobRequest``) from base model folder
+        ``model``; ``compute``: the job's compute estimate (``CostEstimate``), whose start-up the task's
+        budget already pays."""
+        from agent_trainer.evaluation.prompts import for_task
+
+        s, task = request.settings, request.task
+        budget = task.budget.max_seconds - compute.startup_seconds if compute is not None else None
+        return cls(request.job_dir, model, task.family, request.out,
+                   task.budget.max_steps, budget, tuple(tuple(c) for c in (compute.stages if compute else ())),
+                   s.threads, s.device, s.gpus, s.vllm, for_task(task), spec)
+
+    def argv(self) -> list[str]:
+        """The cold path's command line (``SPEC_FILE`` must be written first when there is a spec)."""
+        argv = isolation.python_module("agent_trainer.inner_loop.run.worker", str(self.job_dir),
+                                       "--model", str(self.model), "--family", self.family,
+                                       "--output", str(self.output_dir), "--max-steps", str(self.max_steps))
+        if self.max_compute is not None:
+            argv += ["--max-compute", str(self.max_compute), "--stage-costs", json.dumps(self.stage_costs)]
+        if self.threads:
+            argv += ["--threads", str(self.threads)]
+        if self.device != "cpu":
+            argv += ["--device", self.device]
+        if self.vllm:
+            argv += ["--vllm"]
+        if self.fmt is not None:
+            argv += self.fmt.as_args()
+        if self.spec is not None:
+            argv += ["--spec", str(self.output_dir / SPEC_FILE)]
+        return argv
+
+    def kwargs(self) -> dict:
+        """``run``'s arguments for the warm path (the same as ``argv`` says)."""
+        return {"job_dir": self.job_dir, "model": self.model, "family": self.family, "output_dir": self.output_dir,
+                "max_steps": self.max_steps, "max_compute": self.max_compute, "threads": self.threads,
+                "device": self.device, "vllm": self.vllm, "fmt": self.fmt, "spec": self.spec,
+                "stage_costs": [list(c) for c in self.stage_costs]}
+
+
+def fresh_output(t: Training) -> Path:
+    """Clear what an earlier run left in the output folder; returns the process's fresh home folder."""
     from agent_trainer.inner_loop.train.data import TRAINED_ROWS
     from agent_trainer.inner_loop.train.train import MODEL_DIR, TRAIN_LOG
 
-    output_dir.mkdir(parents=True, exist_ok=True)
+    t.output_dir.mkdir(parents=True, exist_ok=True)
     for stale in (STATUS_FILE, TRAIN_LOG, TRAINED_ROWS, SPEC_FILE):
-        (output_dir / stale).unlink(missing_ok=True)
+        (t.output_dir / stale).unlink(missing_ok=True)
     # A model left by an earlier run in this folder must never be scored as this run's.
-    shutil.rmtree(output_dir / MODEL_DIR, ignore_errors=True)
-    home = output_dir / ".home"  # the process's working folder, HOME and TMPDIR: fresh for every run
+    shutil.rmtree(t.output_dir / MODEL_DIR, ignore_errors=True)
+    home = t.output_dir / ".home"  # the process's working folder, HOME and TMPDIR: fresh for every run
     shutil.rmtree(home, ignore_errors=True)
     home.mkdir()
-    job_dir = Path(job_dir).resolve()
-    argv = isolation.python_module("agent_trainer.inner_loop.run.worker", str(job_dir),
-                                   "--model", str(Path(model).resolve()),
-                                   "--family", family, "--output", str(output_dir.resolve()),
-                                   "--max-steps", str(max_steps), "--max-seconds", str(max_seconds))
-    if threads:
-        argv += ["--threads", str(threads)]
-    if device != "cpu":
-        argv += ["--device", device]
-    if vllm:
-        argv += ["--vllm"]
-    if fmt is not None:
-        argv += fmt.as_args()
-    if spec is not None:
-        (output_dir / SPEC_FILE).write_text(spec.model_dump_json(exclude_unset=True))
-        argv += ["--spec", str((output_dir / SPEC_FILE).resolve())]
-    env = child_env(home, threads, job_gpus(device, gpus))
-    if warm and reward_host is not None:
-        raise ValueError("a job with a reward host cannot run in a warm worker; use warm=False")
+    if t.spec is not None:
+        (t.output_dir / SPEC_FILE).write_text(t.spec.model_dump_json(exclude_unset=True))
+    return home
+
+
+def start(t: Training, home: Path, log, *, warm: bool = False, wrap: Callable[[list[str]], list[str]] | None = None,
+          reward_host=None):
+    """Start the training process (cold: a fresh isolated interpreter, optionally ``wrap``-ped in a sandbox; warm:
+    forked from the pre-imported forkserver) with its output in ``log``; returns it (``poll``/``wait``/``pid``).
+
+    ``reward_host`` (``agent_trainer.inner_loop.isolation.reward_proxy.RewardHost``) is started first and the child
+    talks to it through an inherited socket; the caller closes it."""
+    if warm and (wrap is not None or reward_host is not None):
+        raise ValueError("a sandboxed job or one with a reward host cannot run in a warm worker; use warm=False")
+    env = child_env(home, t.threads, job_gpus(t.device, t.gpus))
+    # The job's process works in its own home folder, never in the job folder
+    # (agent_trainer.inner_loop.isolation.launcher).
+    if warm:
+        return isolation.WarmProcess(warm_context(), run, (), t.kwargs(), cwd=home, env=env,
+                                     log_path=(t.output_dir / WORKER_LOG).resolve(), agent_dirs=[t.job_dir],
+                                     harness_dirs=[t.output_dir], limits=LIMITS)
+    argv = t.argv()
     reward_fd = reward_host.start() if reward_host is not None else None
     if reward_fd is not None:
         argv += ["--reward-fd", str(reward_fd), "--reward-timeout", str(reward_host.policy.reward_timeout_s)]
     if wrap is not None:
         argv = wrap(argv)
+    proc = isolation.start(argv, cwd=home, env=env, agent_dirs=[t.job_dir], harness_dirs=[t.output_dir],
+                           limits=LIMITS, stdout=log, stderr=isolation.STDOUT,
+                           pass_fds=() if reward_fd is None else (reward_fd,))
+    if reward_host is not None:
+        reward_host.release_fd()
+    return proc
+
+
+def watch(proc, deadline_s: float, on_poll: Callable[[], None] = lambda: None, poll_s: float = 0.1) -> bool:
+    """Wait for ``proc``; kill its process group at ``deadline_s`` seconds (True then) or when this process is
+    interrupted (no orphan is left)."""
     t0 = time.monotonic()
-    bar = tqdm(total=max_steps, desc=f"train {Path(job_dir).name}", unit="step", disable=not progress, leave=False)
-    killed = False
-    if warm and wrap is not None:
-        raise ValueError("a sandboxed job (wrap=...) cannot run in a warm worker; use warm=False")
-    with open(output_dir / WORKER_LOG, "wb") as log:
-        # The job's process works in its own home folder, never in the job folder
-        # (agent_trainer.inner_loop.isolation.launcher).
-        if warm:
-            proc = isolation.WarmProcess(
-                warm_context(), run, (job_dir, Path(model).resolve(), family, output_dir.resolve(), max_steps,
-                                      max_seconds, threads), {"device": device, "vllm": vllm, "fmt": fmt, "spec": spec},
-                cwd=home, env=env, log_path=(output_dir / WORKER_LOG).resolve(), agent_dirs=[job_dir],
-                harness_dirs=[output_dir], limits=LIMITS)
-        else:
-            proc = isolation.start(argv, cwd=home, env=env, agent_dirs=[job_dir], harness_dirs=[output_dir],
-                                   limits=LIMITS, stdout=log,
-                                   stderr=isolation.STDOUT, pass_fds=() if reward_fd is None else (reward_fd,))
-            if reward_host is not None:
-                reward_host.release_fd()
-        offset = 0
-        try:
-            while proc.poll() is None:
-                if time.monotonic() - t0 > deadline_s:
-                    # The whole group: TRL or agent code may have started processes of their own.
-                    isolation.kill_group(proc.pid)
-                    proc.wait()
-                    killed = True
-                    break
-                offset = _advance(bar, output_dir, offset)
-                time.sleep(poll_s)
-            _advance(bar, output_dir, offset)
-        finally:
-            if proc.poll() is None:  # the harness itself is being interrupted: leave no orphan
+    try:
+        while proc.poll() is None:
+            if time.monotonic() - t0 > deadline_s:
+                # The whole group: TRL or agent code may have started processes of their own.
                 isolation.kill_group(proc.pid)
                 proc.wait()
-            if reward_host is not None:
-                reward_host.close()
-            bar.close()
+                return True
+            on_poll()
+            time.sleep(poll_s)
+        on_poll()
+        return False
+    finally:
+        if proc.poll() is None:  # the harness itself is being interrupted
+            isolation.kill_group(proc.pid)
+            proc.wait()
+
+
+def final_status(output_dir: Path, killed: bool, returncode: int | None, deadline_s: float) -> dict:
+    """The run's status: the child's ``train_status.json``, ``infra_timeout`` when the safety cap killed it,
+    ``crashed`` when it died without a final status."""
     status = read_status(output_dir)
     if killed:
-        status = {**status, "status": "timeout", "detail": f"killed at the hard limit of {deadline_s:.0f} s "
-                  "(training, start-up and saving together); lower max_steps or batch_size"}
-    elif status.get("status") in (None, "running"):
-        status = {**status, "status": "crashed", "detail": f"the job process exited with code {proc.returncode} "
-                  "before it finished (out of memory?)", "error": _log_tail(output_dir)}
-    return WorkerRun(status=status, wall_seconds=round(time.monotonic() - t0, 3), killed=killed,
-                     returncode=proc.returncode)
+        return {**status, "status": "infra_timeout", "detail": (
+            f"killed at the wall-clock safety cap of {deadline_s:.0f} s (start-up, training and saving together): "
+            "the machine ran far slower than the cost model expects; an infrastructure fault, not the job's")}
+    if status.get("status") in (None, "running"):
+        reason = isolation.describe_exit(returncode, Path(output_dir) / WORKER_LOG)  # signal, OOM: also in the log
+        return {**status, "status": "crashed", "detail": f"the job process {reason}, before it finished",
+                "error": _log_tail(output_dir)}
+    return status
+
+
+def run_worker(t: Training, *, deadline_s: float, progress: bool = True,
+               wrap: Callable[[list[str]], list[str]] | None = None, warm: bool = False, reward_host=None,
+               poll_s: float = 0.1) -> WorkerRun:
+    """Run training ``t`` in its own process and wait for it; its process group is killed at ``deadline_s``
+    (the wall-clock safety cap) and ``reward_host``, if any, closed at the end. ``warm``/``wrap``/
+    ``reward_host``: see ``start``."""
+    from tqdm.auto import tqdm
+
+    home = fresh_output(t)
+    bar = tqdm(total=t.max_steps, desc=f"train {t.job_dir.name}", unit="step", disable=not progress, leave=False)
+    offset = [0]
+
+    def advance() -> None:
+        offset[0] = _advance(bar, t.output_dir, offset[0])
+
+    t0 = time.monotonic()
+    try:
+        with open(t.output_dir / WORKER_LOG, "wb") as log:
+            proc = start(t, home, log, warm=warm, wrap=wrap, reward_host=reward_host)
+            killed = watch(proc, deadline_s, advance, poll_s)
+    finally:
+        if reward_host is not None:
+            reward_host.close()
+        bar.close()
+    return WorkerRun(status=final_status(t.output_dir, killed, proc.returncode, deadline_s),
+                     wall_seconds=round(time.monotonic() - t0, 3), killed=killed, returncode=proc.returncode)
 
 
 def _advance(bar, output_dir: Path, offset: int) -> int:
@@ -295,7 +377,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--family", required=True, help="the task family (labels data rows without one)")
     p.add_argument("--output", type=Path, required=True, help="folder for the log, the status and model/")
     p.add_argument("--max-steps", type=int, required=True, help="the task's step budget")
-    p.add_argument("--max-seconds", type=float, required=True, help="the task's training-time budget")
+    p.add_argument("--max-compute", type=float, default=None,
+                   help="compute seconds the training may spend (agent_trainer.inner_loop.spec.cost); default: steps only")
+    p.add_argument("--stage-costs", type=json.loads, default=None,
+                   help="JSON list of each stage's [compute seconds a step, compute seconds of sampling]")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--reward-fd", type=int, default=None, help="inherited socket to the job's reward host")
     p.add_argument("--reward-timeout", type=float, default=60.0, help="seconds one reward call may take")
@@ -309,9 +394,9 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     from agent_trainer.evaluation.prompts import PromptFormat
 
-    run(a.job_dir, a.model, a.family, a.output, a.max_steps, a.max_seconds, a.threads, a.reward_fd,
+    run(a.job_dir, a.model, a.family, a.output, a.max_steps, a.max_compute, a.threads, a.reward_fd,
         a.reward_timeout, device=a.device, vllm=a.vllm, fmt=PromptFormat(a.prompt_format, a.system_prompt),
-        spec=a.spec)
+        spec=a.spec, stage_costs=a.stage_costs)
     return 0
 
 

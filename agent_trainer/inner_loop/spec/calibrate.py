@@ -17,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-from agent_trainer.inner_loop.spec.cost import CostModel, estimate_cost, machine_key, save_profile
+from agent_trainer.inner_loop.spec.cost import CostModel, estimate_cost, machine_key, row_tokens, save_profile
 
 # The calibration jobs (LoRA, as real models are trained here); steps after the first are timed.
 JOBS = {
@@ -31,19 +31,18 @@ JOBS = {
 
 
 def _timed_job(name: str, model_dir: Path, job: dict, device: str, folder: Path, fmt=None,
-               threads: int | None = None) -> tuple[float, int]:
+               threads: int | None = None, family: str = "calc_chain") -> tuple[float, int]:
     """(seconds per step after the first, steps timed) of one calibration job, run as jobs run (its own process)."""
+    from agent_trainer.inner_loop.run.worker import Training, run_worker
     from agent_trainer.inner_loop.train.train import TRAIN_LOG
-    from agent_trainer.inner_loop.run.worker import run_worker
 
     job_dir = folder / "job"
     job_dir.mkdir(parents=True)
-    spec = {"base_model": name, "seed": 0, "data": {"sources": [{"family": "calc_chain", "seed": 1, "size": 400}]},
-            **job}
+    spec = {"base_model": name, "seed": 0, "data": {"sources": [{"family": family, "seed": 1, "size": 400}]}, **job}
     (job_dir / "job.yaml").write_text(yaml.safe_dump(spec))
     steps = job["hyperparameters"]["max_steps"]
-    run = run_worker(job_dir, model_dir, "calc_chain", folder / "out", max_steps=steps, max_seconds=3600,
-                     deadline_s=7200, threads=threads, progress=False, device=device, fmt=fmt)
+    run = run_worker(Training(job_dir, model_dir, family, folder / "out", max_steps=steps, threads=threads,
+                              device=device, fmt=fmt), deadline_s=7200, progress=False)
     if run.status.get("status") != "ok":
         raise RuntimeError(f"the calibration job ({job['algorithm']}) ended {run.status.get('status')}: "
                            f"{run.status.get('detail')} {run.status.get('error', '')[-500:]}")
@@ -54,14 +53,17 @@ def _timed_job(name: str, model_dir: Path, job: dict, device: str, folder: Path,
 
 
 def calibrate(name: str, cache_dir=None, device: str = "cpu", progress: bool = True,
-              threads: int | None = None) -> dict:
+              threads: int | None = None, family: str = "calc_chain") -> dict:
     """Measure model ``name``'s factors here (sft, grpo, and both again in the chat format when its tokenizer
-    has a chat template; dpo takes sft's), store them in the cache's profile, return them."""
+    has a chat template; dpo takes sft's) on rows of ``family`` (those of the jobs to price), store them in
+    the cache's profile, return them. A factor is per token: the rows' lengths are priced first
+    (``cost.row_tokens``), so rows of another length reuse it."""
     from transformers import AutoTokenizer
 
     from agent_trainer.evaluation.prompts import for_family
-    from agent_trainer.inner_loop.spec.jobspec import JobSpec
     from agent_trainer.inner_loop.models.registry import resolve_model
+    from agent_trainer.inner_loop.spec.jobspec import JobSpec
+    from agent_trainer.inner_loop.train.data import build_rows_with_origins
 
     model_dir = resolve_model(name, cache_dir=cache_dir, progress=progress)
     formats = ["raw"] + (["chat"] if AutoTokenizer.from_pretrained(model_dir).chat_template else [])
@@ -71,11 +73,13 @@ def calibrate(name: str, cache_dir=None, device: str = "cpu", progress: bool = T
         for algorithm, job in JOBS.items():
             key = algorithm if kind == "raw" else f"{algorithm}:{kind}"
             with tempfile.TemporaryDirectory(prefix=f"calibrate-{algorithm}-") as tmp:
-                step_s, timed = _timed_job(name, model_dir, job, device, Path(tmp), for_family("calc_chain", kind),
-                                           threads)
+                step_s, timed = _timed_job(name, model_dir, job, device, Path(tmp), for_family(family, kind),
+                                           threads, family)
             spec = JobSpec.model_validate({"base_model": "tiny-s", "seed": 0,
-                                           "data": {"sources": [{"family": "calc_chain", "size": 400}]}, **job})
-            tiny_step = estimate_cost(spec, base).step_seconds  # tiny-s's seconds per step by the coefficients
+                                           "data": {"sources": [{"family": family, "seed": 1, "size": 400}]}, **job},
+                                          context={"task_family": family})
+            tokens = row_tokens(build_rows_with_origins(spec, None, family)[0])
+            tiny_step = estimate_cost(spec, base, tokens=tokens).step_seconds  # tiny-s's, by the coefficients
             factors[key] = round(step_s / tiny_step, 2)
             measured[key] = {"seconds_per_step": round(step_s, 4), "steps_timed": timed,
                              "batch_size": job["hyperparameters"]["batch_size"]}

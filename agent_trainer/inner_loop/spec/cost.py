@@ -1,11 +1,16 @@
-"""Cost model of an inner job: estimated wall seconds and USD, before the job runs.
+"""Cost model of an inner job: its compute and USD, estimated before the job runs.
 
     estimate_cost(spec, CostModel()).summary()     # '48 s, $0.0013 (150 steps, ...)'
     CostModel.measured("cpu")                      # with this machine's factors (at-models calibrate)
+    estimate_job(spec, model, wall=True)           # the seconds this machine is expected to take
 
 A linear model: start-up, plus steps times a per-step cost by algorithm, model and LoRA, plus
-sampling; ``estimate_job`` prices a multi-stage job. The formula and its calibration points:
-docs/inner_loop.md, "Cost model".
+sampling; ``estimate_job`` prices a multi-stage job. Its unit is the compute second: a second of the
+reference machine (the project's 2-core CPU box) under the package's coefficients and reference
+profile (``CostModel.profile``). A job's compute is the same on every machine and under any load:
+budgets, admission and the staged reward's speed stage read it. ``wall=True`` applies this machine's
+measured factors (``CostModel.machine``) instead, for the wall-clock safety cap only. The formula and
+its calibration points: docs/inner_loop.md, "Cost model".
 """
 
 from __future__ import annotations
@@ -23,15 +28,36 @@ DEFAULT_PROFILE = {"smollm2-135m": {"sft": 76.0, "grpo": 61.0, "dpo": 76.0, "sft
                                     "dpo:chat": 454.0}}
 
 
+# Rows are priced per token, counted with the project's tokenizer (the shipped tiny models', the same bytes
+# everywhere) whatever the base model: a model's factor carries its own tokenizer's ratio. The per-row and
+# per-completion coefficients are for rows of the reference length, calc_chain's training rows (4,000 rows,
+# seed 1); ``*_token_s`` prices each token a row is longer (or shorter) than that.
+REF_ROW_TOKENS = 10.23      # prompt + answer
+REF_PROMPT_TOKENS = 8.57    # prompt
+
+
+@dataclass(frozen=True)
+class RowTokens:
+    """Mean tokens of a stage's rows (the project's tokenizer): ``prompt`` and ``row`` (prompt + answer)."""
+
+    prompt: float = REF_PROMPT_TOKENS
+    row: float = REF_ROW_TOKENS
+
+
 @dataclass(frozen=True)
 class CostModel:
-    """Coefficients of the linear cost model (see the module docstring)."""
+    """Coefficients of the linear cost model (see the module docstring); the per-row and per-completion ones
+    are for rows of the reference length (``REF_ROW_TOKENS``, ``REF_PROMPT_TOKENS``), ``*_token_s`` add
+    each token a row's prompt (GRPO) or whole row (SFT, DPO) is longer than that."""
 
     startup_s: float = 15.0
     grpo_step_s: float = 0.047
-    grpo_token_s: float = 0.0000567
+    grpo_token_s: float = 0.0000567          # per completion token
+    grpo_prompt_token_s: float = 0.0000735   # per completion, per prompt token over REF_PROMPT_TOKENS
     sft_step_s: float = 0.008
     sft_sequence_s: float = 0.0005
+    sft_token_s: float = 0.0000268           # per row, per token over REF_ROW_TOKENS
+    dpo_token_s: float = 0.0000536           # per pair, per token over REF_ROW_TOKENS (two sides)
     lora_factor_grpo: float = 1.15
     lora_factor_sft: float = 1.4
     dpo_step_s: float = 0.03
@@ -40,16 +66,18 @@ class CostModel:
     sample_token_s: float = 0.0001
     usd_per_hour: float = 0.10
     model_factors: dict = field(default_factory=lambda: dict(DEFAULT_MODEL_FACTORS))
-    # Measured on this machine (``at-models calibrate``): model -> {"sft"|"grpo"|"dpo"[":chat"]: factor}; wins
-    # over model_factors for that algorithm and prompt format (``CostModel.measured`` reads the cache's profile).
+    # The reference profile: model -> {"sft"|"grpo"|"dpo"[":chat"]: factor}; wins over model_factors for that
+    # algorithm and prompt format. Part of the compute unit: the same on every machine.
     profile: dict = field(default_factory=lambda: {m: dict(f) for m, f in DEFAULT_PROFILE.items()})
+    # Measured on this machine (``at-models calibrate``), in the same shape: used for wall-clock estimates only
+    # (``wall=True``: the safety cap), never for compute (``CostModel.measured`` reads the cache's profile).
+    machine: dict = field(default_factory=dict)
 
     @classmethod
     def measured(cls, device: str = "cpu", cache_dir=None, **overrides) -> "CostModel":
-        """The default coefficients with this machine's measured profile (``at-models calibrate``), if any."""
-        measured = load_profile(machine_key(device), cache_dir)
-        profile = {m: {**DEFAULT_PROFILE.get(m, {}), **measured.get(m, {})} for m in {*DEFAULT_PROFILE, *measured}}
-        return cls(profile=profile, **overrides)
+        """The default coefficients, with this machine's measured profile (``at-models calibrate``), if any, for
+        wall-clock estimates."""
+        return cls(machine=load_profile(machine_key(device), cache_dir), **overrides)
 
 
 @dataclass
@@ -63,6 +91,8 @@ class CostEstimate:
     startup_seconds: float
     formula: str
     sampling_seconds: float = 0.0  # sampling the model before training (DPO pairs, self-generated data)
+    # Per stage: (seconds per step, sampling seconds); what the job's process counts its compute budget in.
+    stages: list = field(default_factory=list)
 
     def train_seconds(self, steps_run: int | None = None) -> float:
         """Estimated seconds of the training itself, without the start-up: the sampling and ``steps_run``
@@ -93,14 +123,18 @@ def sampled_tokens(spec) -> int:
     return n
 
 
-def model_factor(model: CostModel, name: str, algorithm: str | None = None, prompt_format: str = "raw") -> float:
-    """Seconds per step of base model ``name`` relative to tiny-s: this machine's measured profile for the
-    algorithm and prompt format (chat prompts are several times longer), the cost model's, the registry
-    entry's (``base_models.<name>.cost_factor``), or the largest."""
-    measured = model.profile.get(name, {})
-    for key in ([f"{algorithm}:{prompt_format}"] if prompt_format != "raw" else []) + [algorithm]:
-        if algorithm and measured.get(key):
-            return float(measured[key])
+def model_factor(model: CostModel, name: str, algorithm: str | None = None, prompt_format: str = "raw",
+                 wall: bool = False) -> float:
+    """Seconds per step of base model ``name`` relative to tiny-s: with ``wall``, this machine's measured
+    profile first; then the reference profile for the algorithm and prompt format (chat prompts are several
+    times longer), the cost model's factors, the registry entry's (``base_models.<name>.cost_factor``), or
+    the largest."""
+    keys = ([f"{algorithm}:{prompt_format}"] if prompt_format != "raw" else []) + [algorithm]
+    for profile in ([model.machine] if wall else []) + [model.profile]:
+        measured = profile.get(name, {})
+        for key in keys:
+            if algorithm and measured.get(key):
+                return float(measured[key])
     if name in model.model_factors:
         return float(model.model_factors[name])
     from agent_trainer.inner_loop.models.registry import BASE_MODELS
@@ -111,23 +145,61 @@ def model_factor(model: CostModel, name: str, algorithm: str | None = None, prom
     return float(max(model.model_factors.values()))
 
 
+def row_tokens(rows: list[dict]) -> RowTokens:
+    """Mean tokens of ``rows`` (``prompt``, ``answer``) with the project's tokenizer (the reference when none)."""
+    if not rows:
+        return RowTokens()
+    tok = _reference_tokenizer()
+    prompts = [str(r.get("prompt", "")) for r in rows]
+    fulls = [p + str(r.get("answer", "")) for p, r in zip(prompts, rows)]
+    count = lambda texts: sum(len(e.ids) for e in tok.encode_batch(texts, add_special_tokens=False))  # noqa: E731
+    return RowTokens(prompt=round(count(prompts) / len(rows), 2), row=round(count(fulls) / len(rows), 2))
+
+
+_TOKENIZER = []
+
+
+def _reference_tokenizer():
+    """The project's tokenizer (``tokenizers``, from the shipped tiny-s; built from code when not shipped)."""
+    if not _TOKENIZER:
+        from tokenizers import Tokenizer
+
+        from agent_trainer.inner_loop.models.registry import SHIPPED_DIR
+
+        path = SHIPPED_DIR / "tiny-s" / "tokenizer.json"
+        if path.is_file():
+            _TOKENIZER.append(Tokenizer.from_file(str(path)))
+        else:
+            from agent_trainer.inner_loop.models.tokenizer import build_tokenizer
+
+            _TOKENIZER.append(build_tokenizer().backend_tokenizer)
+    return _TOKENIZER[0]
+
+
 def estimate_cost(spec, model: CostModel | None = None, steps: int | None = None,
-                  prompt_format: str = "raw") -> CostEstimate:
-    """Estimate the cost of a JobSpec; ``steps`` overrides ``max_steps``; ``prompt_format``: the task's."""
+                  prompt_format: str = "raw", wall: bool = False, tokens: RowTokens | None = None) -> CostEstimate:
+    """Estimate the compute of a JobSpec (``wall``: this machine's seconds); ``steps`` overrides ``max_steps``;
+    ``prompt_format``: the task's; ``tokens``: its rows' lengths (``row_tokens``; None: the reference length)."""
     model = model or CostModel()
     hp = spec.hyperparameters
     steps = hp.max_steps if steps is None else steps
-    factor = model_factor(model, spec.base_model, spec.algorithm, prompt_format)
+    tokens = tokens or RowTokens()
+    longer, longer_prompt = tokens.row - REF_ROW_TOKENS, tokens.prompt - REF_PROMPT_TOKENS
+    factor = model_factor(model, spec.base_model, spec.algorithm, prompt_format, wall)
+    # A row or completion shorter than the reference costs less, never under half the reference's cost.
     if spec.algorithm == "grpo":
-        step = model.grpo_step_s + hp.batch_size * hp.max_completion_length * model.grpo_token_s
+        per = hp.max_completion_length * model.grpo_token_s
+        step = model.grpo_step_s + hp.batch_size * max(per / 2, per + longer_prompt * model.grpo_prompt_token_s)
         lora = model.lora_factor_grpo if spec.peft else 1.0
         formula = f"grpo, {hp.batch_size} completions x {hp.max_completion_length} tokens"
     elif spec.algorithm == "dpo":
-        step = model.dpo_step_s + hp.batch_size * model.dpo_pair_s
+        per = model.dpo_pair_s
+        step = model.dpo_step_s + hp.batch_size * max(per / 2, per + longer * model.dpo_token_s)
         lora = model.lora_factor_dpo if spec.peft else 1.0
         formula = f"dpo, {hp.batch_size} pairs"
     else:
-        step = model.sft_step_s + hp.batch_size * model.sft_sequence_s
+        per = model.sft_sequence_s
+        step = model.sft_step_s + hp.batch_size * max(per / 2, per + longer * model.sft_token_s)
         lora = model.lora_factor_sft if spec.peft else 1.0
         formula = f"sft, batch {hp.batch_size}"
     step *= factor * lora
@@ -139,16 +211,20 @@ def estimate_cost(spec, model: CostModel | None = None, steps: int | None = None
     seconds = model.startup_s + steps * step + sampling
     return CostEstimate(seconds=round(seconds, 2), usd=round(seconds / 3600 * model.usd_per_hour, 6), steps=steps,
                         step_seconds=round(step, 5), startup_seconds=model.startup_s,
-                        formula=formula + f", ${model.usd_per_hour}/h", sampling_seconds=round(sampling, 2))
+                        formula=formula + f", ${model.usd_per_hour}/h", sampling_seconds=round(sampling, 2),
+                        stages=[(round(step, 5), round(sampling, 2))])
 
 
 def estimate_job(spec, model: CostModel | None = None, steps: list[int] | None = None,
-                 prompt_format: str = "raw") -> CostEstimate:
-    """Estimate a whole job, stages included (``steps``: per stage); one start-up, every stage's steps and sampling."""
+                 prompt_format: str = "raw", wall: bool = False,
+                 tokens: list[RowTokens] | None = None) -> CostEstimate:
+    """Estimate a whole job's compute (``wall``: this machine's seconds), stages included (``steps``, ``tokens``:
+    per stage); one start-up, every stage's steps and sampling."""
     model = model or CostModel()
     views = spec.stage_specs()
     steps = steps or [v.hyperparameters.max_steps for v in views]
-    parts = [estimate_cost(v, model, n, prompt_format) for v, n in zip(views, steps)]
+    tokens = tokens or [None] * len(views)
+    parts = [estimate_cost(v, model, n, prompt_format, wall, t) for v, n, t in zip(views, steps, tokens)]
     if len(parts) == 1:
         return parts[0]
     total_steps = sum(p.steps for p in parts)
@@ -160,7 +236,7 @@ def estimate_job(spec, model: CostModel | None = None, steps: list[int] | None =
     return CostEstimate(seconds=round(seconds, 2), usd=round(seconds / 3600 * model.usd_per_hour, 6),
                         steps=total_steps, step_seconds=round(train_s / max(1, total_steps), 5),
                         startup_seconds=model.startup_s, formula=formula + f", ${model.usd_per_hour}/h",
-                        sampling_seconds=round(sampling, 2))
+                        sampling_seconds=round(sampling, 2), stages=[s for p in parts for s in p.stages])
 
 
 # --- measured profiles (at-models calibrate) ------------------------------------------------------

@@ -3,7 +3,7 @@
 TRL runners for inner jobs: GRPO, SFT and DPO, full or LoRA, with budget/divergence guards.
 
     >>> from agent_trainer.inner_loop.train.train import train
-    >>> report = train(spec, rows, rewards, model_path, "job/output", max_steps=200, max_seconds=90)
+    >>> report = train(spec, rows, rewards, model_path, "job/output", max_steps=200)
 
 A whole job (its stages, self-generated data, DPO pairs, the ``ran`` record) goes through
 ``agent_trainer.inner_loop.train.stages.run_stages``, which calls ``train`` once per stage.

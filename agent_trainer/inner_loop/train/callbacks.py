@@ -1,21 +1,27 @@
 """Trainer callbacks the harness adds to every inner run: budget, divergence, per-step log.
 
-    guard = BudgetGuard(200, 90.0, probe=encode_probe(tokenizer, rows), vocab_size=len(tokenizer))
+    guard = BudgetGuard(200, max_compute=75.0, step_compute=0.3, probe=encode_probe(tokenizer, rows),
+                        vocab_size=len(tokenizer))
     log = StepLog("job/output/train_log.jsonl", clock=guard)
     trainer = GRPOTrainer(..., callbacks=[guard, log])
-    trainer.train(); guard.stop_reason          # None, "timeout" or "diverged"
+    trainer.train(); guard.stop_reason          # None, "timeout" (compute budget spent) or "diverged"
 
-When a run times out or diverges, and how often the probe is checked: docs/inner_loop.md, "Outcomes".
+The budget is compute (``agent_trainer.inner_loop.spec.cost``): each step costs the cost model's seconds
+per step, whatever the clock says, so a run stops at the same step on a busy machine as on a quiet one.
+When a run stops or diverges, and how often the probe is checked: docs/inner_loop.md, "Outcomes".
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from pathlib import Path
 
 from transformers import TrainerCallback
+
+from agent_trainer.inner_loop.run.job_env import STEP_DELAY_ENV
 
 
 def _finite(x) -> bool:
@@ -35,19 +41,25 @@ def probe_loss(model, input_ids, labels) -> float:
         model.train(was_training)
 
 
-class BudgetGuard(TrainerCallback):
-    """Stops training gracefully when the step or second budget is spent, or the run diverges."""
 
-    def __init__(self, max_steps: int, max_seconds: float, probe: tuple | None = None, vocab_size: int | None = None,
-                 check_every: int = 10):
+class BudgetGuard(TrainerCallback):
+    """Stops training gracefully when the step or compute budget is spent, or the run diverges.
+
+    ``max_compute``: compute seconds the training may spend (None: no compute cap), counted as
+    ``step_compute`` per step; the wall clock never stops a run here (the harness's safety cap does)."""
+
+    def __init__(self, max_steps: int, max_compute: float | None = None, step_compute: float = 0.0,
+                 probe: tuple | None = None, vocab_size: int | None = None, check_every: int = 10):
         self.max_steps = max_steps
         self.check_every = max(1, int(check_every))
-        self.max_seconds = max_seconds
+        self.max_compute = max_compute
+        self.step_compute = float(step_compute)
         self.probe = probe
         self.loss_ceiling = 2 * math.log(vocab_size) if vocab_size else math.inf
         self.probe_loss: float | None = None
         self.checked_step: int | None = None   # the step the weights and the probe were last checked after
         self.t0: float | None = None
+        self.cpu0: float | None = None
         self.stop_reason: str | None = None
         self.detail = ""
 
@@ -55,8 +67,13 @@ class BudgetGuard(TrainerCallback):
         """Seconds since training started (0 before)."""
         return 0.0 if self.t0 is None else time.monotonic() - self.t0
 
+    def cpu_seconds(self) -> float:
+        """CPU seconds of this process (every thread) since training started (0 before): unlike the clock, they
+        hardly move with the machine's load."""
+        return 0.0 if self.cpu0 is None else time.process_time() - self.cpu0
+
     def on_train_begin(self, args, state, control, **kwargs):
-        self.t0 = time.monotonic()
+        self.t0, self.cpu0 = time.monotonic(), time.process_time()
 
     def _stop(self, control, reason: str, detail: str):
         # The first reason wins: a run that diverges and then runs out of time diverged.
@@ -64,15 +81,21 @@ class BudgetGuard(TrainerCallback):
             self.stop_reason, self.detail = reason, detail
         control.should_training_stop = True
 
+    def compute(self, steps: int) -> float:
+        """Compute seconds ``steps`` steps cost."""
+        return steps * self.step_compute
+
     def on_step_end(self, args, state, control, model=None, **kwargs):
         step = state.global_step
-        timed_out = self.elapsed() > self.max_seconds   # read once: the last check and the stop must agree
-        last = timed_out or step >= self.max_steps
+        # Spent: the next step would not fit in the compute budget (a count of steps, never the clock).
+        spent = self.max_compute is not None and self.compute(step + 1) > self.max_compute + 1e-9
+        last = spent or step >= self.max_steps
         if model is not None and (last or step == 1 or step % self.check_every == 0):
             if self._check(model, step, control):
                 return control
-        if timed_out:
-            self._stop(control, "timeout", f"time budget of {self.max_seconds:g} s spent after step {step}")
+        if spent:
+            self._stop(control, "timeout", f"compute budget of {self.max_compute:g} s spent after step {step} "
+                                           f"({self.step_compute:g} s a step)")
         elif last:
             control.should_training_stop = True
         return control
@@ -113,6 +136,23 @@ class BudgetGuard(TrainerCallback):
         return control
 
 
+class StepDelay(TrainerCallback):
+    """Sleeps ``seconds`` after every step: a slow machine on demand, for tests (``STEP_DELAY_ENV``)."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+
+    def on_step_end(self, args, state, control, **kwargs):
+        time.sleep(self.seconds)
+        return control
+
+
+def injected_callbacks() -> list[TrainerCallback]:
+    """The callbacks tests ask for through the environment (``STEP_DELAY_ENV``); none otherwise."""
+    delay = float(os.environ.get(STEP_DELAY_ENV) or 0)
+    return [StepDelay(delay)] if delay > 0 else []
+
+
 class StepLog(TrainerCallback):
     """Appends one JSON line per logged step to ``train_log.jsonl`` (also the harness's progress feed).
 
@@ -136,7 +176,7 @@ class StepLog(TrainerCallback):
         if "train_runtime" in logs:  # the end-of-run summary, not a step
             return control
         record = {"step": state.global_step + self.step_offset, "seconds": round(self.clock.elapsed(), 3),
-                  **self.fields}
+                  "cpu_seconds": round(self.clock.cpu_seconds(), 3), **self.fields}
         if self.clock.probe_loss is not None and getattr(self.clock, "checked_step", None) == state.global_step:
             record["probe_loss"] = self.clock.probe_loss   # measured after this very step
         if "learning_rate" in logs:

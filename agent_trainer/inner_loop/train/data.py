@@ -14,8 +14,9 @@ import random
 from pathlib import Path
 
 from agent_trainer.evaluation.families import FAMILIES, get_family
+from agent_trainer.inner_loop.spec.jobfiles import MAX_COLUMNS, MAX_FIELD_CHARS, MAX_KEY_CHARS
 
-MAX_FILE_BYTES = 20 * 1024 * 1024
+MAX_DATA_FILE_BYTES = 20 * 1024 * 1024  # an agent-written data.jsonl (the rows are parsed in memory)
 MAX_ROWS = 100_000
 MAX_PROMPT_CHARS = 2000
 _MAX_LISTED = 5
@@ -48,6 +49,13 @@ def _check_row(obj: object) -> str | None:
             return f"{key!r} holds an escape that is no character (a lone \\ud800-style surrogate); remove it"
     if len(obj["prompt"]) > MAX_PROMPT_CHARS:
         return f"prompt has {len(obj['prompt'])} characters; keep prompts under {MAX_PROMPT_CHARS}"
+    if len(obj) > MAX_COLUMNS:
+        return f"the row has {len(obj)} columns; the limit is {MAX_COLUMNS}"
+    for key, value in obj.items():
+        if len(key) > MAX_KEY_CHARS:
+            return f"a column name has {len(key)} characters; keep names under {MAX_KEY_CHARS}"
+        if isinstance(value, str) and len(value) > MAX_FIELD_CHARS:
+            return f"column {key[:40]!r} has {len(value)} characters; keep every value under {MAX_FIELD_CHARS}"
     fam = obj.get("family")
     if fam is not None and fam not in FAMILIES:
         return f"unknown family {fam!r}; known: {', '.join(sorted(FAMILIES))} (or leave family out)"
@@ -62,8 +70,8 @@ def read_data_file(path: str | Path) -> list[dict]:
     path = Path(path)
     if not path.is_file():
         raise DataFileError(path, [(0, "file not found in the job folder; write it or remove data.file")])
-    if path.stat().st_size > MAX_FILE_BYTES:
-        raise DataFileError(path, [(0, f"file is over {MAX_FILE_BYTES // 2**20} MB; use fewer rows")])
+    if path.stat().st_size > MAX_DATA_FILE_BYTES:
+        raise DataFileError(path, [(0, f"file is over {MAX_DATA_FILE_BYTES // 2**20} MB; use fewer rows")])
     rows: list[dict] = []
     problems: list[tuple[int, str]] = []
     try:

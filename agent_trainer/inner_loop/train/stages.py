@@ -1,7 +1,8 @@
 """Run a whole job in the job's process: its stages in order, each from the model the previous one saved.
 
     ran = {"stages": []}
-    status = run_stages(spec, job_dir, base_dir, "calc_chain", out, max_steps=400, max_seconds=90, ran=ran)
+    status = run_stages(spec, job_dir, base_dir, "calc_chain", out, max_steps=400, max_compute=75,
+                        stage_costs=[(0.3, 0.0)], ran=ran)
     status["status"], ran      # "ok", {"stages": [{"algorithm": "sft", "peft": "full", ...}, ...]}
 
 Runs agent code (rewards): call it in the job's process only (``agent_trainer.inner_loop.run.worker``). The stages'
@@ -14,7 +15,6 @@ import gc
 import json
 import random
 import shutil
-import time
 from pathlib import Path
 from typing import Callable
 
@@ -26,7 +26,6 @@ from agent_trainer.inner_loop.train.config import planned_steps
 from agent_trainer.inner_loop.train.train import MODEL_DIR, TRAIN_LOG, TRL_CONFIG, train
 
 GENERATION_FILE = "generation.json"
-GENERATION_SHARE = 0.5  # at most this share of a stage's time goes to sampling
 
 
 def _load(model_path: Path, device: str = "cpu"):
@@ -114,10 +113,15 @@ def _write_json(path: Path, data) -> None:
 
 
 def run_stages(spec: JobSpec, job_dir: str | Path, model_path: str | Path, family: str, output_dir: str | Path, *,
-               max_steps: int, max_seconds: float, ran: dict | None = None,
-               on_update: Callable[[dict], None] | None = None, device: str = "cpu", vllm: bool = False,
-               fmt=None) -> dict:
+               max_steps: int, max_compute: float | None = None, stage_costs: list | None = None,
+               ran: dict | None = None, on_update: Callable[[dict], None] | None = None, device: str = "cpu",
+               vllm: bool = False, fmt=None) -> dict:
     """Train every stage of ``spec`` in order; returns the final status fields (see the module docstring).
+
+    The budget is ``max_steps`` and ``max_compute`` compute seconds (None: steps only), shared by the stages
+    by their ``budget_share``; ``stage_costs``: each stage's (compute seconds a step, compute seconds of
+    sampling), from the harness's estimate (``agent_trainer.inner_loop.spec.cost.CostEstimate.stages``). Both
+    are counted, never timed: a stage stops at the same step on any machine under any load.
 
     ``device``: ``cpu`` or ``cuda`` (resolved: ``runners.config.resolve_device``), for the training and
     the self-generated data's sampling; ``vllm``: GRPO stages generate with vLLM (``trl_config``); ``fmt``:
@@ -136,21 +140,22 @@ def run_stages(spec: JobSpec, job_dir: str | Path, model_path: str | Path, famil
             shutil.rmtree(stale, ignore_errors=True)
         (output_dir / TRAIN_LOG).write_text("")
     current = Path(model_path)
-    used_s, used_steps = 0.0, 0
+    used_c, used_steps = 0.0, 0
+    costs = list(stage_costs or [])
     stages: list[dict] = []
     configs: dict = {}
     notify = on_update or (lambda update: None)
     for i, view in enumerate(views):
         stage_out = output_dir / f"stage_{i + 1}" if multi else output_dir
         steps_left = max_steps - used_steps
-        budget_s = max(0.0, max_seconds - used_s) * shares[i] / sum(shares[i:])
+        step_c, sample_c = costs[i] if i < len(costs) else (0.0, 0.0)
+        budget_c = (None if max_compute is None
+                    else max(0.0, max_compute - used_c) * shares[i] / sum(shares[i:]) - sample_c)
         if steps_left <= 0:
             stages.append({"status": "timeout", "steps": 0, "planned_steps": 0, "seconds": 0.0,
                            "detail": "the task's step budget was spent by the earlier stages; not run"})
             break
-        t0 = time.monotonic()
-        rows, rewards, source, gen = prepare_stage(view, job_dir, current, family,
-                                                   deadline=t0 + GENERATION_SHARE * budget_s, device=device)
+        rows, rewards, source, gen = prepare_stage(view, job_dir, current, family, device=device)
         gen_s = sum(g.seconds for g in gen)
         if gen:
             _write_json(stage_out / GENERATION_FILE, [g.as_dict() for g in gen])
@@ -164,10 +169,11 @@ def run_stages(spec: JobSpec, job_dir: str | Path, model_path: str | Path, famil
         log = (StepLog(output_dir / TRAIN_LOG, clock=None, append=True, step_offset=used_steps,
                        fields={"stage": i + 1}) if multi else None)
         report = train(view, rows, rewards, current, stage_out, max_steps=steps_left,
-                       max_seconds=max(1.0, budget_s - gen_s), log=log, device=device, vllm=vllm, fmt=fmt)
+                       max_compute=None if budget_c is None else max(0.0, budget_c), step_compute=step_c, log=log,
+                       device=device, vllm=vllm, fmt=fmt)
         entry["steps"] = report.steps
         used_steps += report.steps
-        used_s += gen_s + report.seconds
+        used_c += sample_c + report.steps * step_c
         detail = "; ".join(filter(None, [g.summary() for g in gen] + [report.detail]))
         stages.append({**report.as_dict(), "seconds": round(report.seconds + gen_s, 3), "detail": detail,
                        "generation": [g.as_dict() for g in gen], "data_source": source})

@@ -1,6 +1,6 @@
 """Run one inner job with TRL: GRPO, SFT or DPO, full or LoRA, budget-guarded; save a merged checkpoint.
 
-    report = train(spec, rows, rewards, model_path, "job/output", max_steps=200, max_seconds=90)
+    report = train(spec, rows, rewards, model_path, "job/output", max_steps=200, max_compute=75, step_compute=0.3)
     report.status, report.steps, report.final_reward       # "ok" | "timeout" | "diverged"
 
 Runs agent code (rewards) on agent data: call it in the worker process only (``agent_trainer.inner_loop.run.worker``).
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from agent_trainer.inner_loop.spec.jobspec import JobSpec
-from agent_trainer.inner_loop.train.callbacks import BudgetGuard, StepLog
+from agent_trainer.inner_loop.train.callbacks import BudgetGuard, StepLog, injected_callbacks
 from agent_trainer.inner_loop.train.config import lora_config, planned_steps, trl_config
 
 TRAIN_LOG = "train_log.jsonl"
@@ -171,9 +171,13 @@ def save_checkpoint(model, tokenizer, path: str | Path) -> Path:
 
 
 def train(spec: JobSpec, rows: list[dict], rewards: Sequence[tuple[str, Callable, float]], model_path: str | Path,
-          output_dir: str | Path, *, max_steps: int, max_seconds: float, callbacks: Sequence = (),
+          output_dir: str | Path, *, max_steps: int, max_compute: float | None = None, step_compute: float = 0.0,
+          callbacks: Sequence = (),
           log: StepLog | None = None, device: str = "cpu", vllm: bool = False, fmt=None) -> TrainReport:
     """Train ``model_path`` on ``rows`` as ``spec`` says, within the budget; see the module docstring.
+
+    The budget: ``max_steps``, and ``max_compute`` compute seconds counted as ``step_compute`` a step
+    (``agent_trainer.inner_loop.train.callbacks.BudgetGuard``; None: steps only).
 
     ``log`` replaces the default ``<output_dir>/train_log.jsonl`` (a later stage appends to the job's
     log); its clock is set to this run's budget guard. ``device`` (``cpu`` | ``cuda``) and ``vllm``: see
@@ -199,10 +203,12 @@ def train(spec: JobSpec, rows: list[dict], rewards: Sequence[tuple[str, Callable
 
         rows = [{**r, "prompt": render(tokenizer, r["prompt"], fmt)} for r in rows]
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32, local_files_only=True)
-    guard = BudgetGuard(steps, max_seconds, probe=encode_probe(tokenizer, rows), vocab_size=len(tokenizer))
+    guard = BudgetGuard(steps, max_compute, step_compute, probe=encode_probe(tokenizer, rows),
+                        vocab_size=len(tokenizer))
     step_log = log or StepLog(output_dir / TRAIN_LOG, clock=guard)
     step_log.clock = guard
-    trainer = build_trainer(spec, rows, rewards, model, tokenizer, args, [guard, step_log, *callbacks])
+    trainer = build_trainer(spec, rows, rewards, model, tokenizer, args,
+                            [guard, step_log, *callbacks, *injected_callbacks()])
     trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
 
     t0 = time.monotonic()

@@ -1,0 +1,123 @@
+"""How well the cost model predicts the jobs agents write: predicted / measured seconds on a spread of jobs.
+
+    .venv/bin/python bench/cost_model.py                      # the example jobs and a data-family job, ~3 min
+    .venv/bin/python bench/cost_model.py --steps 8 --only sft_full grpo_full
+    .venv/bin/python bench/cost_model.py --smollm2            # adds the SmolLM2 example jobs (several minutes)
+
+Each job trains ``--steps`` steps in its own process (``agent_trainer.inner_loop.run.worker``, as jobs run, no
+hidden evaluation) and is compared with the estimate this machine's cost model makes for those steps
+(``estimate_job(..., wall=True)``: the reference coefficients and this machine's measured profile, if any):
+seconds a step (after the first), sampling before training (DPO pairs, self-generated data) and the start-up.
+One ``RATIO`` line per job, predicted / measured seconds of the training (sampling and steps), target
+within 1.5x either way on a quiet machine; under load the measured side grows and the ratios fall
+(``--cpu --threads 1`` measures CPU seconds instead, which the load hardly moves).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common  # noqa: E402
+
+ROOT = _common.ROOT
+TASKS = ROOT / "examples" / "tasks"
+# (name, job folder, task spec): the example jobs, one per algorithm and PEFT, the data-family job.
+JOBS = [
+    ("sft_full", ROOT / "examples/jobs/sft_full", TASKS / "calc_chain_v1_fast.json"),
+    ("sft_lora", ROOT / "examples/jobs/sft_lora", TASKS / "calc_chain_v1_fast.json"),
+    ("grpo_full", ROOT / "examples/jobs/grpo_full", TASKS / "calc_chain_v1_fast.json"),
+    ("grpo_lora", ROOT / "examples/jobs/grpo_lora", TASKS / "calc_chain_v1_fast.json"),
+    ("dpo_lora", ROOT / "examples/jobs/dpo_lora", TASKS / "calc_chain_v1_fast.json"),
+    ("word_math_sft", ROOT / "examples/families/word_math_sft", ROOT / "examples/families/word_math_v1_fast.json"),
+]
+SMOLLM2_JOBS = [
+    ("smollm2_sft_lora", ROOT / "examples/real/sft_lora_smollm2", ROOT / "examples/real/calc_chain_chat_smollm2.json"),
+    ("smollm2_grpo_lora", ROOT / "examples/real/grpo_lora_smollm2", ROOT / "examples/real/count_char_raw_smollm2.json"),
+]
+
+
+def measure(name: str, job_dir: Path, task_path: Path, steps: int, threads: int, work: Path, clock: str) -> dict:
+    """Run ``steps`` steps of one job in its own process; the estimate and what was measured."""
+    from agent_trainer.evaluation.prompts import for_task
+    from agent_trainer.evaluation.tasks import load_task
+    from agent_trainer.inner_loop.models import resolve_model
+    from agent_trainer.inner_loop.run.worker import Training, run_worker
+    from agent_trainer.inner_loop.spec.cost import CostModel, estimate_job, row_tokens
+    from agent_trainer.inner_loop.spec.jobspec import load_job
+    from agent_trainer.inner_loop.train.data import build_rows_with_origins
+
+    task = load_task(task_path)
+    spec = load_job(job_dir, task.family)
+    views = spec.stage_specs()
+    tokens = [row_tokens(build_rows_with_origins(v, job_dir, task.family)[0]) for v in views]   # as the validation
+    est = estimate_job(spec, CostModel.measured("cpu"), steps=[min(steps, v.hyperparameters.max_steps) for v in views],
+                       prompt_format=task.prompt_format, wall=True, tokens=tokens)
+    out = work / name
+    run = run_worker(Training(job_dir, resolve_model(spec.base_model), task.family, out, max_steps=steps,
+                              threads=threads, fmt=for_task(task), spec=spec), deadline_s=3600, progress=False)
+    if run.status.get("status") != "ok":
+        raise RuntimeError(f"{name} ended {run.status.get('status')}: {run.status.get('detail')} "
+                           f"{run.status.get('error', '')[-800:]}")
+    log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines() if line.strip()]
+    times = {r["step"]: r[clock] for r in log if clock in r}
+    first, last = min(times), max(times)
+    step_s = (times[last] - times[first]) / max(1, last - first)
+    gen = out / "generation.json"
+    sampling_s = sum(g["seconds"] for g in json.loads(gen.read_text())) if gen.is_file() else 0.0
+    train_s = step_s * last if clock == "cpu_seconds" else float(run.status.get("seconds") or 0.0)
+    return {"job": name, "base_model": spec.base_model, "algorithm": spec.strategy_algorithm(), "steps": last,
+            "row_tokens": tokens[0].row, "prompt_tokens": tokens[0].prompt,
+            "predicted_step_s": est.step_seconds, "measured_step_s": round(step_s, 4),
+            "predicted_sampling_s": est.sampling_seconds, "measured_sampling_s": round(sampling_s, 2),
+            "predicted_train_s": round(est.train_seconds(last), 2), "measured_train_s": round(train_s + sampling_s, 2),
+            "predicted_startup_s": est.startup_seconds,
+            "measured_startup_s": round(run.wall_seconds - train_s - sampling_s, 2)}
+
+
+def main() -> None:
+    p = _common.parser(__doc__.split("\n")[0])
+    p.add_argument("--steps", type=int, default=30, help="steps each job trains (default 30)")
+    p.add_argument("--threads", type=int, default=2, help="torch threads of each job (default 2, as make run)")
+    p.add_argument("--only", nargs="*", default=None, help="these jobs only (names as printed)")
+    p.add_argument("--smollm2", action="store_true", help="also the SmolLM2 example jobs (needs at-models import)")
+    p.add_argument("--cpu", action="store_true",
+                   help="measure CPU seconds instead of the clock (train_log's cpu_seconds; with --threads 1 they "
+                        "stand for a quiet machine's seconds on a busy one)")
+    a = p.parse_args()
+    from agent_trainer.registry import INCLUDE_PATH_ENV
+
+    # The data-family job's family lives in examples/families (task.include_path in a run).
+    os.environ[INCLUDE_PATH_ENV] = os.pathsep.join(filter(None, [os.environ.get(INCLUDE_PATH_ENV),
+                                                                  str(ROOT / "examples" / "families")]))
+    jobs = JOBS + (SMOLLM2_JOBS if a.smollm2 else [])
+    jobs = [j for j in jobs if a.only is None or j[0] in a.only]
+    work = _common.workdir(a.workdir, "cost-model") if a.workdir else Path(tempfile.mkdtemp(prefix="bench-cost-"))
+    rows, claims = [], []
+    for name, job_dir, task_path in jobs:
+        r = measure(name, job_dir, task_path, a.steps, a.threads, work, "cpu_seconds" if a.cpu else "seconds")
+        rows.append(r)
+        ratio = r["predicted_train_s"] / max(1e-9, r["measured_train_s"])
+        r["ratio"] = round(ratio, 3)
+        ok = 1 / 1.5 <= ratio <= 1.5
+        print(f"RATIO cost_model_{name}_predicted_over_measured {ratio:.3f} (target within 1.5x): "
+              f"{'PASS' if ok else 'FAIL'}")
+        claims.append({"name": f"cost_model_{name}", "value": r["ratio"], "target": "within 1.5x", "pass": ok})
+    _common.table([(r["job"], r["base_model"], r["algorithm"], r["steps"], f"{r['row_tokens']:g}",
+                    f"{r['predicted_step_s']:.3f}", f"{r['measured_step_s']:.3f}",
+                    f"{r['predicted_sampling_s']:.1f}", f"{r['measured_sampling_s']:.1f}",
+                    f"{r['predicted_startup_s']:.0f}", f"{r['measured_startup_s']:.0f}", f"{r['ratio']:.2f}")
+                   for r in rows],
+                  ("job", "base", "algorithm", "steps", "row tokens", "step s pred", "step s meas", "sampling pred",
+                   "sampling meas", "start-up pred", "start-up meas", "train pred/meas"))
+    print(f"within 1.5x: {sum(c['pass'] for c in claims)} of {len(claims)} jobs")
+    _common.write(a.json, "cost_model", {"jobs": rows, "claims": claims, "steps": a.steps, "threads": a.threads,
+                                         "clock": "cpu" if a.cpu else "wall"})
+
+
+if __name__ == "__main__":
+    main()

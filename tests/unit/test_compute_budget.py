@@ -1,0 +1,94 @@
+"""Budgets in compute, not seconds: the cost model's compute is the same on any machine, the budget guard
+counts steps, the wall clock is a safety cap well above the estimate, and hitting it is excluded from rewards.
+
+    .venv/bin/pytest tests/unit/test_compute_budget.py -q        (~2 s)
+"""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from agent_trainer.evaluation.staged_reward import JobOutcome, staged_reward
+from agent_trainer.inner_loop.run.request import KILL_FACTOR, KILL_MARGIN_S, safety_cap
+from agent_trainer.inner_loop.spec.cost import CostModel, estimate_job
+from agent_trainer.inner_loop.spec.jobspec import JobSpec
+
+SPEC = JobSpec.model_validate({"base_model": "smollm2-135m", "algorithm": "sft", "seed": 0,
+                               "hyperparameters": {"learning_rate": 1e-4, "batch_size": 16, "max_steps": 40},
+                               "data": {"sources": [{"family": "calc_chain", "size": 400}]}})
+
+
+def test_a_machine_profile_changes_the_wall_estimate_never_the_compute():
+    here = CostModel(machine={"smollm2-135m": {"sft": 500.0}})
+    compute, wall = estimate_job(SPEC, here), estimate_job(SPEC, here, wall=True)
+    assert compute == estimate_job(SPEC, CostModel()), "compute is the reference machine's, everywhere"
+    assert wall.step_seconds == pytest.approx(compute.step_seconds * 500.0 / 76.0, rel=1e-3)
+    assert compute.stages == [(compute.step_seconds, 0.0)]
+
+
+def test_the_budget_guard_counts_compute_and_ignores_the_clock():
+    from agent_trainer.inner_loop.train.callbacks import BudgetGuard
+
+    guard = BudgetGuard(100, max_compute=1.0, step_compute=0.3)
+    guard.on_train_begin(None, None, None)
+    guard.t0 = time.monotonic() - 3600          # an hour "passed": a busy machine changes nothing
+    stops = []
+    for step in range(1, 6):
+        control = SimpleNamespace(should_training_stop=False)
+        guard.on_step_end(None, SimpleNamespace(global_step=step), control)
+        stops.append(control.should_training_stop)
+    assert stops[:3] == [False, False, True] and guard.stop_reason == "timeout", "3 steps of 0.3 fit in 1.0"
+    assert "compute budget" in guard.detail
+    free = BudgetGuard(100)                     # no compute cap: steps only
+    control = SimpleNamespace(should_training_stop=False)
+    free.on_step_end(None, SimpleNamespace(global_step=99), control)
+    assert not control.should_training_stop and free.stop_reason is None
+
+
+def test_the_safety_cap_is_a_multiple_plus_a_floor_well_above_the_estimate():
+    assert safety_cap(30.0) == KILL_FACTOR * 30.0 + KILL_MARGIN_S
+    assert safety_cap(30.0) >= 4 * 30.0 and safety_cap(0.0) >= 120.0
+
+
+def test_the_speed_stage_reads_compute_and_an_infrastructure_fault_is_excluded():
+    from agent_trainer.inner_loop.run.result import STATUSES, JobResult
+
+    def result(train_seconds: float, status: str = "ok") -> JobResult:
+        return JobResult(status=status, task="t", family="calc_chain", job_dir="j", output_dir="o", job_hash="h",
+                         hidden_score=0.3, baseline=0.1,
+                         seconds={"train": train_seconds, "train_estimated": 12.5, "total": train_seconds})
+
+    quiet, busy = (staged_reward(0, result(t).outcome(90.0)) for t in (4.0, 290.0))
+    assert quiet == busy and quiet.speed == pytest.approx(1 - 12.5 / 90.0)
+    killed = staged_reward(0, result(0.0, "infra_timeout").outcome(90.0))
+    assert "infra_timeout" in STATUSES
+    assert killed.excluded and killed.total == 0.0 and killed.to_dict()["excluded"] is True
+    assert not staged_reward(0, JobOutcome(status="timeout", post_score=0.3, baseline=0.1)).excluded
+
+
+def test_the_training_command_line_carries_the_compute_budget(tmp_path):
+    from agent_trainer.inner_loop.run.worker import Training
+
+    t = Training(tmp_path / "job", tmp_path / "model", "calc_chain", tmp_path / "out", max_steps=40,
+                 max_compute=75.0, stage_costs=((0.3, 2.0),), threads=1)
+    argv = t.argv()
+    assert argv[argv.index("--max-compute") + 1] == "75.0" and argv[argv.index("--stage-costs") + 1] == "[[0.3, 2.0]]"
+    assert t.kwargs()["stage_costs"] == [[0.3, 2.0]] and t.job_dir.is_absolute()
+
+
+def test_rows_are_priced_per_token_and_reference_rows_as_before():
+    from agent_trainer.inner_loop.spec.cost import REF_ROW_TOKENS, RowTokens, estimate_cost, row_tokens
+
+    spec = JobSpec.model_validate({"base_model": "tiny-s", "algorithm": "sft", "seed": 0,
+                                   "hyperparameters": {"learning_rate": 1e-3, "batch_size": 64, "max_steps": 10},
+                                   "data": {"sources": [{"family": "calc_chain", "size": 400}]}})
+    short = row_tokens([{"prompt": "calc: 3+4=", "answer": "7"}])
+    long = row_tokens([{"prompt": "word: Eli buys 7 bags of 4 shells. How many shells in all? =", "answer": "28"}])
+    assert short.row < REF_ROW_TOKENS < long.row and row_tokens([]) == RowTokens()
+    ref, longer = estimate_cost(spec).step_seconds, estimate_cost(spec, tokens=long).step_seconds
+    assert ref == estimate_cost(spec, tokens=RowTokens()).step_seconds == pytest.approx(0.008 + 64 * 0.0005)
+    # measured (CPU seconds, one thread): word_math rows (38 tokens) cost 2.2x calc_chain's (10) a step
+    assert 1.5 < longer / ref < 3.0 and estimate_cost(spec, tokens=short).step_seconds < ref
