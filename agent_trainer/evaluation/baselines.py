@@ -5,8 +5,10 @@
     >>> lookup_baseline(path, "calc_chain")     # None when not computed yet (never computes)
     >>> print(baseline_table({"tiny-s": p_s, "tiny-m": p_m}).markdown)
 
-Entries live in ``<cache>/baselines.json`` keyed by ``<model sha256>/<family>/v<version>/n<n>``: a
-rebuilt model (new weights) or a new family version gets a new entry, never a stale one. Writes
+Entries live in ``<cache>/baselines.json`` keyed by ``<model sha256>/<family>/v<version>/n<n>`` (plus
+``/salt-<label>`` for a hidden set drawn with a salt other than the default public one,
+``agent_trainer.evaluation.salt``): a rebuilt model (new weights), a new family version or another hidden
+set gets a new entry, never a stale one. Writes
 are atomic (temp file + rename) under an ``fcntl`` lock, so parallel jobs can share the file.
 """
 
@@ -24,6 +26,7 @@ from pathlib import Path
 from agent_trainer.paths import cache_dir as default_cache_dir
 from agent_trainer.evaluation.families import family_names, get_family
 from agent_trainer.evaluation.hidden_eval import checkpoint_hash, score_checkpoint
+from agent_trainer.evaluation.salt import hidden_salt
 from agent_trainer.evaluation.prompts import RAW, PromptFormat, for_family
 
 BASELINES_FILE = "baselines.json"
@@ -32,6 +35,8 @@ BASELINES_FILE = "baselines.json"
 def _key(model_path, family: str, n: int, fmt: PromptFormat = RAW) -> str:
     fam = get_family(family)
     key = f"{checkpoint_hash(model_path)}/{fam.name}/v{fam.version}/n{n}"
+    salt = hidden_salt().label  # a baseline per hidden set: the default public salt keeps the keys it always had
+    key = key if salt == "public" else f"{key}/salt-{salt}"
     return key if fmt.kind == "raw" else f"{key}/{fmt.key}"
 
 

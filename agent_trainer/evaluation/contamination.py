@@ -3,9 +3,12 @@
     r = find_overlap("calc_chain", 200, [("data.jsonl line 1", "calc: 11-3-3="), ("reward.py", source)])
     r.flagged, r.hits, r.to_dict()          # counts and where; never the hidden items themselves
 
-Texts are folded (``fold``) and tokenized (``tokens``); a hidden item is hit by an exact, contained
-or distinctive ``NGRAM``-gram match, and ``MIN_HITS`` hits flag the texts. The rules, the thresholds
-and what they miss: docs/security.md, "Contamination rules".
+Texts are compared in the model's token space, folded: ``fold`` undoes Unicode disguises (with a cap
+on the expanded size, ``MAX_FOLDED_CHARS``), ``units`` splits the folded text where the model's
+tokenizer does (every digit and punctuation mark is a token of its own, underscores and spaces are
+glue), and a hidden item is hit by an exact, contained, near (glue inserted) or distinctive-piece
+match. ``MIN_HITS`` hits flag the texts. The rules, the thresholds and what they miss:
+docs/security.md, "Contamination rules".
 """
 
 from __future__ import annotations
@@ -16,15 +19,23 @@ import unicodedata
 from dataclasses import asdict, dataclass, field
 from typing import Iterable
 
-NGRAM = 13
+NGRAM = 8            # runs in a distinctive piece of a long item
 MIN_HITS = 1
-TEMPLATE_SAMPLE = 2000
+TEMPLATE_SAMPLE = 10_000
 MAX_LISTED = 20
-_TOKEN = re.compile(r"\w+|[^\w\s]")
+MAX_GLUE = 1.0       # a near match may insert up to this many glue units per unit of the item
+MAX_FOLDED_CHARS = 1_000_000   # a text whose folded form would be longer is refused (FoldTooLarge)
+_CHUNK = 4096
+# Units after folding: runs of letters, runs of digits, single punctuation marks ('_' is rewritten first).
+_UNIT = re.compile(r"[^\W\d_]+|\d+|[^\w\s]")
 # Invisible characters outside the categories folded away (Cf, Mn, Me): Hangul fillers, Braille blank.
 _INVISIBLE = frozenset("\u115f\u1160\u3164\uffa0\u2800")
 _DROP = frozenset(("Cf", "Mn", "Me"))
 _SPACE = frozenset(("Zs", "Zl", "Zp", "Cc"))
+
+
+class FoldTooLarge(ValueError):
+    """A text whose Unicode-normalised form exceeds ``MAX_FOLDED_CHARS`` (an expansion attack)."""
 
 
 @functools.lru_cache(maxsize=1)
@@ -66,23 +77,122 @@ def _skeleton_map() -> dict[int, str]:
     return out
 
 
-def fold(text: str) -> str:
-    """``text`` with its disguises undone (see the module docstring): what two texts are compared as."""
-    chars = []
-    for ch in unicodedata.normalize("NFKD", text):
+class _CharFold(dict):
+    """``str.translate`` table of the per-character step of ``fold``, filled on first sight of a character."""
+
+    def __missing__(self, code: int) -> str:
+        ch = chr(code)
         cat = unicodedata.category(ch)
-        if cat in _DROP or ch in _INVISIBLE:
-            continue
-        chars.append(" " if cat in _SPACE else str(unicodedata.decimal(ch)) if cat == "Nd" else ch)
+        out = ("" if cat in _DROP or ch in _INVISIBLE else " " if cat in _SPACE
+               else str(unicodedata.decimal(ch)) if cat == "Nd" else ch)
+        self[code] = out
+        return out
+
+
+_CHAR_FOLD = _CharFold()
+_ASCII_FOLD = {c: " " for c in (*range(32), 127)}
+
+
+def fold(text: str, max_chars: int = MAX_FOLDED_CHARS) -> str:
+    """``text`` with its disguises undone (see the module docstring): what two texts are compared as.
+
+    Works through the text in chunks and raises ``FoldTooLarge`` as soon as the normalised form
+    passes ``max_chars`` (a character such as U+FDFA expands to 18), so memory stays bounded."""
+    if len(text) > max_chars:
+        raise FoldTooLarge(f"a text of {len(text):,} characters is over the {max_chars:,} the check folds")
+    if text.isascii():
+        return text.translate(_ASCII_FOLD).lower()
+    parts, total = [], 0
+    for i in range(0, len(text), _CHUNK):
+        part = unicodedata.normalize("NFKD", text[i:i + _CHUNK]).translate(_CHAR_FOLD)
+        total += len(part)
+        if total > max_chars:
+            raise FoldTooLarge(f"a text expands past {max_chars:,} characters under Unicode normalisation")
+        parts.append(part)
     # Look-alikes before and after case folding: capital Cyrillic Т looks like T, its small т does not look like t.
     skeleton = _skeleton_map()
-    folded = unicodedata.normalize("NFKC", "".join(chars)).translate(skeleton).casefold()
+    folded = unicodedata.normalize("NFKC", "".join(parts)).translate(skeleton).casefold()
     return folded.translate(skeleton).casefold()
 
 
+@dataclass(frozen=True)
+class Units:
+    """A folded text in units: ``runs`` (letter and digit runs the comparison anchors on) and, around them,
+    ``gaps[j]``: the other units (punctuation, a run glued to a longer run of the other class) before run j
+    (``gaps[len(runs)]``: after the last run)."""
+
+    runs: tuple[str, ...]
+    gaps: tuple[tuple[str, ...], ...]
+
+    @property
+    def all(self) -> tuple[str, ...]:
+        """Every unit in order."""
+        out: list[str] = []
+        for gap, run in zip(self.gaps, self.runs):
+            out += [*gap, run]
+        return (*out, *self.gaps[-1])
+
+
+_MIXED = re.compile(r"[^\W\d_]\d|\d[^\W\d_]")
+_RUNS = re.compile(r"[^\W_]+")
+_MARK = re.compile(r"[^\w\s]")
+
+
+def _units(folded: str) -> Units:
+    folded = folded.replace("_", " ")
+    if not _MIXED.search(folded):  # no letter touches a digit: every run is kept (the common case, in C)
+        return Units(tuple(_RUNS.findall(folded)), tuple(tuple(_MARK.findall(g)) for g in _RUNS.split(folded)))
+    found = [(m.group(), m.start(), m.end()) for m in _UNIT.finditer(folded)]
+    keep = [False] * len(found)
+    i = 0
+    while i < len(found):  # clusters: runs with nothing between them ("7calc", "h2o", "11x")
+        j = i
+        if found[i][0][0].isalnum():
+            while j + 1 < len(found) and found[j + 1][0][0].isalnum() and found[j + 1][1] == found[j][2]:
+                j += 1
+            cluster = range(i, j + 1)
+            letters = max((len(found[k][0]) for k in cluster if not found[k][0][0].isdigit()), default=0)
+            digits = max((len(found[k][0]) for k in cluster if found[k][0][0].isdigit()), default=0)
+            keep_digits = digits > letters
+            for k in cluster:
+                keep[k] = found[k][0][0].isdigit() == keep_digits
+        i = j + 1
+    runs, gaps, gap = [], [], []
+    for (u, _, _), kept in zip(found, keep):
+        if kept:
+            runs.append(u)
+            gaps.append(tuple(gap))
+            gap = []
+        else:
+            gap.append(u)
+    gaps.append(tuple(gap))
+    return Units(tuple(runs), tuple(gaps))
+
+
+def units(text: str) -> Units:
+    """``text`` folded (``fold``) and split into ``Units``."""
+    return _units(fold(text))
+
+
 def tokens(text: str) -> tuple[str, ...]:
-    """Folded tokens of ``text`` (``fold``): words/numbers and single punctuation marks."""
-    return tuple(_TOKEN.findall(fold(text)))
+    """Folded units of ``text`` in order: letter runs, digit runs and single punctuation marks."""
+    return units(text).all
+
+
+def _subsequence_extra(needle: tuple[str, ...], hay: tuple[str, ...], from_left: bool) -> int | None:
+    """Units of ``hay`` inside the span that ``needle`` occupies as a subsequence (greedy from one end), or None.
+
+    From the left: the extras before the last matched unit; from the right: those after the first."""
+    if not needle:
+        return 0
+    seq, want = (hay, needle) if from_left else (hay[::-1], needle[::-1])
+    k = 0
+    for pos, u in enumerate(seq):
+        if u == want[k]:
+            k += 1
+            if k == len(want):
+                return pos + 1 - len(want)
+    return None
 
 
 def _ngrams(toks: tuple[str, ...], n: int) -> set[tuple[str, ...]]:
@@ -97,15 +207,18 @@ class ContaminationReport:
     n: int
     flagged: bool = False
     hits: int = 0  # distinct hidden items hit
-    kinds: dict[str, int] = field(default_factory=lambda: {"exact": 0, "contained": 0, "ngram": 0})
+    kinds: dict[str, int] = field(default_factory=lambda: {"exact": 0, "contained": 0, "near": 0, "ngram": 0})
     sources: list[dict] = field(default_factory=list)  # {"source", "kind", "item"} (first MAX_LISTED)
     texts_checked: int = 0
+    error: str = ""  # why the check could not finish (the texts then count as contaminated)
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     def summary(self) -> str:
         """One line for logs and result details."""
+        if self.error:
+            return f"the contamination check could not finish ({self.error}); the job counts as contaminated"
         if self.kinds.get("undeclared"):
             return ("the model trained on rows that are not the job's declared data: "
                     + "; ".join(s["source"] for s in self.sources if s["kind"] == "undeclared")[:300])
@@ -116,63 +229,97 @@ class ContaminationReport:
                 f"({', '.join(f'{k} {v}' for k, v in self.kinds.items() if v)}): {where}")
 
 
-class _HiddenIndex:
-    """Token sequences of the hidden items, indexed by first token for a fast scan of long texts."""
+class HiddenIndex:
+    """The hidden items in units, indexed by their runs for a fast scan of long texts."""
 
-    def __init__(self, family: str, n: int):
-        from agent_trainer.evaluation.families import get_family
-        from agent_trainer.evaluation.hidden_eval import hidden_set
-
-        items = [tokens(e.prompt) for e in hidden_set(family, n)]
-        self.whole: dict[tuple[str, ...], int] = {}
-        self.by_first: dict[str, set[int]] = {}  # first token -> lengths of short items starting with it
+    def __init__(self, prompts: list[str], public: Iterable[str] = ()):
+        self.items = [units(p) for p in prompts]
+        self.by_runs: dict[tuple[str, ...], list[int]] = {}
+        self.by_first: dict[str, set[int]] = {}  # first run -> lengths (in runs) of items starting with it
         self.grams: dict[tuple[str, ...], int] = {}
-        public: set[tuple[str, ...]] = set()
-        if any(len(t) > NGRAM for t in items):
-            for ex in get_family(family).training_examples(seed=0, n=TEMPLATE_SAMPLE):
-                public |= _ngrams(tokens(ex.prompt), NGRAM)
-        for i, toks in enumerate(items):
-            if not toks:
+        long_items = [i for i, u in enumerate(self.items) if len(u.runs) > NGRAM]
+        seen: set[tuple[str, ...]] = set()
+        if long_items:
+            for text in public:
+                seen |= _ngrams(units(text).runs, NGRAM)
+        for i, u in enumerate(self.items):
+            if not u.runs:
                 continue
-            self.whole.setdefault(toks, i)
-            if len(toks) <= NGRAM:
-                self.by_first.setdefault(toks[0], set()).add(len(toks))
-            else:
-                for g in _ngrams(toks, NGRAM) - public:
-                    self.grams.setdefault(g, i)
+            self.by_runs.setdefault(u.runs, []).append(i)
+            self.by_first.setdefault(u.runs[0], set()).add(len(u.runs))
+        for i in long_items:
+            for g in _ngrams(self.items[i].runs, NGRAM) - seen:
+                self.grams.setdefault(g, i)
         self.gram_first = {g[0] for g in self.grams}
 
-    def scan(self, toks: tuple[str, ...]) -> list[tuple[str, int]]:
-        """``(kind, item index)`` of every hidden item ``toks`` hits."""
-        if toks in self.whole:
-            return [("exact", self.whole[toks])]
+    def _near(self, item: Units, text: Units, at: int) -> str | None:
+        """How ``item`` occurs in ``text`` with its runs at ``at``: ``exact``/``contained``/``near``, or None."""
+        n = len(item.runs)
+        extra = 0
+        for j in range(1, n):  # between runs: the item's units, in order, with inserted glue
+            inner = _subsequence_extra(item.gaps[j], text.gaps[at + j], from_left=True)
+            if inner is None:
+                return None
+            extra += len(text.gaps[at + j]) - len(item.gaps[j])
+        head = _subsequence_extra(item.gaps[0], text.gaps[at], from_left=False)
+        tail = _subsequence_extra(item.gaps[n], text.gaps[at + n], from_left=True)
+        if head is None or tail is None:
+            return None
+        extra += head + tail
+        if extra == 0:
+            return "exact" if text.all == item.all else "contained"
+        return "near" if extra <= MAX_GLUE * len(item.all) else None
+
+    def scan(self, text: Units) -> list[tuple[str, int]]:
+        """``(kind, item index)`` of every hidden item the text hits."""
         found: dict[int, str] = {}
-        for i, tok in enumerate(toks):
+        runs = text.runs
+        for i, tok in enumerate(runs):
             for length in self.by_first.get(tok, ()):
-                item = self.whole.get(toks[i:i + length])
-                if item is not None:
-                    found.setdefault(item, "contained")
+                for item in self.by_runs.get(runs[i:i + length], ()):
+                    kind = self._near(self.items[item], text, i)
+                    if kind and item not in found:
+                        found[item] = kind
             if tok in self.gram_first:
-                item = self.grams.get(toks[i:i + NGRAM])
+                item = self.grams.get(runs[i:i + NGRAM])
                 if item is not None:
                     found.setdefault(item, "ngram")
         return [(kind, item) for item, kind in found.items()]
 
 
+def _index(family: str, n: int) -> HiddenIndex:
+    from agent_trainer.evaluation.salt import hidden_salt
+
+    return _salted_index(family, n, hidden_salt().setting)
+
+
 @functools.lru_cache(maxsize=16)
-def _index(family: str, n: int) -> _HiddenIndex:
-    return _HiddenIndex(family, n)
+def _salted_index(family: str, n: int, salt: str) -> HiddenIndex:
+    from agent_trainer.evaluation.families import get_family
+    from agent_trainer.evaluation.hidden_eval import hidden_set
+
+    fam = get_family(family)
+    return HiddenIndex([e.prompt for e in hidden_set(family, n, salt)],
+                       (ex.prompt for ex in fam.training_examples(seed=0, n=TEMPLATE_SAMPLE)))
 
 
 def find_overlap(family: str, n: int, texts: Iterable[tuple[str, str]],
                  min_hits: int = MIN_HITS) -> ContaminationReport:
-    """Check ``(source label, text)`` pairs against the first ``n`` hidden items of ``family``."""
+    """Check ``(source label, text)`` pairs against the first ``n`` hidden items of ``family``.
+
+    A text too large to fold (``FoldTooLarge``) ends the check with ``error`` set and the report flagged."""
     index = _index(family, int(n))
     report = ContaminationReport(family=family, n=int(n))
     hit_items: set[int] = set()
     for source, text in texts:
         report.texts_checked += 1
-        for kind, item in index.scan(tokens(text)):
+        try:
+            found = index.scan(units(text))
+        except FoldTooLarge as e:
+            report.error = f"{source}: {e}"
+            report.flagged = True
+            return report
+        for kind, item in found:
             if item not in hit_items:
                 report.kinds[kind] += 1
             hit_items.add(item)

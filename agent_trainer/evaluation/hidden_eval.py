@@ -21,8 +21,6 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import torch
-
 from agent_trainer.evaluation.families import HIDDEN_SEED_BASE, Example, TaskFamily, get_family
 from agent_trainer.evaluation.prompts import RAW, PromptFormat, render
 
@@ -52,12 +50,16 @@ class EvalResult:
         return asdict(self)
 
 
-def hidden_set(family_name: str, n: int) -> list[Example]:
-    """The first ``n`` items of the family's hidden set (fixed for a family version)."""
+def hidden_set(family_name: str, n: int, salt: str | None = None) -> list[Example]:
+    """The first ``n`` items of the family's hidden set (fixed for a family version and salt).
+
+    ``salt``: a salt setting (``agent_trainer.evaluation.salt``); default ``$AT_HIDDEN_SALT``, else public."""
+    from agent_trainer.evaluation.salt import hidden_salt
+
     fam = get_family(family_name)
     if not isinstance(n, int) or not 1 <= n <= 5000:
         raise EvalError(f"hidden set size must be an integer in [1, 5000], got {n!r}")
-    return fam._draw(HIDDEN_SEED_BASE + fam.version, n, hidden=True)
+    return fam._draw(HIDDEN_SEED_BASE + fam.version, n, hidden=True, salt=hidden_salt(salt).value)
 
 
 def checkpoint_hash(path: str | Path) -> str:
@@ -79,9 +81,15 @@ def checkpoint_hash(path: str | Path) -> str:
     return h.hexdigest()
 
 
-@torch.inference_mode()
 def generate_completions(model, tokenizer, prompts: list[str], max_new_tokens: int, batch_size: int = 64) -> list[str]:
     """Greedy completions of ``prompts`` (left padding, stop at eos), in the input order."""
+    import torch  # here, not at the top: the contamination check's child draws hidden sets without torch
+
+    with torch.inference_mode():
+        return _generate(torch, model, tokenizer, prompts, max_new_tokens, batch_size)
+
+
+def _generate(torch, model, tokenizer, prompts: list[str], max_new_tokens: int, batch_size: int) -> list[str]:
     if tokenizer.pad_token_id is None:
         raise EvalError("the tokenizer has no pad token; set tokenizer.pad_token before scoring")
     old_side = tokenizer.padding_side
@@ -140,6 +148,7 @@ def score_model(model, tokenizer, family: str | TaskFamily, n: int = 200, batch_
 
 def load_checkpoint(path: str | Path, device: str = "cpu"):
     """(model, tokenizer) from a saved checkpoint folder, float32, in eval mode."""
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = Path(path)

@@ -45,7 +45,7 @@ REPO = Path(__file__).resolve().parents[2]
 FAMILY = "calc_chain"
 TASK = TaskSpec(name="calc_redteam", family=FAMILY, allowed_base_models=["tiny-s"], hidden_eval_size=16,
                 budget={"max_steps": 400, "max_seconds": 60, "max_usd": 0.05})
-POLICY = SandboxPolicy(reward_timeout_s=5, max_processes=32, reward_memory_gb=1)
+POLICY = SandboxPolicy(reward_timeout_s=5, sandbox_max_processes=32, reward_memory_gb=1)
 FAST_COSTS = CostModel(startup_s=0.0, grpo_step_s=1e-4, grpo_token_s=0.0, sft_step_s=1e-4, sft_sequence_s=0.0)
 SECRETS = {"AT_TEST_SECRET_KEY": "planted-at-test-secret-91c3", "OPENAI_API_KEY": "sk-planted-openai-77d2"}
 
@@ -284,7 +284,7 @@ def test_linked_data_file_is_refused_before_it_is_read(harness, tmp_path):
 
 def _run(world, job: Path, **kw) -> tuple[JobResult, dict]:
     res = run_job(job, TASK, model_dir=world["base"], cache_dir=world["cache"], progress=False, threads=1,
-                  cost_model=FAST_COSTS, sandbox=POLICY, **kw)
+                  cost_model=FAST_COSTS, sandbox=POLICY, cache=False, warm_workers=False, **kw)
     return res, json.loads((job / "output" / RESULT_FILE).read_text())
 
 
@@ -366,10 +366,9 @@ def test_hidden_answers_in_reward_code_and_long_item_ngrams_are_flagged(harness,
                                         "    return [0.0] * len(completions)\n")
     r = check_job(load_job(job), job, FAMILY, TASK.hidden_eval_size)
     assert r.flagged and r.hits == 3 and {s["source"] for s in r.sources} == {"reward.py"}
-    from agent_trainer.evaluation.contamination import NGRAM, tokens
+    from agent_trainer.evaluation.contamination import _index
 
-    long = next(e for e in hidden_set("triage", 200) if len(tokens(e.prompt)) > NGRAM)
-    window = " ".join(tokens(long.prompt)[1:NGRAM + 1])  # 13 of its tokens, inside other text
+    window = " ".join(next(iter(_index("triage", 200).grams)))  # a distinctive piece of a long item, in other text
     job2 = _job(tmp_path / "job2", data=[{"prompt": f"triage: note {window} thanks =", "answer": "billing"}],
                 algorithm="sft")
     assert check_job(load_job(job2), job2, "triage", 200).kinds["ngram"] == 1

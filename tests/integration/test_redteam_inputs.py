@@ -27,7 +27,7 @@ from agent_trainer.inner_loop.spec.jobspec import RewardSpec
 from agent_trainer.inner_loop.spec.probe import score_in_child
 from agent_trainer.inner_loop.isolation.sandbox import SandboxPolicy, bwrap_problem, trainer_wrapper
 from agent_trainer.inner_loop.spec.validate import validate_job
-from agent_trainer.inner_loop.run.worker import run_worker
+from agent_trainer.inner_loop.run.worker import Training, run_worker
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(bwrap_problem() is not None, reason=f"needs bubblewrap: {bwrap_problem()}")]
@@ -35,7 +35,7 @@ pytestmark = [pytest.mark.slow,
 FAMILY = "calc_chain"
 TASK = TaskSpec(name="calc_redteam", family=FAMILY, allowed_base_models=["tiny-s"], hidden_eval_size=16,
                 budget={"max_steps": 400, "max_seconds": 60, "max_usd": 0.05})
-POLICY = SandboxPolicy(reward_timeout_s=10, max_processes=32, reward_memory_gb=1)
+POLICY = SandboxPolicy(reward_timeout_s=10, sandbox_max_processes=32, reward_memory_gb=1)
 FAST_COSTS = CostModel(startup_s=0.0, grpo_step_s=1e-4, grpo_token_s=0.0, sft_step_s=1e-4, sft_sequence_s=0.0)
 PYC = f"__pycache__/resource.{sys.implementation.cache_tag}.pyc"
 # Files named like what a harness process imports: stdlib modules it uses, libraries, its own
@@ -150,8 +150,8 @@ def test_the_trainer_never_imports_from_the_job_folder(mode, built_models, tmp_p
             if mode == "sandboxed" else None)
     if wrap:
         out.mkdir()
-    run = run_worker(job, base, FAMILY, out, max_steps=2, max_seconds=60, deadline_s=300, threads=1, progress=False,
-                     wrap=wrap, warm=mode == "warm")
+    run = run_worker(Training(job.resolve(), base.resolve(), FAMILY, out.resolve(), max_steps=2, threads=1),
+                     deadline_s=300, progress=False, wrap=wrap, warm=mode == "warm")
     log = (out / "worker.log").read_text(errors="replace") if (out / "worker.log").exists() else ""
     assert run.status.get("status") == "ok", (run.status, log[-2000:])
     assert "LEAKED" not in log and not leaked(markers, out, job), f"LEAKED {leaked(markers, out, job)}"
@@ -170,7 +170,7 @@ def test_disguised_hidden_items_in_a_job_are_flagged_and_score_as_baseline(built
             {"prompt": hidden[2].prompt[:-1], "answer": "=" + hidden[2].answer}]          # split across fields
     job = library_job(tmp_path / "job", data=rows * 4)
     res = run_job(job, TASK, model_dir=built_models["tiny-s"], progress=False, threads=1, cost_model=FAST_COSTS,
-                  sandbox=POLICY, dry_run=False)
+                  sandbox=POLICY, dry_run=False, cache=False, warm_workers=False)
     assert res.status == "ok" and res.flagged, (res.detail, res.contamination)
     assert res.contamination["hits"] == 3 and res.hidden_score == res.baseline and res.uplift == 0.0
     assert "flagged" not in json.dumps(res.visible())
@@ -233,7 +233,7 @@ def test_a_reward_that_lies_about_its_value_never_reaches_training(dry_run, buil
     (job / "job.yaml").write_text(yaml.safe_dump(spec))
     (job / "reward.py").write_text(FLOAT_LIAR)
     res = run_job(job, TASK, model_dir=built_models["tiny-s"], progress=False, threads=1, cost_model=FAST_COSTS,
-                  sandbox=POLICY, dry_run=dry_run)
+                  sandbox=POLICY, dry_run=dry_run, cache=False, warm_workers=False)
     text = json.dumps(res.as_dict())
     assert res.status == ("invalid" if dry_run else "crashed"), (res.status, res.detail)
     assert res.hidden_score is None and "between -10000 and 10000" in text
@@ -243,5 +243,5 @@ def test_a_base_model_given_as_a_path_is_invalid(tmp_path):
     from agent_trainer.inner_loop.run.job import run_job
 
     job = _yaml_job(tmp_path, BASE_YAML.replace("tiny-s", "../.."))
-    res = run_job(job, TASK, progress=False, dry_run=False)
+    res = run_job(job, TASK, progress=False, dry_run=False, cache=False, warm_workers=False)
     assert res.status == "invalid" and any(f["field"] == "base_model" for f in res.findings), res.findings

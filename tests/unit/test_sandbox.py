@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from agent_trainer.config import InnerConfig
 from agent_trainer.evaluation.contamination import NGRAM, find_overlap, tokens
 from agent_trainer.evaluation.families import FAMILIES, get_family
 from agent_trainer.evaluation.hidden_eval import hidden_set
@@ -45,20 +46,21 @@ def test_policy_refuses_agent_code_without_bwrap_unless_unsafe_is_allowed():
     assert why and "not installed" in why and "allow_unsafe" in why
     assert "agent-written data" in missing.refusal(_spec(data=True))
     assert SandboxPolicy(bwrap="no-such-bwrap-here", allow_unsafe=True).refusal(_spec(code=True)) is None
-    assert "sandbox is off" in SandboxPolicy(enabled=False).refusal(_spec(code=True))
+    assert "sandbox is off" in SandboxPolicy(sandbox=False).refusal(_spec(code=True))
 
 
 def test_policy_from_values_and_config():
     assert SandboxPolicy.coerce(None) == SandboxPolicy() == SandboxPolicy.coerce(True)
-    assert SandboxPolicy.coerce(False).enabled is False
-    p = SandboxPolicy.coerce({"allow_unsafe": True, "max_processes": 8})
-    assert p.allow_unsafe and p.max_processes == 8 and SandboxPolicy.coerce(p.as_dict()) == p
+    assert SandboxPolicy.coerce(False).sandbox is False
+    p = SandboxPolicy.coerce({"allow_unsafe": True, "sandbox_max_processes": 8})
+    assert p.allow_unsafe and p.sandbox_max_processes == 8 and SandboxPolicy.coerce(p.as_dict()) == p
     with pytest.raises(ValueError, match="unknown sandbox setting"):
         SandboxPolicy.coerce({"alow_unsafe": True})
-    inner = {"sandbox": False, "allow_unsafe": True, "sandbox_memory_gb": None, "sandbox_max_processes": 5,
-             "reward_timeout_s": 7.0}
+    inner = InnerConfig(sandbox=False, allow_unsafe=True, sandbox_memory_gb=None, sandbox_max_processes=5,
+                        reward_timeout_s=7.0)
     p = SandboxPolicy.from_config(inner)
-    assert (p.enabled, p.allow_unsafe, p.memory_gb, p.max_processes, p.reward_timeout_s) == (False, True, None, 5, 7.0)
+    assert (p.sandbox, p.allow_unsafe, p.sandbox_memory_gb, p.sandbox_max_processes, p.reward_timeout_s) == (
+        False, True, None, 5, 7.0)
 
 
 def test_scrub_env_drops_secrets_and_unknown_names():
@@ -126,7 +128,7 @@ def test_reward_host_runs_as_its_own_uid_with_a_process_cap(tmp_path):
     import socket
 
     a, b = socket.socketpair()
-    argv = reward_host_argv(SandboxPolicy(max_processes=8), job_dir=tmp_path, fd=b.fileno(), deadline_s=30)
+    argv = reward_host_argv(SandboxPolicy(sandbox_max_processes=8), job_dir=tmp_path, fd=b.fileno(), deadline_s=30)
     host = len(argv) - 1 - argv[::-1].index(REWARD_HOST_IN_SANDBOX)  # keep the launcher; a probe, not the host
     probe = [*argv[:host], "-c",
              "import os, resource; print(os.getuid(), resource.getrlimit(resource.RLIMIT_NPROC)[0], os.listdir('/'))"]
@@ -170,14 +172,12 @@ def test_hidden_items_are_found_exact_embedded_and_respelled():
     assert h[0].prompt not in json.dumps(r.to_dict()), "the report never carries hidden text"
 
 
-def test_long_hidden_items_match_on_a_distinctive_13_gram():
-    long_items = [(i, e) for i, e in enumerate(hidden_set("triage", 200)) if len(tokens(e.prompt)) > NGRAM]
-    assert long_items, "triage has hidden prompts longer than the n-gram"
-    i, item = long_items[0]
-    toks = tokens(item.prompt)
-    partial = " ".join(toks[:NGRAM]) + " and then something else entirely"
-    other = " ".join(toks[1:NGRAM + 1])
-    r = find_overlap("triage", 200, [("a", partial), ("b", other)])
+def test_long_hidden_items_match_on_a_distinctive_piece():
+    from agent_trainer.evaluation.contamination import _index
+
+    gram, i = next(iter(_index("triage", 200).grams.items()))  # NGRAM runs of a long item no public item has
+    partial = " ".join(gram) + " and then something else entirely"
+    r = find_overlap("triage", 200, [("a", partial), ("b", " ".join(gram[1:]))])
     assert r.hits == 1 and r.sources[0]["item"] == i and r.kinds["ngram"] == 1
 
 
@@ -258,13 +258,13 @@ def test_validation_refuses_agent_code_when_the_sandbox_is_unavailable(tmp_path)
     assert r.ok, r.to_text()
 
 
-@pytest.mark.parametrize("policy", [SandboxPolicy(), SandboxPolicy(enabled=False, allow_unsafe=True)],
+@pytest.mark.parametrize("policy", [SandboxPolicy(), SandboxPolicy(sandbox=False, allow_unsafe=True)],
                          ids=["bwrap", "unsafe"])
 def test_reward_host_answers_in_both_modes(tmp_path, policy):
     from agent_trainer.inner_loop.spec.jobspec import RewardSpec
     from agent_trainer.inner_loop.isolation.reward_proxy import score_with_host
 
-    if policy.enabled and bwrap_problem() is not None:
+    if policy.sandbox and bwrap_problem() is not None:
         pytest.skip(f"bubblewrap unusable: {bwrap_problem()}")
     job = _file_reward_job(tmp_path)
     spec = RewardSpec.model_validate({"functions": [{"name": "mine", "source": "file"}, {"name": "exact_match"}]})

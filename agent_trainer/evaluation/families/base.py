@@ -62,7 +62,7 @@ class TaskFamily:
     held_out: ClassVar[bool] = False
     # Labels for label-scored families (listed to the agent, used by the scorer).
     labels: ClassVar[tuple[str, ...]] = ()
-    # What tends to help on this family (documented; measured in docs/families.md).
+    # A note on the family (part of the tokenizer's corpus: agent_trainer.inner_loop.models.tokenizer).
     notes: ClassVar[str] = ""
 
     extra: dict = field(default_factory=dict)
@@ -95,8 +95,9 @@ class TaskFamily:
             if not in_hidden_pool(self.name, ex.prompt):
                 yield ex
 
-    def _draw(self, seed: int, n: int, hidden: bool) -> list[Example]:
-        rng = random.Random(f"{self.name}/v{self.version}/{seed}")
+    def _draw(self, seed: int, n: int, hidden: bool, salt: str = "") -> list[Example]:
+        # ``salt`` (``agent_trainer.evaluation.salt``; hidden draws only) picks other items of the same pool.
+        rng = random.Random(f"{self.name}/v{self.version}/{seed}" + (f"/{salt}" if salt else ""))
         out: list[Example] = []
         seen: set[str] = set()
         attempts = 0

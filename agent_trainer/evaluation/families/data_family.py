@@ -36,12 +36,12 @@ class DataFamily(TaskFamily):
     def _sample(self, rng: random.Random) -> Example:
         return self.rows[rng.randrange(len(self.rows))]
 
-    def _draw(self, seed: int, n: int, hidden: bool) -> list[Example]:
+    def _draw(self, seed: int, n: int, hidden: bool, salt: str = "") -> list[Example]:
         pool = [r for r in self.rows if in_hidden_pool(self.name, r.prompt) == hidden]
         if hidden:
             # Distinct prompts, in a fixed shuffled order: the first n are the hidden set of size n.
             pool = list({r.prompt: r for r in pool}.values())
-            random.Random(f"{self.name}/v{self.version}/{seed}").shuffle(pool)
+            random.Random(f"{self.name}/v{self.version}/{seed}" + (f"/{salt}" if salt else "")).shuffle(pool)
             if n > len(pool):
                 raise FamilyError(f"family {self.name} has {len(pool)} hidden items ({len(self.rows)} rows); "
                                   f"set hidden_eval_size to {len(pool)} or less, or add rows to {self.source}")

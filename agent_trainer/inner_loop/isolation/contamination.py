@@ -6,12 +6,21 @@
 ``check_job`` reads every text the agent wrote for the job (data rows as trained, reward files);
 ``check_trained`` holds the rows the job's process recorded against the declared ones. The matching
 rules are ``agent_trainer.evaluation.contamination``'s; ``run_job`` runs both, and a flagged job scores as its
-baseline. What is checked: docs/security.md, "Contamination rules".
+baseline. Both read and fold agent text in a child process of their own (``CHECK_LIMITS``, ``CHECK_DEADLINE_S``):
+a malicious file costs that child, never the harness; a child that fails or runs out of time flags the job.
+What is checked: docs/security.md, "Contamination rules".
+
+    python -m agent_trainer.inner_loop.isolation.contamination parse|job|trained SPEC.json JOB_DIR OUT_DIR FAMILY N \
+        REPORT.json STAGES_RUN SALT_SETTING
 """
 
 from __future__ import annotations
 
 import json
+import os
+import sys
+import tempfile
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -19,6 +28,9 @@ from agent_trainer.evaluation.contamination import ContaminationReport, find_ove
 from agent_trainer.inner_loop.train.data import TRAINED_ROWS, build_rows, rendered_texts, trained_record
 
 MAX_RECORD_BYTES = 512 * 2**20
+# The checking child: 4 GB of address space, 300 CPU seconds, 600 s of wall clock (100,000 rows take ~20 s).
+CHECK_LIMITS = {"RLIMIT_AS": 4 * 2**30, "RLIMIT_CPU": 300, "RLIMIT_FSIZE": 64 * 2**20}
+CHECK_DEADLINE_S = 600.0
 
 
 def row_texts(where: str, row: object) -> Iterator[tuple[str, str]]:
@@ -60,9 +72,65 @@ def agent_texts(spec, job_dir: str | Path) -> Iterator[tuple[str, str]]:
             continue
 
 
-def check_job(spec, job_dir: str | Path, family: str, hidden_n: int) -> ContaminationReport:
-    """The job's agent-provided texts checked against the first ``hidden_n`` hidden items of ``family``."""
+def check_job(spec, job_dir: str | Path, family: str, hidden_n: int, *, in_child: bool = True) -> ContaminationReport:
+    """The job's agent-provided texts checked against the first ``hidden_n`` hidden items of ``family``
+    (in a child process unless ``in_child=False``)."""
+    if in_child:
+        return in_check_child("job", spec, job_dir, None, family, hidden_n)
     return find_overlap(family, hidden_n, agent_texts(spec, job_dir))
+
+
+def in_check_child(mode: str, spec, job_dir: str | Path, output_dir: str | Path | None, family: str, hidden_n: int,
+                   stages_run: int | None = None, *, limits: dict[str, int] | None = None,
+                   deadline_s: float = CHECK_DEADLINE_S) -> ContaminationReport:
+    """``check_job`` (``mode="job"``) or ``check_trained`` (``"trained"``) run in a child started by the launcher,
+    with ``limits`` (default ``CHECK_LIMITS``) and a wall-clock deadline. A child that fails, is killed or
+    overruns gives a flagged report whose ``error`` says why."""
+    answer, error = _in_child(mode, spec, job_dir, output_dir, family, hidden_n, stages_run, limits, deadline_s)
+    return _failed(family, hidden_n, error) if answer is None else ContaminationReport(**answer)
+
+
+def parse_in_child(spec, job_dir: str | Path, family: str, *, limits: dict[str, int] | None = None,
+                   deadline_s: float = CHECK_DEADLINE_S) -> str | None:
+    """Parse the job's data files once in a child (``CHECK_LIMITS``, a deadline) before the harness parses them:
+    None when the child finished (the files are then bounded work: their problems are the validation's to
+    report), else why it did not."""
+    answer, error = _in_child("parse", spec, job_dir, None, family, 0, None, limits, deadline_s)
+    return None if answer is not None else error
+
+
+def _in_child(mode, spec, job_dir, output_dir, family, hidden_n, stages_run, limits, deadline_s):
+    """``(the child's JSON answer, "")``, or ``(None, why it gave none)``."""
+    from agent_trainer.evaluation.salt import hidden_salt
+    from agent_trainer.inner_loop.isolation.launcher import STDOUT, TimeoutExpired, kill_group, python_module, start
+
+    agent_dirs = [d for d in (job_dir, output_dir) if d is not None]
+    with tempfile.TemporaryDirectory(prefix="at-check-") as tmp:
+        tmp = Path(tmp)
+        (tmp / "spec.json").write_text(spec.model_dump_json())
+        argv = python_module(__name__, mode, tmp / "spec.json", Path(job_dir).resolve(),
+                             Path(output_dir).resolve() if output_dir else "-", family, int(hidden_n),
+                             tmp / "report.json", "-" if stages_run is None else int(stages_run),
+                             hidden_salt().setting)
+        t0 = time.monotonic()
+        with open(tmp / "check.log", "wb") as log:
+            proc = start(argv, cwd=tmp, env=dict(os.environ), agent_dirs=agent_dirs,
+                         limits=CHECK_LIMITS if limits is None else limits, stdout=log, stderr=STDOUT)
+            try:
+                code = proc.wait(timeout=deadline_s)
+            except TimeoutExpired:
+                kill_group(proc.pid)
+                proc.wait()
+                return None, f"it ran past its {deadline_s:.0f} s deadline"
+        if code != 0 or not (tmp / "report.json").is_file():
+            tail = (tmp / "check.log").read_bytes()[-300:].decode("utf-8", "replace").strip().splitlines()
+            why = f"exit code {code}" + (f": {tail[-1][:200]}" if tail else "")
+            return None, f"the checking process failed after {time.monotonic() - t0:.1f} s ({why})"
+        return json.loads((tmp / "report.json").read_text()), ""
+
+
+def _failed(family: str, hidden_n: int, why: str) -> ContaminationReport:
+    return ContaminationReport(family=family, n=int(hidden_n), flagged=True, error=why)
 
 
 def _stage_dirs(spec, output_dir: Path) -> list[Path]:
@@ -87,32 +155,66 @@ def _sampled(view) -> bool:
 
 
 def check_trained(spec, job_dir: str | Path, output_dir: str | Path, family: str, hidden_n: int,
-                  stages_run: int | None = None) -> ContaminationReport:
-    """The rows the job's process trained on (its records), against the declared data and the hidden set.
+                  stages_run: int | None = None, *, in_child: bool = True) -> ContaminationReport:
+    """The rows the job's process trained on (its records), against the declared data and the hidden set
+    (in a child process unless ``in_child=False``).
 
     ``stages_run``: how many stages started (``result.json``'s ``ran``); later ones have no record."""
+    if in_child:
+        return in_check_child("trained", spec, job_dir, output_dir, family, hidden_n, stages_run)
     views = spec.stage_specs()
     dirs = _stage_dirs(spec, Path(output_dir))[: len(views) if stages_run is None else stages_run]
     undeclared: list[dict] = []
-    sampled_texts: list[tuple[str, str]] = []
+    trained_texts: list[tuple[str, str]] = []  # every stage's trained rows, as the model read them
     for i, (view, folder) in enumerate(zip(views, dirs), start=1):
         record = _read_record(folder / TRAINED_ROWS)
         if record is None:
             undeclared.append({"source": f"stage {i}", "kind": "undeclared", "item": -1})
             continue
+        for n, row in enumerate(record, start=1):
+            for text in rendered_texts(row):
+                trained_texts.append((f"stage {i} trained row {n}", text))
         if _sampled(view):
-            for n, row in enumerate(record, start=1):
-                for text in rendered_texts(row):
-                    sampled_texts.append((f"stage {i} trained row {n}", text))
             continue
         declared = trained_record(build_rows(view, job_dir, default_family=family))
         if record != declared:
             changed = sum(a != b for a, b in zip(record, declared)) + abs(len(record) - len(declared))
             undeclared.append({"source": f"stage {i}: {changed} of {len(record)} trained rows are not the job's "
                                          "declared rows", "kind": "undeclared", "item": -1})
-    report = find_overlap(family, hidden_n, sampled_texts)
+    report = find_overlap(family, hidden_n, trained_texts)
     if undeclared:
         report.kinds["undeclared"] = len(undeclared)
         report.sources = undeclared + report.sources
         report.flagged = True
     return report
+
+
+def _main(argv: list[str]) -> int:
+    from agent_trainer.inner_loop.spec.jobspec import parse_job
+
+    from agent_trainer.evaluation.salt import SALT_ENV
+
+    mode, spec_path, job_dir, output_dir, family, n, report_path, stages_run, salt = argv
+    os.environ[SALT_ENV] = salt  # the harness's salt setting (a file's path for a secret, never the secret)
+    spec = parse_job(json.loads(Path(spec_path).read_text()), family)
+    if mode == "parse":  # every data file read and parsed as the validation will; only finishing matters
+        from agent_trainer.inner_loop.train.data import DataFileError, read_data_file
+
+        for name in dict.fromkeys(v.data.file for v in spec.stage_specs() if v.data.file):
+            try:
+                read_data_file(Path(job_dir) / name)
+            except DataFileError:
+                pass
+        Path(report_path).write_text("{}")
+        return 0
+    if mode == "job":
+        report = check_job(spec, job_dir, family, int(n), in_child=False)
+    else:
+        report = check_trained(spec, job_dir, output_dir, family, int(n),
+                               None if stages_run == "-" else int(stages_run), in_child=False)
+    Path(report_path).write_text(json.dumps(report.to_dict()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

@@ -5,9 +5,9 @@
 
 Over the inherited socket ``--fd``: length-prefixed JSON, ``{"op": "load", "source", "filename"}`` ->
 ``{"ok", "names"}`` and ``{"op": "call", "filename", "name", "prompts", "completions", "kwargs", "state"}``
--> ``{"values", "metrics"}``, or ``{"error": traceback}``. Standard library only: it runs with no project
-package importable (docs/security.md). ``agent_trainer.inner_loop.isolation.reward_proxy`` treats every answer as
-untrusted.
+-> ``{"values", "metrics"}``, or ``{"error": "Type: first line of the message (line N)"}``. Standard library
+only: it runs with no project package importable (docs/security.md).
+``agent_trainer.inner_loop.isolation.reward_proxy`` treats every answer as untrusted.
 """
 
 import argparse
@@ -22,7 +22,7 @@ import traceback
 import types
 
 MAX_MESSAGE = 256 * 2**20
-ERROR_CHARS = 3000
+ERROR_CHARS = 200  # of an error's first line; nothing else of an error leaves the host
 
 
 def recv(sock):
@@ -55,11 +55,16 @@ def send(sock, obj):
 
 
 def error_text(e, filename):
-    """The frames in the reward file, the last frame and the error: what the agent needs to fix it."""
-    frames = traceback.extract_tb(e.__traceback__)
-    keep = [f for i, f in enumerate(frames) if f.filename == filename or i == len(frames) - 1]
-    text = "".join(traceback.format_list(keep)) + "".join(traceback.format_exception_only(type(e), e))
-    return text[-ERROR_CHARS:]
+    """The exception's type, the first line of its message (bounded) and the reward file's line it passed last.
+
+    No source line, no other frame: nothing read from a file reaches the agent through an error."""
+    lines = [f.f_code.co_filename == filename and n for f, n in traceback.walk_tb(e.__traceback__)]
+    at = [n for n in lines if n]
+    if isinstance(e, SyntaxError) and e.lineno:
+        at, e = [e.lineno], SyntaxError(e.msg)
+    first = next((line.strip() for line in str(e).splitlines() if line.strip()), "")
+    where = f" (line {at[-1]})" if at else ""
+    return f"{type(e).__name__[:60]}: {first[:ERROR_CHARS]}{where}"
 
 
 def _plain(values):

@@ -23,12 +23,26 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent_trainer.inner_loop.isolation import launcher as isolation
 from agent_trainer.inner_loop.isolation.reward_host import recv, send
 from agent_trainer.inner_loop.train.rewards import LIBRARY, RewardError, checked, set_file_function_loader
-from agent_trainer.inner_loop.isolation.sandbox import SandboxPolicy, reward_host_argv
+
+if TYPE_CHECKING:  # the trainer's side (install) runs in the job's process, which never needs the policy
+    from agent_trainer.inner_loop.isolation.sandbox import SandboxPolicy
+
+
+AGENT_ERROR_CHARS = 300
+
+
+def agent_error(text: object) -> str:
+    """An error from agent code as it may reach the agent: its first non-empty line, printable, bounded.
+
+    The host already sends only the exception's type and first line; this holds even for a host the
+    agent's code has taken over."""
+    first = next((line.strip() for line in str(text).splitlines() if line.strip()), "")
+    return "".join(c if c.isprintable() else "?" for c in first[:AGENT_ERROR_CHARS])
 
 
 class HostGone(RewardError):
@@ -50,6 +64,8 @@ class RewardHost:
 
     def start(self) -> int:
         """Start the host; returns the (inheritable) socket fd to talk to it through."""
+        from agent_trainer.inner_loop.isolation.sandbox import reward_host_argv
+
         ours, theirs = socket.socketpair()
         sandboxed = self.policy.use_bwrap()
         info_r, info_w = os.pipe() if sandboxed else (None, None)
@@ -159,7 +175,7 @@ class RewardChannel:
                 raise RewardError(f"reward file {path.name} cannot be read: {e}") from None
             answer = self.ask({"op": "load", "source": source, "filename": key}, f"the import of {path.name}")
             if "error" in answer:
-                raise RewardError(f"reward file {path.name} failed on import:\n{str(answer['error'])[-2000:]}")
+                raise RewardError(f"reward file {path.name} failed on import: {agent_error(answer['error'])}")
             names = answer.get("names")
             if answer.get("ok") is not True or not isinstance(names, list):
                 raise RewardError(f"the reward process answered the import of {path.name} with nonsense")
@@ -180,9 +196,10 @@ class RewardChannel:
                        "completions": list(completions), "kwargs": plain, "state": _state(state)}
             answer = self.ask(request, f"reward {name!r}")
             if "error" in answer:
-                raise RewardError(f"reward {name!r} raised:\n{str(answer['error'])[-2000:]}")
+                raise RewardError(f"reward {name!r} raised: {agent_error(answer['error'])}")
             if "not_list" in answer:
-                raise RewardError(f"reward {name!r} returned {str(answer['not_list'])[:40]}; return a list of floats")
+                raise RewardError(f"reward {name!r} returned {agent_error(answer['not_list'])[:40]}; return a list of "
+                                  "floats")
             values = answer.get("values")
             if not isinstance(values, list):
                 raise RewardError(f"the reward process answered reward {name!r} with nonsense")
@@ -211,16 +228,7 @@ def _state(state) -> dict:
             if isinstance(getattr(state, k, None), (int, float))}
 
 
-def _tail(path: Path, chars: int = 2000) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(max(0, path.stat().st_size - chars))
-            return f.read().decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def install(fd: int, timeout_s: float = 60.0) -> RewardChannel:
+def install(fd: int, timeout_s: float) -> RewardChannel:
     """In the trainer: route every ``source: file`` reward of this process to the host at ``fd``."""
     channel = RewardChannel(socket.socket(fileno=fd), timeout_s)
     set_file_function_loader(channel.function)
@@ -233,6 +241,8 @@ def score_with_host(reward_spec, job_dir: str | Path, request: dict, timeout_s: 
 
     Same answer as ``agent_trainer.inner_loop.spec.probe.score_in_child``: ``{"values", "errors"}`` (plus
     ``load_error``), or ``{"crash": why}``."""
+    from agent_trainer.inner_loop.isolation.sandbox import SandboxPolicy
+
     policy = policy or SandboxPolicy()
     result: dict[str, Any] = {"values": {}, "errors": {}}
     kwargs = {"completion_ids": request.get("completion_ids"), **request.get("columns", {})}
@@ -269,8 +279,8 @@ def score_with_host(reward_spec, job_dir: str | Path, request: dict, timeout_s: 
                     code = host.proc.wait(timeout=5)
                 except isolation.TimeoutExpired:
                     code = None
-                tail = " ".join(_tail(Path(tmp) / "reward.log").splitlines()[-3:])[-600:]
-                return {"crash": f"the reward process exited with code {code} without a result: {tail}"}
+                # Its output (reward.log) is the agent code's to write: it stays in the harness's files.
+                return {"crash": f"the reward process exited with code {code} without a result"}
             except RewardError as e:
                 return {**result, "load_error": str(e)[-1500:]}
         finally:

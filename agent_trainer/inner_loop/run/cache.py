@@ -215,7 +215,7 @@ def through_cache(job, execute: Callable[[Any], Any]):
     with cache.locked(key):
         entry = cache.get(key)
         if entry is not None:
-            res = cache.restore(key, entry, r.job_dir, r.out, job.t_start, job.price_per_hour)
+            res = cache.restore(key, entry, job.source_dir or r.job_dir, r.out, job.t_start, job.price_per_hour)
             if r.settings.tracker is not None:
                 r.settings.tracker.log_params({"job.cached": True, "job.cache_key": key})
                 track_result(r.settings.tracker, res, r.out, [])

@@ -12,10 +12,12 @@ output files: docs/inner_loop.md, "Outcomes".
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import threading
 import time
+import weakref
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -23,7 +25,7 @@ from typing import Any
 from agent_trainer.evaluation.prompts import for_task
 from agent_trainer.evaluation.tasks import TaskSpec
 from agent_trainer.inner_loop.run.job_env import gpu_ids, job_gpus
-from agent_trainer.inner_loop.run.request import KILL_FACTOR, KILL_MARGIN_S, JobRequest, JobSettings
+from agent_trainer.inner_loop.run.request import KILL_FACTOR, KILL_MARGIN_S, JobRequest, JobSettings, safety_cap
 from agent_trainer.inner_loop.run.result import (
     RESULT_FILE, JobResult, job_hash, library_versions, track_result, write_json_atomic,
 )
@@ -33,7 +35,7 @@ from agent_trainer.inner_loop.run.result import (
 # models in this process one at a time. A race here left weights on the meta device.
 HARNESS_LOCK = threading.RLock()
 __all__ = ["Job", "run_job", "run_request", "execute", "JobRequest", "JobSettings", "HARNESS_LOCK", "KILL_FACTOR",
-           "KILL_MARGIN_S", "RESULT_FILE", "eval_device", "architecture_mismatch"]
+           "KILL_MARGIN_S", "RESULT_FILE", "eval_device"]
 
 
 def _read_log(path: Path) -> list[dict]:
@@ -59,16 +61,6 @@ def _ran(ran: dict | None, log: list[dict]) -> dict:
 
 def _curve(log: list[dict], key: str) -> list[list[float]]:
     return [[r["step"], r[key]] for r in log if isinstance(r.get(key), (int, float))]
-
-
-def architecture_mismatch(checkpoint: Path, base: Path) -> str | None:
-    """Why ``checkpoint`` is not a model of ``base``'s architecture, or None when it is.
-
-    The full lineage check (``agent_trainer.evaluation.lineage``): plain safetensors files, every config key, every
-    parameter shape, the tokenizer and the generation config equal to the base model's."""
-    from agent_trainer.evaluation.lineage import lineage_mismatch
-
-    return lineage_mismatch(checkpoint, base)
 
 
 def _base_model_dir(name: str, cache_dir) -> Path:
@@ -115,23 +107,57 @@ class Job:
     spec: Any                  # agent_trainer.inner_loop.spec.jobspec.JobSpec | None
     t_start: float
 
+    source_dir: Path | None = None  # the folder the job was asked from; ``request.job_dir`` is its snapshot
+
     @classmethod
     def open(cls, request: JobRequest) -> "Job":
+        """The job read once: its folder copied into a read-only snapshot (``jobfiles.snapshot_job``) that every
+        later stage reads (validation, contamination check, training, trained-rows check), ``job.yaml`` parsed."""
+        from agent_trainer.inner_loop.spec.jobfiles import SnapshotError, snapshot_job
         from agent_trainer.inner_loop.spec.validate import ValidationReport, internal_error, read_spec
 
         t_start = time.monotonic()
-        report = ValidationReport(job_dir=str(request.job_dir))
+        source = request.job_dir
+        report = ValidationReport(job_dir=str(source))
+        request = dataclasses.replace(request, output_dir=request.out)  # outputs stay where they were asked
+        spec = None
         try:
-            spec = read_spec(report, request.job_dir, request.task.family)
-        except Exception as e:  # a harness bug reaches the agent as a finding
-            internal_error(report, e)
-            spec = None
+            request = dataclasses.replace(request, job_dir=snapshot_job(source, skip=[request.out]))
+        except FileNotFoundError:
+            pass  # no folder: reading job.yaml below says so
+        except SnapshotError as e:
+            report.add("files", str(e), "a job folder holds job.yaml, its data files and reward*.py files only")
+        if not report.findings:
+            try:
+                spec = read_spec(report, request.job_dir, request.task.family)
+            except Exception as e:  # a harness bug reaches the agent as a finding
+                internal_error(report, e)
         s = request.settings
-        return cls(request, s.cost(), s.policy(), report, spec, t_start)
+        job = cls(request, s.cost(), s.policy(), report, spec, t_start, source)
+        if request.job_dir != source:  # removed by close(), else when the job is collected or the harness exits
+            from agent_trainer.inner_loop.spec.jobfiles import remove_snapshot
+
+            job._remove_snapshot = weakref.finalize(job, remove_snapshot, request.job_dir)
+        return job
+
+    def close(self) -> None:
+        """Remove the job's snapshot."""
+        remove = getattr(self, "_remove_snapshot", None)
+        if remove is not None:
+            remove()
 
     @property
     def price_per_hour(self) -> float:
         return self.cost_model.usd_per_hour
+
+    @property
+    def deadline_s(self) -> float:
+        """The wall-clock safety cap of the training process: ``timeout_s``, else ``safety_cap`` of the seconds
+        the validation expects on this machine (before it: the request's, from the task's budget)."""
+        est = self.report.wall_estimate
+        if self.request.settings.timeout_s or est is None:
+            return self.request.deadline_s
+        return safety_cap(est.seconds)
 
     @property
     def agent_files(self) -> bool:
@@ -142,7 +168,7 @@ class Job:
     def warm_path(self) -> bool:
         """The trainer forks from the pre-imported warm worker: asked for, no sandbox wrapper, no agent files."""
         s = self.request.settings
-        return s.warm and s.wrap is None and self.spec is not None and not self.agent_files
+        return s.warm_workers and s.wrap is None and self.spec is not None and not self.agent_files
 
 
 def run_job(job_dir: str | Path, task: TaskSpec | str | Path, *, output_dir: str | Path | None = None,
@@ -155,19 +181,22 @@ def run_request(request: JobRequest) -> JobResult:
     """Run one job, through the job cache (``agent_trainer.inner_loop.run.cache``) when ``settings.cache``; never raises
     for a job's fault. Every executor runs its requests through this."""
     job = Job.open(request)
-    if request.settings.cache:
-        from agent_trainer.inner_loop.run.cache import through_cache
+    try:
+        if request.settings.cache:
+            from agent_trainer.inner_loop.run.cache import through_cache
 
-        return through_cache(job, execute)
-    return execute(job)
+            return through_cache(job, execute)
+        return execute(job)
+    finally:
+        job.close()
 
 
 def execute(job: Job) -> JobResult:
     """The stages of a job: validate, prepare, train, score, record (no cache)."""
     r = job.request
-    res = JobResult(status="invalid", task=r.task.name, family=r.task.family, job_dir=str(r.job_dir),
+    res = JobResult(status="invalid", task=r.task.name, family=r.task.family, job_dir=str(job.source_dir or r.job_dir),
                     output_dir=str(r.out), job_hash=job_hash(r.job_dir), hidden_n=r.hidden_n,
-                    libraries=library_versions())
+                    libraries=library_versions(), hidden_salt=_salt_label())
     if not validate(job, res):
         return record(job, res)
     res.job_hash = job_hash(r.job_dir, job.spec)
@@ -226,37 +255,38 @@ def prepare(job: Job, res: JobResult):
         if wrap is None and res.sandbox == "bwrap":
             r.out.mkdir(parents=True, exist_ok=True)
             wrap = trainer_wrapper(job.policy, job_dir=r.job_dir, output_dir=r.out, model_dir=base_dir,
-                                   deadline_s=r.deadline_s, threads=s.threads, gpus=job_gpus(s.device, s.gpus))
+                                   deadline_s=job.deadline_s, threads=s.threads, gpus=job_gpus(s.device, s.gpus))
         if spec.uses_agent_code:
-            reward_host = RewardHost(job.policy, r.job_dir, r.out / "reward.log", deadline_s=r.deadline_s)
+            reward_host = RewardHost(job.policy, r.job_dir, r.out / "reward.log", deadline_s=job.deadline_s)
     return base_dir, wrap, reward_host
 
 
 def train(job: Job, res: JobResult, base_dir: Path, wrap, reward_host) -> tuple[list[dict], bool]:
     """The training process (``agent_trainer.inner_loop.run.worker``), its outcome into ``res``; returns its train log
-    and whether it reported a saved model."""
-    from agent_trainer.inner_loop.run.worker import run_worker
+    and whether it reported a saved model. A process killed at the wall-clock safety cap (an infrastructure
+    fault) is run once more; a second kill leaves the job ``infra_timeout``."""
+    from agent_trainer.inner_loop.run.worker import Training, run_worker
 
-    r, s, task = job.request, job.request.settings, job.request.task
+    r, s = job.request, job.request.settings
     est = job.report.estimated_cost
-    try:
-        run = run_worker(r.job_dir, base_dir, task.family, r.out, spec=job.spec, max_steps=task.budget.max_steps,
-                         max_seconds=task.budget.max_seconds, deadline_s=r.deadline_s, threads=s.threads,
-                         progress=s.progress, wrap=wrap, warm=job.warm_path,
-                         reward_host=reward_host, device=s.device, gpus=s.gpus, vllm=s.vllm, fmt=for_task(task))
-    finally:
-        if reward_host is not None:
-            reward_host.close()
+    training = Training.of(r, job.spec, base_dir, est)
+    for _ in range(2):
+        run = run_worker(training, deadline_s=job.deadline_s, progress=s.progress, wrap=wrap, warm=job.warm_path,
+                         reward_host=reward_host)
+        if not run.killed:
+            break
     st = run.status
     res.status, res.device = st.get("status", "crashed"), st.get("device")
     res.detail, res.error = st.get("detail", ""), st.get("error", "")
+    if run.killed:
+        res.detail += "; it was killed on both tries"
     res.steps, res.planned_steps = int(st.get("steps") or 0), int(st.get("planned_steps") or 0)
     res.seconds["train"], res.seconds["process"] = float(st.get("seconds") or 0.0), run.wall_seconds
     log = _read_log(r.out / "train_log.jsonl")
     if log:  # a crash mid-run leaves the steps it made in the log only
         res.steps = max(res.steps, int(log[-1].get("step", 0)))
-    if est is not None:   # the speed stage's clock: the cost model's seconds for the steps run (no load noise)
-        res.seconds["train_estimated"] = est.train_seconds(res.steps)
+    if est is not None:   # the speed stage's clock: the compute of what the job asked for (no load, no machine)
+        res.seconds["train_estimated"] = est.train_seconds()
     res.ran = _ran(st.get("ran"), log)
     res.reward_curve, res.loss_curve = _curve(log, "reward"), _curve(log, "loss")
     res.final_train_reward = res.reward_curve[-1][1] if res.reward_curve else None
@@ -290,6 +320,12 @@ def prestart_warm_worker(job_dir: Path, task_family: str | None = None) -> None:
         warm_context()
 
 
+def _salt_label() -> str:
+    from agent_trainer.evaluation.salt import hidden_salt
+
+    return hidden_salt().label
+
+
 def _check_trained(res: JobResult, spec, job_dir: Path, out: Path, family: str, hidden_n: int) -> None:
     """Flag the job when the rows its process trained on are not its declared rows or hold hidden items."""
     from agent_trainer.inner_loop.isolation.contamination import check_trained
@@ -306,9 +342,10 @@ def _score(res: JobResult, checkpoint: Path, base_dir: Path, cache_dir, device: 
     The checkpoint is loaded only after its lineage check; a flagged job is not scored at all: its
     hidden score is its baseline (uplift 0)."""
     from agent_trainer.evaluation.hidden_eval import score_checkpoint
+    from agent_trainer.evaluation.lineage import lineage_mismatch
     from agent_trainer.evaluation.prompts import RAW
 
-    why = architecture_mismatch(checkpoint, base_dir)
+    why = lineage_mismatch(checkpoint, base_dir)  # plain safetensors, config, shapes, tokenizer equal to the base's
     if why:
         res.status, res.detail = "crashed", f"the saved model is not a {res.base_model} model ({why}); not scored"
         return

@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import Any
 
 RESULT_FILE = "result.json"
-STATUSES = ("ok", "invalid", "over_budget", "crashed", "timeout", "diverged")
+# ``timeout``: the compute budget ran out while training (the model is scored); ``infra_timeout``: the wall-clock
+# safety cap killed the training process twice, an infrastructure fault that the staged reward leaves out.
+STATUSES = ("ok", "invalid", "over_budget", "crashed", "timeout", "diverged", "infra_timeout")
 _LIBRARIES = ("torch", "transformers", "trl", "peft", "datasets", "accelerate", "tokenizers")
 
 
@@ -48,8 +50,8 @@ class JobResult:
     hidden_n: int = 0
     # train: the training loop; process: the child's whole life (imports, data, training, saving);
     # eval: hidden score and baseline; validate: the harness's validation; total: everything (wall
-    # seconds, measured). train_estimated (a job that ran): the cost model's seconds for the steps run,
-    # the same on every run of the job: the staged reward's speed stage reads it (``train_seconds``).
+    # seconds, measured). train_estimated (a job that ran): the compute of the training the job asked for
+    # (agent_trainer.inner_loop.spec.cost), the same on every machine and run: the speed stage reads it.
     seconds: dict = field(default_factory=lambda: {"validate": 0.0, "train": 0.0, "process": 0.0, "eval": 0.0,
                                                    "total": 0.0})
     estimated_usd: float | None = None
@@ -69,6 +71,9 @@ class JobResult:
     flagged: bool = False
     contamination: dict = field(default_factory=dict)
     sandbox: str = "none"
+    # The salt of the hidden set it was scored on (agent_trainer.evaluation.salt): "public", "public:NAME" or
+    # "secret:<digest prefix>" (never the secret).
+    hidden_salt: str = "public"
     # Where the job's process trained (``cpu`` or ``cuda``; None when nothing was trained).
     device: str | None = None
 
@@ -77,8 +82,8 @@ class JobResult:
 
     @property
     def train_seconds(self) -> float:
-        """The training seconds the staged reward's speed stage uses: the cost model's estimate for the steps the
-        job ran (``seconds["train_estimated"]``), else (a result without it) the measured ones.
+        """The training seconds the staged reward's speed stage uses: the compute of the training the job asked
+        for (``seconds["train_estimated"]``), else (a result without it) the measured ones.
 
         Not the wall clock: on a shared machine the measured seconds of the same job move by tens of percent
         with the load, so two runs of one seed would reward the same jobs differently, and with std-scaled

@@ -12,12 +12,21 @@ from __future__ import annotations
 import functools
 import os
 import re
+import stat
 import sys
+import tempfile
 from pathlib import Path, PurePosixPath
 
 MAX_JOB_YAML_BYTES = 64 * 1024
 MAX_REWARD_FILE_BYTES = 256 * 1024
 MAX_ENTRIES = 1000  # files and folders in a job folder
+# A data row: every string value (prompt included: MAX_PROMPT_CHARS in agent_trainer.inner_loop.train.data) at most
+# MAX_FIELD_CHARS characters, at most MAX_COLUMNS columns with names of at most MAX_KEY_CHARS. These bound the
+# harness's work per row (folding for the contamination check, tokenizing) whatever the file's size.
+MAX_FIELD_CHARS = 4000
+MAX_COLUMNS = 32
+MAX_KEY_CHARS = 64
+MAX_SNAPSHOT_BYTES = 128 * 2**20  # all files of a job folder together (its snapshot, ``snapshot_job``)
 REWARD_FILE = re.compile(r"^reward[A-Za-z0-9_]*\.py$")
 CODE_SUFFIXES = (".py", ".pyw", ".pyc", ".pyo", ".pyd", ".pyi", ".so", ".pth", ".zip", ".egg", ".whl", ".pyz",
                  ".pyzw", ".egg-link", ".dylib", ".dll")
@@ -118,3 +127,84 @@ def oversized(path: str | Path, limit: int) -> str | None:
     if size > limit:
         return f"{Path(path).name} is {size:,} bytes; the limit is {limit:,}"
     return None
+
+
+class SnapshotError(ValueError):
+    """A job folder that cannot be snapshotted (over ``MAX_SNAPSHOT_BYTES`` or ``MAX_ENTRIES``); the message says so."""
+
+
+def snapshot_job(job_dir: str | Path, skip: list[str | Path] = ()) -> Path:
+    """A read-only copy of the job folder in a fresh folder of the harness (modes 0555/0444): what a job is
+    validated, checked and trained from, so a writer that changes the folder afterwards changes nothing.
+
+    Plain files are copied (each opened once, without following links); a symbolic link is copied as a
+    link, never followed, so the validation still refuses it; ``skip``: folders the harness writes
+    inside the job folder (its default ``<job>/output``). Raises ``SnapshotError`` past the caps and
+    ``FileNotFoundError`` when ``job_dir`` is no folder."""
+    root = Path(job_dir)
+    if not root.is_dir():
+        raise FileNotFoundError(f"job folder {root} does not exist")
+    skipped = {Path(s).resolve() for s in skip}
+    dest = Path(tempfile.mkdtemp(prefix="at-job-")) / (root.resolve().name or "job")  # the folder's own name
+    dest.mkdir()
+    try:
+        _copy_tree(root, dest, skipped)
+    except BaseException:
+        remove_snapshot(dest)
+        raise
+    os.chmod(dest.parent, 0o555)
+    return dest
+
+
+def _copy_tree(root: Path, dest: Path, skipped: set[Path]) -> None:
+    total, seen = 0, 0
+    for here, dirs, files in os.walk(root, followlinks=False):
+        rel_here = Path(here).relative_to(root)
+        dirs[:] = sorted(d for d in dirs if (Path(here) / d).is_symlink() or (Path(here) / d).resolve() not in skipped)
+        for name in [*dirs, *sorted(files)]:
+            seen += 1
+            if seen > MAX_ENTRIES:
+                raise SnapshotError(f"the job folder holds more than {MAX_ENTRIES} files and folders")
+            src, out = Path(here) / name, dest / rel_here / name
+            if src.is_symlink():
+                os.symlink(os.readlink(src), out)
+            elif name in dirs:
+                out.mkdir()
+            else:
+                total += _copy_file(src, out, MAX_SNAPSHOT_BYTES - total)
+        dirs[:] = [d for d in dirs if not (Path(here) / d).is_symlink()]
+    for here, dirs, files in os.walk(dest, topdown=False):
+        for name in files:
+            if not (Path(here) / name).is_symlink():
+                os.chmod(Path(here) / name, 0o444)
+        os.chmod(here, 0o555)  # readable by a sandbox's own uid, writable by no one but root
+
+
+def _copy_file(src: Path, out: Path, room: int) -> int:
+    fd = os.open(src, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return 0  # a pipe or device: not copied (the validation reports the file as missing)
+        with os.fdopen(fd, "rb", closefd=False) as f, open(out, "wb") as w:
+            copied = 0
+            while chunk := f.read(1 << 20):
+                copied += len(chunk)
+                if copied > room:
+                    raise SnapshotError(f"the job folder holds more than {MAX_SNAPSHOT_BYTES // 2**20} MB of files")
+                w.write(chunk)
+        return copied
+    finally:
+        os.close(fd)
+
+
+def remove_snapshot(path: str | Path) -> None:
+    """Delete a snapshot made by ``snapshot_job`` (its read-only modes first)."""
+    import shutil
+
+    top = Path(path).parent
+    if not top.name.startswith("at-job-") or not top.is_dir():
+        return
+    os.chmod(top, 0o700)
+    for here, dirs, _ in os.walk(top):
+        os.chmod(here, 0o700)
+    shutil.rmtree(top, ignore_errors=True)

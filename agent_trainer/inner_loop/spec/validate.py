@@ -21,7 +21,7 @@ from pydantic import BaseModel, ValidationError
 from agent_trainer.evaluation.families import FAMILIES, FamilyError
 from agent_trainer.evaluation.prompts import for_task
 from agent_trainer.evaluation.tasks import TaskSpec, TaskSpecError, load_task
-from agent_trainer.inner_loop.spec.cost import CostEstimate, CostModel, estimate_job
+from agent_trainer.inner_loop.spec.cost import CostEstimate, CostModel, estimate_job, row_tokens
 from agent_trainer.inner_loop.train.data import DataFileError, build_rows_with_origins
 from agent_trainer.inner_loop.spec.jobspec import (
     DPO_IGNORED, GRPO_ONLY, JOB_FILE, JobSpec, error_field, parse_job, read_job_yaml,
@@ -30,6 +30,7 @@ from agent_trainer.inner_loop.spec.jobfiles import (
     MAX_REWARD_FILE_BYTES, job_file_problems, job_folder_problems, oversized,
 )
 from agent_trainer.inner_loop.isolation.sandbox import SandboxPolicy
+from agent_trainer.inner_loop.spec.reward_checks import answer_table_problem
 
 Severity = Literal["error", "warning"]
 
@@ -50,7 +51,8 @@ class ValidationReport:
 
     job_dir: str
     findings: list[Finding] = field(default_factory=list)
-    estimated_cost: CostEstimate | None = None
+    estimated_cost: CostEstimate | None = None   # compute (agent_trainer.inner_loop.spec.cost): what the budget counts
+    wall_estimate: CostEstimate | None = None    # the seconds expected on this machine: the safety cap's base
     probe: dict = field(default_factory=dict)
     # The estimate is over the task's USD cap; with no other error the job is ``over_budget``, not ``invalid``.
     over_usd: bool = False
@@ -313,6 +315,11 @@ def _check_reward_file(report: ValidationReport, reward, job_dir: Path, at: str 
         report.add(f"{at}.file", f"{reward.file}{line}: {getattr(e, 'msg', None) or e}",
                    "fix the Python syntax; the file must import cleanly")
         return False
+    oracle = answer_table_problem(tree)
+    if oracle:
+        report.add(f"{at}.file", f"{reward.file} {oracle}",
+                   "compute the reward from the prompt and the completion (answers go in data.jsonl's answer column)")
+        return False
     missing = [n for n in wanted if n not in _defined_names(tree)]
     for i, f in enumerate(reward.functions):
         if f.name in missing:
@@ -321,8 +328,30 @@ def _check_reward_file(report: ValidationReport, reward, job_dir: Path, at: str 
     return not missing
 
 
+PARSE_IN_CHILD_BYTES = 1 << 20
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
 def _check_data(report: ValidationReport, spec: JobSpec, job_dir: Path, task: TaskSpec) -> list[list[dict]] | None:
-    """Rows of every stage (self_generated sources stand in with their prompts and reference answers)."""
+    """Rows of every stage (self_generated sources stand in with their prompts and reference answers).
+
+    Agent data files over ``PARSE_IN_CHILD_BYTES`` are parsed in a child with rlimits and a deadline first
+    (``parse_in_child``): this process parses only files that child got through (a smaller file is bounded
+    work by its size and the row caps alone)."""
+    if any(_size(job_dir / v.data.file) > PARSE_IN_CHILD_BYTES for v in spec.stage_specs() if v.data.file):
+        from agent_trainer.inner_loop.isolation.contamination import CHECK_DEADLINE_S, parse_in_child
+
+        why = parse_in_child(spec, job_dir, task.family)
+        if why:
+            report.add("data.file", f"the data files could not be parsed within the harness's limits ({why})",
+                       f"keep data files small and plain: at most {CHECK_DEADLINE_S:.0f} s of parsing")
+            return None
     out, seen = [], {}
     for view, at, data_at, _ in _stage_views(spec):
         if id(view.data) in seen and seen[id(view.data)][0] == view.algorithm:
@@ -421,12 +450,13 @@ def read_spec(report: ValidationReport, job_dir: Path, task_family: str | None) 
 
 def validate_job(job_dir: str | Path, task: TaskSpec | str | Path, *, dry_run: bool = True,
                  cache_dir: str | Path | None = None, cost_model: CostModel | None = None,
-                 model_dir: str | Path | None = None, reward_timeout_s: float = 30.0,
+                 model_dir: str | Path | None = None, reward_timeout_s: float | None = None,
                  sandbox=None, output_dir: str | Path | None = None) -> ValidationReport:
     """Validate a job folder for a task; never raises on bad input (every problem is a finding).
 
     ``sandbox`` (``agent_trainer.inner_loop.isolation.sandbox.SandboxPolicy``, a bool or None for the default) decides
-    whether a job with agent-written code or data may run here; the dry run calls agent rewards in its sandbox.
+    whether a job with agent-written code or data may run here; the dry run calls agent rewards in its sandbox, each
+    call within ``reward_timeout_s`` (None: the policy's, ``inner.reward_timeout_s``).
 
     ``dry_run`` loads the base model (``agent_trainer.inner_loop.models``, cached under ``cache_dir``) and probes
     the first rows; ``model_dir`` uses that model folder instead of resolving ``base_model``.
@@ -450,7 +480,7 @@ def validate_job(job_dir: str | Path, task: TaskSpec | str | Path, *, dry_run: b
 
 def check_spec(report: ValidationReport, spec: JobSpec, job_dir: Path, task: TaskSpec, *, dry_run: bool = True,
                cache_dir: str | Path | None = None, cost_model: CostModel | None = None,
-               model_dir: str | Path | None = None, reward_timeout_s: float = 30.0,
+               model_dir: str | Path | None = None, reward_timeout_s: float | None = None,
                sandbox=None, output_dir: str | Path | None = None) -> ValidationReport:
     """The checks after parsing (``read_spec``): files, task rules, rewards, data, cost, the dry run.
 
@@ -471,11 +501,18 @@ def check_spec(report: ValidationReport, spec: JobSpec, job_dir: Path, task: Tas
         views = spec.stage_specs()
         steps = [v.effective_max_steps(len(r) if stage_rows else v.rows_per_step())
                  for v, r in zip(views, stage_rows or [None] * len(views))]
-        report.estimated_cost = estimate_job(spec, cost_model, steps=steps, prompt_format=task.prompt_format)
+        tokens = [row_tokens(r) for r in stage_rows] if stage_rows else None   # priced per token
+        report.estimated_cost = estimate_job(spec, cost_model, steps=steps, prompt_format=task.prompt_format,
+                                             tokens=tokens)
+        report.wall_estimate = estimate_job(spec, cost_model, steps=steps, prompt_format=task.prompt_format,
+                                            wall=True, tokens=tokens)
+        # Dollars are this machine's: its expected seconds at its price (the same as compute's without a profile).
+        report.estimated_cost.usd = report.wall_estimate.usd
         _check_budget(report, task, report.estimated_cost, spec)
         if dry_run and stage_rows and reward_ok and not report.errors:
             _dry_run(report, spec, job_dir, stage_rows, task.family, cache_dir=cache_dir, model_dir=model_dir,
-                     reward_timeout_s=reward_timeout_s, sandbox=policy, fmt=for_task(task))
+                     reward_timeout_s=policy.reward_timeout_s if reward_timeout_s is None else reward_timeout_s,
+                     sandbox=policy, fmt=for_task(task))
     except Exception as e:  # a bug in the probe must reach the agent as a finding, not crash the harness
         internal_error(report, e)
     return report
