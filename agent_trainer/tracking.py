@@ -207,6 +207,7 @@ class Tracker:
         self.client = parent.client if parent is not None else None
         self.experiment_id: str | None = parent.experiment_id if parent is not None else None
         self.run_id: str | None = None
+        self.attached = False   # continues an existing run (attach): never deleted by this process
 
     @classmethod
     def from_config(cls, cfg: Any, run_name: str | None = None, tags: Mapping[str, Any] | None = None) -> "Tracker":
@@ -246,8 +247,14 @@ class Tracker:
         self.client = MlflowClient(tracking_uri=self.tracking_uri)
         run = self.client.get_run(run_id)
         self.run_id, self.experiment_id = run_id, run.info.experiment_id
+        self.run_name, self.attached = run.info.run_name, True
         self.client.update_run(run_id, status="RUNNING")
         return self
+
+    def delete(self) -> None:
+        """Delete the run (a run that a user error ended at start-up: nothing in it to keep or compare)."""
+        if self.enabled and self.run_id is not None:
+            self.client.delete_run(self.run_id)
 
     def _experiment_id(self) -> str:
         exp = self.client.get_experiment_by_name(self.experiment)

@@ -17,6 +17,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/real_check}
 BIN=.venv/bin
 mkdir -p "$OUT"
+rm -rf "$OUT/runs"   # fixed run_ids below: a finished run's folder is never written again
 REPORT="$OUT/real_check.md"
 COMMON=("runs_dir=$OUT/runs" "tracking=off")
 t0=$(date +%s)

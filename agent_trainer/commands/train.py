@@ -4,6 +4,7 @@
     at-train experiment=smoke                  # a couple of minutes, for tests
     at-train experiment=seed_scale dry_run=true   # the published setting (GPU): resolved config only
     at-train resume=true                       # continue the newest run after its last complete step
+    at-train resume=true 'resume_allow_changes=[hardware]'   # ... on other hardware settings (others are refused)
     at-train -m experiment=smoke outer.lora_r=4,16    # a sweep: a table of its jobs at the end
     at-train -m seed=0,1,2 run_id=seeds            # three seeds; then at-compare runs=[runs/seeds] writes seeds.md
     at-train rerun=runs/<run_id>               # the same run again, from its saved overrides
@@ -15,6 +16,7 @@ holds one parent run with per-step metrics. Returns the mean reward of the last 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import hydra
@@ -25,6 +27,7 @@ from agent_trainer.config import CONFIG_DIR
 from agent_trainer.paths import resolve_path
 from agent_trainer.tracking import check_reachable
 from agent_trainer.commands._errors import user_errors
+from agent_trainer.commands._task_specs import heldout_warning, resolve_specs
 
 RUN_MARKER = "outer_run.json"
 
@@ -33,30 +36,53 @@ RUN_MARKER = "outer_run.json"
 SHAPE_KEYS = ("outer.lora_r", "outer.lora_alpha", "outer.lora_target_modules", "agent.model", "agent.model_path",
               "agent.backend")
 # Settings that say nothing about the training itself.
-RUN_KEYS = ("run_id", "resume", "dry_run", "runs_dir", "cache_dir")
+RUN_KEYS = ("run_id", "resume", "resume_allow_changes", "dry_run", "runs_dir", "cache_dir")
+# Changes a resume may make without resume_allow_changes: more steps continue the same run (the steps done
+# are unchanged; a held-out end evaluation runs at the new last step).
+SAFE_CHANGES = ("outer.steps",)
+
+
+def steps_completed(folder: Path) -> int:
+    """How many outer steps a run folder completed (its newest checkpoint's state; 0 when none)."""
+    from agent_trainer.outer_loop.rl.train import last_complete_step
+
+    ckpt = last_complete_step(Path(folder))
+    if ckpt is None:
+        return 0
+    try:
+        return int(json.loads((ckpt / "state.json").read_text())["step"])
+    except (OSError, ValueError, KeyError):
+        return 0
 
 
 def resume_folder(cfg: DictConfig, folder: Path) -> Path | None:
-    """The run folder to continue (``resume=true``: the newest outer run in runs_dir, sweep jobs included), or None."""
+    """The run folder to continue, or None: ``resume=true`` takes the newest at-train run in runs_dir (sweep jobs
+    included) that completed a step; folders of runs that failed before their first step are never taken."""
     value = str(cfg.resume).strip()
     if value.lower() in ("false", "no", "0", ""):
         return None
     if value.lower() in ("true", "yes", "1"):
-        runs = sorted((p.parent for p in Path(str(cfg.runs_dir)).glob(f"**/{RUN_MARKER}") if p.parent != folder),
-                      key=lambda p: (p / RUN_MARKER).stat().st_mtime)
-        if not runs:
-            raise cli.UserError(f"resume=true: no earlier at-train run in {cfg.runs_dir}; start one without resume")
-        return runs[-1]
+        runs = [p.parent for p in Path(str(cfg.runs_dir)).glob(f"**/{RUN_MARKER}") if p.parent != folder]
+        done = sorted((p for p in runs if steps_completed(p) > 0), key=lambda p: (p / RUN_MARKER).stat().st_mtime)
+        if not done:
+            more = f" ({len(runs)} ended before their first step)" if runs else ""
+            raise cli.UserError(f"resume=true: no at-train run in {cfg.runs_dir} completed a step{more}; "
+                                f"start one without resume")
+        return done[-1]
     path = resolve_path(value)
     if not (path / RUN_MARKER).is_file():
         inside = sorted(p.parent for p in path.glob(f"*/{RUN_MARKER}")) if path.is_dir() else []
         hint = f"; it holds sweep runs: resume={inside[0]}" if inside else ""
         raise cli.UserError(f"resume={value}: not an at-train run folder (no {RUN_MARKER}){hint}")
+    if steps_completed(path) == 0:
+        raise cli.UserError(f"resume={value}: that run never completed a step (nothing to continue); "
+                            f"start a new run without resume")
     return path
 
 
 def resume_changes(cfg: DictConfig, previous: Path) -> dict[str, tuple[str, str]]:
-    """Settings that differ from the resumed run's: ``{key: (saved, now)}``; refuses the checkpoint-shaping ones."""
+    """Settings that differ from the resumed run's: ``{key: (saved, now)}``. Refuses the checkpoint-shaping ones
+    always, and any other change that is neither safe (``SAFE_CHANGES``) nor named in ``resume_allow_changes``."""
     from agent_trainer.tracking import flatten
 
     saved_file = previous / "config.resolved.yaml"
@@ -70,12 +96,25 @@ def resume_changes(cfg: DictConfig, previous: Path) -> dict[str, tuple[str, str]
     if shaped:
         raise cli.UserError(f"resume={previous}: the checkpoint was trained with other settings ({'; '.join(shaped)}); "
                             f"resume with the saved ones or start a new run")
+    allowed = [str(a) for a in (cfg.get("resume_allow_changes") or [])] + list(SAFE_CHANGES)
+    refused = [f"{k} {a} -> {b}" for k, (a, b) in changed.items()
+               if not any(k == x or k.startswith(x + ".") for x in allowed)]
+    if refused:
+        keys = ",".join(k.split(" ", 1)[0] for k in refused)
+        raise cli.UserError(f"resume={previous}: settings differ from the saved run ({'; '.join(refused)}); "
+                            f"resume with the saved ones, or allow them: 'resume_allow_changes=[{keys}]'")
     return changed
 
 
 def run(cfg: DictConfig) -> float | None:
     """Train (or resume) on ``cfg``; returns the mean reward over the last 3 steps."""
     folder, conf = cli.open_run(cfg)
+    warning = heldout_warning(conf)
+    if warning:
+        print(warning, file=sys.stderr)
+    previous = resume_folder(cfg, folder) if not cfg.dry_run else None  # a missing run is reported at once
+    changes = resume_changes(cfg, previous) if previous is not None else {}
+    resolve_specs(conf, previous or folder)   # every family's spec (or card), dry run included
     if cfg.dry_run:
         from agent_trainer.outer_loop.rl.run_config import execution_plan
 
@@ -87,30 +126,31 @@ def run(cfg: DictConfig) -> float | None:
             print("sbatch script of one outer step's batch:\n" + plan["sbatch"])
         return None
     check_reachable(cfg)  # a closed MLflow server fails here, in seconds
-    previous = resume_folder(cfg, folder)  # before the heavy imports: a missing run is reported at once
-    changes = resume_changes(cfg, previous) if previous is not None else {}
     from agent_trainer.outer_loop.rl.run_config import build_trainer, quiet_libraries
 
     quiet_libraries()  # one progress bar (outer steps), not one per model load and inner job
     run_dir = previous or folder
-    marker = run_dir / RUN_MARKER
-    state = json.loads(marker.read_text()) if marker.is_file() else {}
-    tracker = cli.tracker(cfg, "at-train")
-    if state.get("mlflow_run_id"):
-        tracker.attach(state["mlflow_run_id"])
-    else:
-        tracker.start()
-        tracker.log_config(cfg)
-        marker.write_text(json.dumps({"mlflow_run_id": tracker.run_id, "run_id": str(cfg.run_id)}))
     if previous is not None:
-        print(f"at-train: resuming {run_dir}")
+        cli.continue_in(previous)  # run.json, train.log and the outcome go to the resumed folder
+        how = "the newest run with a complete step" if str(cfg.resume).lower() in ("true", "yes", "1") else "given"
+        print(f"at-train: resuming {run_dir} ({how}) after its step {steps_completed(run_dir) - 1}")
+    tracker = cli.tracker(cfg, "at-train")
+    trainer = None
+    try:
+        # Every start-up error (a missing spec or model, a bad setting) comes before the MLflow run exists.
+        trainer = build_trainer(conf, run_dir, tracker=tracker, resume=previous is not None)
+        marker = run_dir / RUN_MARKER
+        state = json.loads(marker.read_text()) if marker.is_file() else {}
+        if state.get("mlflow_run_id"):
+            tracker.attach(state["mlflow_run_id"])
+        else:
+            tracker.start()
+            tracker.log_config(cfg)
+            marker.write_text(json.dumps({"mlflow_run_id": tracker.run_id, "run_id": str(cfg.run_id)}))
         if changes:
             # MLflow params cannot change: the new values go to tags (resumed.<key>) and the console.
             tracker.set_tags({f"resumed.{k}": b for k, (_, b) in changes.items()})
             print("at-train: changed on resume: " + "; ".join(f"{k} {a} -> {b}" for k, (a, b) in changes.items()))
-    trainer = None
-    try:
-        trainer = build_trainer(conf, run_dir, tracker=tracker, resume=previous is not None)
         rows = trainer.fit()
         summary = trainer.finish(rows)
     except BaseException as e:
@@ -121,7 +161,27 @@ def run(cfg: DictConfig) -> float | None:
             trainer.close()
     tracker.end()
     cli.print_kv(readable_summary(summary))
+    jobs, crashed = inner_jobs(run_dir)
+    from agent_trainer import sweeps
+
+    sweeps.write_run_file(run_dir, jobs=len(jobs), jobs_crashed=len(crashed))
+    if crashed:
+        print(f"at-train: {len(crashed)} of {len(jobs)} inner jobs crashed (their worker.log: "
+              f"{crashed[0].parent / 'worker.log'}{', ...' if len(crashed) > 1 else ''})", file=sys.stderr)
     return summary.get("reward_last3")
+
+
+def inner_jobs(run_dir: Path) -> tuple[list[Path], list[Path]]:
+    """The ``result.json`` of every inner job of the run's kept episodes, and those of the crashed ones."""
+    results = sorted(Path(run_dir).glob("episodes/*/jobs/*/output/result.json"))
+    crashed = []
+    for path in results:
+        try:
+            if json.loads(path.read_text()).get("status") == "crashed":
+                crashed.append(path)
+        except (OSError, ValueError):
+            crashed.append(path)   # a result that cannot be read is a job that did not end properly
+    return results, crashed
 
 
 def readable_summary(summary: dict) -> dict:
@@ -139,7 +199,7 @@ def readable_summary(summary: dict) -> dict:
 
 @hydra.main(config_path=str(CONFIG_DIR), config_name="train", version_base="1.3")
 def _hydra_main(cfg: DictConfig) -> float | None:
-    return cli.call(run, cfg, user_errors=user_errors)
+    return cli.call(run, cfg, user_errors=user_errors, value_name="reward/reward_last3")
 
 
 def main() -> None:

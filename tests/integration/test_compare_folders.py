@@ -29,6 +29,8 @@ def _log_run(uri: str, tmp: Path, name: str, params: dict, grouped: bool, offset
         for step, value in points:
             tr.log_metrics({key("reward_mean", "reward"): value, key("validation_mean", "stage"): 0.5 + value,
                             key("usd_cumulative", "cost"): 0.01 * (step + 1)}, step=step)
+        tr.log_metrics({"reward/reward_last3": offset + 1.0})   # what the command returned (cli.call logs it)
+        tr.set_tags({"returned": "reward/reward_last3"})
     return tr.run_id, points
 
 
@@ -98,6 +100,9 @@ def test_sweep_folder_rows_tables_and_legends(store, monkeypatch, capsys):
     assert [(r["run_id"], r["outer.lora_r"]) for r in table] == [(runs[4][0], "4"), (runs[16][0], "16")]
     assert "hydra.job.num" not in table[0] and "run_id" in table[0] and "seed" not in table[0]
     assert "| outer.lora_r=4 | 4 |" in (out / "configs.md").read_text()
+    # each job's status and the value it returned (what the sweep ranked by), next to the last step's reward
+    assert [(r["status"], float(r["value"])) for r in table] == [("FINISHED", 1.0), ("FINISHED", 1.2)]
+    assert [float(r["value_mean"]) for r in configs] == [1.0, 1.2]
     # grouped (reward/reward_mean) and bare (reward_mean) metric names read alike
     for row, lora_r in zip(table, (4, 16)):
         assert float(row["reward"]) == pytest.approx(runs[lora_r][1][-1][1])

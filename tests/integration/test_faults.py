@@ -56,7 +56,8 @@ def test_inner_job_killed_mid_training_ends_crashed_and_the_episode_goes_on(tmp_
     ledger = Ledger.open(tmp_path)
     box = ToolBox(ws, task, limits=ToolLimits(max_turns=8, max_jobs=2), jobs_dir=tmp_path / "ep" / "jobs",
                   ledger=ledger, validate_kwargs={"dry_run": False},
-                  job_settings=JobSettings(dry_run=False, threads=1, progress=False, hidden_n=16))
+                  job_settings=JobSettings(dry_run=False, threads=1, progress=False, hidden_n=16, cache=False,
+                                           warm_workers=False))
     assert box.call("write_file", {"path": "job.yaml", "content": yaml.safe_dump(JOB)}).ok
     output = (tmp_path / "ep" / "jobs" / "00" / "output").resolve()
     killed: list[int] = []
@@ -80,7 +81,9 @@ def test_inner_job_killed_mid_training_ends_crashed_and_the_episode_goes_on(tmp_
     assert not res.ok and "job status: crashed" in res.text, res.text
     result = json.loads((output / "result.json").read_text())
     assert result["status"] == "crashed" and result["hidden_score"] is None
-    assert "exited with code" in result["detail"] and 0 < result["steps"] < 100
+    # how it ended, in the result and as the last line of its log (the kill here is no out-of-memory kill)
+    assert "killed by SIGKILL (signal 9)" in result["detail"] and 0 < result["steps"] < 100
+    assert "[harness] the job process killed by SIGKILL" in (output / "worker.log").read_text()
     assert not _worker_pids(output), "no process of the killed job is left"
     (job,) = [r for r in map(json.loads, (tmp_path / "ledger.jsonl").read_text().splitlines()) if r["kind"] == "job"]
     assert job["status"] == "crashed"

@@ -55,3 +55,18 @@ def test_optuna_search_runs_every_trial_and_names_the_best(tmp_path, built_agent
     best = max(chosen, key=lambda c: c[2])
     assert results["best_value"] == pytest.approx(best[2]), "Optuna maximized what at-train returned"
     assert (results["best_params"]["outer.lr"], results["best_params"]["outer.lora_r"]) in [c[:2] for c in chosen]
+
+
+def test_a_search_whose_every_trial_fails_ends_with_the_table_and_one_line(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    proc = subprocess.run(
+        [str(BIN / "at-train"), "-m", "hparams_search=smoke_optuna", "experiment=smoke", "hydra.sweeper.n_trials=2",
+         "task.train_families=[no_such_family]", "tracking=off", f"runs_dir={tmp_path}", "run_id=search"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "0 ok, 2 failed" in proc.stdout and "| 1 | failed |" in proc.stdout
+    assert "Traceback" not in proc.stderr and "HYDRA_FULL_ERROR" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == "at-train: error: the search completed no trial (2 failed; table " \
+                                                   "above): no best settings"
+    assert (tmp_path / "search" / "sweep.md").is_file()

@@ -49,7 +49,7 @@ def check_named_runs(df, key: str, values: list[str]) -> None:
     names = list(df["tags.mlflow.runName"])
     assert len(set(names)) == len(names) == len(values)
     for name, value in zip(names, values):
-        assert f"{key}={value}" in name
+        assert name.startswith(f"{key}={value} · "), name   # the swept value first: the UI cuts long names
     assert df["tags.sweep"].nunique() == 1
     commit = head_commit()
     if commit:
@@ -59,7 +59,10 @@ def check_named_runs(df, key: str, values: list[str]) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("launcher", ["basic", "joblib"])
 def test_train_sweep_names_runs_by_the_swept_value(tmp_path, built_agent, launcher):
+    # The training family is a data family from a card on task.include_path (examples/families/word_math.yaml),
+    # with no task spec of its own under the smoke pattern: at-train makes its spec from the card.
     out = at("at-train", "-m", f"hydra/launcher={launcher}", "experiment=smoke", "outer.steps=1", "outer.lora_r=4,8",
+             "task.train_families=[word_math]", f"task.include_path=[{ROOT / 'examples' / 'families'}]",
              f"runs_dir={tmp_path}", cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     folder = only_sweep(tmp_path)
@@ -68,20 +71,33 @@ def test_train_sweep_names_runs_by_the_swept_value(tmp_path, built_agent, launch
     check_named_runs(df, "lora_r", ["4", "8"])
     assert set(df["status"]) == {"FINISHED"}
     assert list(df["tags.sweep.keys"]) == ["outer.lora_r"] * 2
+    # the value Optuna and the table rank by is a metric of the run; the table counts crashed inner jobs
+    values = [json.loads((folder / str(n) / "run.json").read_text())["value"] for n in (0, 1)]
+    assert list(df["metrics.reward/reward_last3"]) == pytest.approx(values)
+    assert "| job | status | value (reward_last3) | crashed inner jobs |" in out.stdout
+    assert all(json.loads((folder / str(n) / "run.json").read_text())["jobs_crashed"] == 0 for n in (0, 1))
+    assert all((folder / str(n) / "train.log").stat().st_size > 0 for n in (0, 1)), "train.log holds at-train's log"
     assert "reward/reward_mean" in df.columns.str.removeprefix("metrics.").tolist()  # grouped metric names
     for n, lora_r in ((0, 4), (1, 8)):
         rec = json.loads((folder / str(n) / "run.json").read_text())
         assert rec["status"] == "ok" and rec["swept"] == {"outer.lora_r": str(lora_r)}
         assert json.loads((folder / str(n) / "outer_run.json").read_text())["run_id"] == f"{folder.name}/{n}"
+        spec = json.loads((folder / str(n) / "task_specs" / "word_math.json").read_text())
+        assert spec["name"] == "word_math_v1_tiny" and spec["family"] == "word_math"
+        assert {p.parent.name.split("-")[2] for p in (folder / str(n) / "episodes").glob("*/summary.json")} == \
+            {"word_math_v1_tiny"}
     if launcher == "basic":
-        # rerun= replays job 0 from its run.json: the same per-step numbers (time and the job cost
-        # priced by the clock, seconds_* and usd*, aside).
+        # rerun= replays job 0 from its run.json: the same per-step numbers (time, the job cost priced by the
+        # clock and the job-cache counters, seconds_* usd* cache_*, aside: the rerun's jobs are cache hits), in a
+        # new folder; the old one is unchanged.
+        before = folder_bytes(folder / "0")
         again = at("at-train", f"rerun={folder / '0'}", cwd=tmp_path)
         assert again.returncode == 0, again.stderr[-3000:]
+        assert folder_bytes(folder / "0") == before
         new = [p for p in tmp_path.iterdir() if p.name.endswith("_train") and p != folder]
         (new,) = [p for p in new if (p / "metrics.jsonl").is_file()]
         def rows(p):
-            return [{k: v for k, v in json.loads(ln).items() if not k.startswith(("seconds_", "usd"))}
+            return [{k: v for k, v in json.loads(ln).items() if not k.startswith(("seconds_", "usd", "cache_"))}
                     for ln in (p / "metrics.jsonl").read_text().splitlines()]
         assert rows(new) == rows(folder / "0") and rows(new)
         rec = json.loads((new / "run.json").read_text())
@@ -107,6 +123,36 @@ def test_eval_sweep_goes_on_past_a_failing_job(tmp_path, built_models, launcher)
     assert [r["status"] for r in rows] == ["ok", "failed", "ok"]
     assert rows[0]["value"] is not None and rows[1]["value"] is None
     assert (folder / "2" / "eval.json").is_file()
+    # the value the sweep returns is the metric its run names in the `returned` tag, and the table says which
+    assert "| job | status | value (hidden_score) |" in out.stdout
+    assert "hidden_score" in (folder / "0" / "eval.log").read_text()   # the command's log holds what it printed
+    assert list(df["tags.returned"])[::2] == ["eval/hidden_score"] * 2
+    assert [df["metrics.eval/hidden_score"][i] for i in (0, 2)] == pytest.approx([rows[0]["value"], rows[2]["value"]])
+    if launcher == "basic":
+        # Hydra's --experimental-rerun runs a finished job again into a new folder (as rerun=): the old folder and
+        # its MLflow run stay byte for byte; replaying the failed job fails again with exit 2 and one line.
+        before, run_before = folder_bytes(folder / "0"), mlflow_record(tmp_path, df["run_id"][0])
+        again = at("at-eval", "--experimental-rerun", str(folder / "0" / ".hydra" / "config.pickle"), cwd=tmp_path)
+        assert again.returncode == 0, again.stderr[-3000:]
+        assert folder_bytes(folder / "0") == before and mlflow_record(tmp_path, df["run_id"][0]) == run_before
+        (new,) = [p for p in tmp_path.iterdir() if p.name.endswith("_eval") and p != folder]
+        assert json.loads((new / "run.json").read_text())["status"] == "ok"
+        failed = at("at-eval", "--experimental-rerun", str(folder / "1" / ".hydra" / "config.pickle"), cwd=tmp_path)
+        assert failed.returncode == 2 and "qwen3-1.7b" in failed.stderr and "Traceback" not in failed.stderr
+
+
+def folder_bytes(folder: Path) -> dict[str, bytes]:
+    """Every file of a folder (relative path -> content)."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def mlflow_record(runs_dir: Path, run_id: str) -> tuple:
+    """An MLflow run's status, times, params, tags and every metric point."""
+    client = mlflow.MlflowClient(f"sqlite:///{runs_dir}/mlflow.db")
+    run = client.get_run(run_id)
+    history = {k: [(m.step, m.value, m.timestamp) for m in client.get_metric_history(run_id, k)]
+               for k in run.data.metrics}
+    return run.info.status, run.info.end_time, run.data.params, run.data.tags, history
 
 
 def test_resume_finds_sweep_runs_and_refuses_another_adapter_shape(tmp_path):
@@ -114,7 +160,8 @@ def test_resume_finds_sweep_runs_and_refuses_another_adapter_shape(tmp_path):
     from agent_trainer.commands.train import RUN_MARKER, resume_changes, resume_folder
 
     job = tmp_path / "2026-01-01_00-00-00_train" / "1"
-    job.mkdir(parents=True)
+    (job / "checkpoints" / "step_0000").mkdir(parents=True)
+    (job / "checkpoints" / "step_0000" / "state.json").write_text('{"step": 1}')
     (job / RUN_MARKER).write_text("{}")
     cfg = compose_config([f"runs_dir={tmp_path}", "experiment=smoke", "resume=true"], "train")
     (job / "config.resolved.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))

@@ -100,6 +100,10 @@ def test_killed_mid_step_resumes_with_every_step_and_record_once(tmp_path, built
     done = subprocess.run(args + ["run_id=again", f"resume={run}"], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-2000:]
+    # the resumed folder holds the outcome and the log; the resuming command leaves no folder of its own
+    rec = json.loads((run / "run.json").read_text())
+    assert rec["status"] == "ok" and rec["value"] is not None and rec["steps_completed"] == 3
+    assert not (tmp_path / "again").exists() and "resuming" in (run / "train.log").read_text()
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2]
     marker = json.loads((run / "outer_run.json").read_text())

@@ -136,6 +136,7 @@ def start(argv: Sequence[str], *, cwd: str | Path, env: dict[str, str], agent_di
     check_argv(argv)
     where = neutral_cwd(cwd, agent_dirs, harness_dirs)
     rlimits = {"RLIMIT_CORE": 0, **(limits or {})}
+    _note_oom_count()
     return subprocess.Popen([str(a) for a in argv], cwd=where, env=scrub_env(env), stdin=subprocess.DEVNULL,
                             stdout=stdout, stderr=stderr, start_new_session=True, close_fds=True,
                             pass_fds=tuple(pass_fds), preexec_fn=lambda: _set_limits(rlimits))
@@ -152,6 +153,68 @@ def kill_group(pid: int) -> None:
             pass
     except PermissionError:  # the group is led by another uid (a sandbox's): its namespace dies with it
         pass
+
+
+# cgroup files that count the kernel's out-of-memory kills in this machine's (container's) memory group.
+_OOM_FILES = ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control")
+_oom_seen: list[int | None] = []   # the count when the harness last looked (read at the first process start)
+
+
+def oom_kill_count() -> int | None:
+    """The kernel's out-of-memory kills so far in this process's memory cgroup (v2 or v1), None when unreadable."""
+    for name in _OOM_FILES:
+        try:
+            for line in Path(name).read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "oom_kill":
+                    return int(value)
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def describe_exit(returncode: int | None, log_path: str | Path | None = None) -> str:
+    """How a child that gave no final status ended, in words (``killed by SIGKILL (signal 9): the kernel's
+    out-of-memory killer ...``); appended as a ``[harness]`` line to ``log_path`` (its own output's tail stays)."""
+    if returncode is None:
+        reason = "ended without an exit status"
+    else:
+        sig = -returncode if returncode < 0 else returncode - 128 if 128 < returncode < 160 else None
+        if sig is None:
+            reason = f"exited with code {returncode}"
+        else:
+            try:
+                name = signal.Signals(sig).name
+            except ValueError:
+                name = f"signal {sig}"
+            how = "killed by" if returncode < 0 else f"exited with code {returncode}: its process was killed by"
+            reason = f"{how} {name} (signal {sig})"
+            if sig == signal.SIGKILL:
+                before = _oom_seen[0] if _oom_seen else None
+                now = oom_kill_count()
+                if now is not None and before is not None and now > before:
+                    reason += (f": the kernel's out-of-memory killer (out-of-memory kills in this machine's memory "
+                               f"group {before} -> {now}); give the job less memory (batch, model) or run fewer "
+                               f"jobs at once")
+                elif now is not None:
+                    reason += ": not by the harness, and no out-of-memory kill was counted (another process sent it)"
+                else:
+                    reason += ": not by the harness; most likely the kernel's out-of-memory killer (its count is " \
+                              "not readable here)"
+                _oom_seen[:] = [now]
+    if log_path is not None:
+        try:
+            with open(log_path, "a") as log:
+                log.write(f"\n[harness] the job process {reason}\n")
+        except OSError:  # the output folder is gone: the reason still goes into the result
+            pass
+    return reason
+
+
+def _note_oom_count() -> None:
+    """Remember the out-of-memory kill count at the first start (``describe_exit`` compares with it)."""
+    if not _oom_seen:
+        _oom_seen.append(oom_kill_count())
 
 
 def run_check(argv: Sequence[str], timeout_s: float = 30.0) -> subprocess.CompletedProcess:
@@ -214,6 +277,7 @@ class WarmProcess:
                  harness_dirs: Iterable[str | Path] = (), limits: dict[str, int] | None = None):
         agent_dirs = [str(Path(d).resolve()) for d in agent_dirs]
         where = neutral_cwd(cwd, agent_dirs, harness_dirs)
+        _note_oom_count()
         self.p = ctx.Process(target=_warm_child, daemon=False, args=(
             target, tuple(args), dict(kwargs or {}), str(where), scrub_env(env), str(log_path),
             {"RLIMIT_CORE": 0, **(limits or {})}, agent_dirs))

@@ -29,12 +29,12 @@ STAGE_KEYS = {"validation": ("validation_mean", "reward_validation"),
 COST_KEYS = ("usd_cumulative", "usd")
 SWITCH_KEYS = ("switch_rate", "switches", "pairs", "first_switch")
 ADOPTION_TYPES = ("execution", "strategy")
-# The settings columns (one per grouping param) go between "command" and "config".
-COLUMNS = ("run", "run_id", "command", "config", "reward", "validation", "job_success", "quality", "speed",
-           "switch_rate", "switches", "pairs", "first_switch", "adoption_execution", "adoption_strategy", "usd",
-           "usd_per_reward")
-CONFIG_COLUMNS = ("config", "runs", "reward_mean", "switch_rate", "pairs", "adoption_execution", "adoption_strategy",
-                  "usd", "usd_per_reward")
+# The settings columns (one per grouping param) go between "status" and "config".
+COLUMNS = ("run", "run_id", "command", "status", "config", "value", "reward", "validation", "job_success", "quality",
+           "speed", "switch_rate", "switches", "pairs", "first_switch", "adoption_execution", "adoption_strategy",
+           "usd", "usd_per_reward")
+CONFIG_COLUMNS = ("config", "runs", "value_mean", "reward_mean", "switch_rate", "pairs", "adoption_execution",
+                  "adoption_strategy", "usd", "usd_per_reward")
 DEFAULT_GROUP_BY = ("agent.model", "strategy.mode")
 # Params that differ from run to run without saying anything about the setting (branch.message follows branch).
 IGNORED_KEYS = frozenset({"run_id", "resume", "rerun", "dry_run", "out", "runs", "experiments", "runs_dir",
@@ -89,7 +89,8 @@ def run_rows(runs: Sequence[RunData], group_by: Sequence[str] | None = None) -> 
         reward_key, reward = r.first(REWARD_KEYS)
         _, usd = r.first(COST_KEYS)
         settings = {k: r.params.get(k) for k in keys}
-        row: dict[str, Any] = {"run": r.name, "run_id": r.run_id, "command": r.command, "reward": reward,
+        row: dict[str, Any] = {"run": r.name, "run_id": r.run_id, "command": r.command, "status": r.status,
+                               "value": r.value, "value_name": r.value_name, "reward": reward,
                                "reward_key": reward_key, "usd": usd, "label": label, "settings": settings,
                                "config": " ".join(f"{k}={'-' if v is None else v}" for k, v in settings.items())}
         if r.params.get("branch") and "branch" not in keys:
@@ -115,10 +116,12 @@ def config_rows(rows: Sequence[dict]) -> list[dict]:
     out = []
     for cfg, rs in groups.items():
         rewards = [r["reward"] for r in rs if r["reward"] is not None]
+        values = [r["value"] for r in rs if r.get("value") is not None]
         pairs = sum(r["pairs"] or 0 for r in rs)
         usd = sum(r["usd"] or 0.0 for r in rs)
         row = {"config": cfg, "settings": rs[0].get("settings", {}), "runs": len(rs),
                "reward_mean": sum(rewards) / len(rewards) if rewards else None,
+               "value_mean": sum(values) / len(values) if values else None,
                "switch_rate": sum(r["switches"] or 0 for r in rs) / pairs if pairs else None, "pairs": pairs,
                "usd": usd, "usd_per_reward": usd / sum(rewards) if rewards and sum(rewards) > 0 else None}
         for t in ADOPTION_TYPES:
@@ -249,7 +252,7 @@ def write_report(runs: Sequence[RunData], rows: Sequence[dict], folder: str | Pa
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     keys = [k for k in (rows[0].get("settings", {}) if rows else {}) if k not in COLUMNS]
-    md, csv_path = write_table(rows, (*COLUMNS[:3], *keys, *COLUMNS[3:]), folder / "compare")
+    md, csv_path = write_table(rows, (*COLUMNS[:4], *keys, *COLUMNS[4:]), folder / "compare")
     cmd, ccsv = write_table(config_rows(rows), (CONFIG_COLUMNS[0], *keys, *CONFIG_COLUMNS[1:]), folder / "configs")
     data = plot_data(runs, rows)
     (folder / "plot_data.json").write_text(json.dumps(data, indent=1))

@@ -42,6 +42,9 @@ class RunData:
     history: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
     tracking_uri: str = ""
     folder: str | None = None                               # the run folder it was named by, if any
+    status: str = ""                                        # MLflow's: FINISHED, FAILED, KILLED, RUNNING
+    value: float | None = None                              # what the command returned (a sweep's value)
+    value_name: str | None = None                           # its metric (the run's ``returned`` tag)
 
     def first(self, keys: Sequence[str]) -> tuple[str | None, float | None]:
         for k in keys:
@@ -206,5 +209,7 @@ def _data(client, run, uri: str, folder: str | None) -> RunData:
     history = {b: sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, logged[b]))
                for b in HISTORY_KEYS if b in logged}
     name = tags.get("mlflow.runName") or run.info.run_name or run.info.run_id[:8]
+    returned = tags.get("returned")
+    value = metrics.get(bare_key(returned)) if returned else None
     return RunData(run.info.run_id, name, tags.get("command", "-"), dict(run.data.params), metrics, history,
-                   uri, folder)
+                   uri, folder, run.info.status, value, returned)

@@ -1,0 +1,163 @@
+"""How ``at-*`` command lines become Hydra overrides, before Hydra starts (``agent_trainer.cli.main``).
+
+``task=<file>.json``/``task=<name>``, ``model=<name>`` and a positional argument become overrides; ``rerun=<folder>``
+(and Hydra's ``--experimental-rerun <folder>/.hydra/config.pickle``) the overrides a run was made with; a sweep
+is reduced to the overrides composed up front. The rules: docs/sweeps.md, "The command line of every at-* command".
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from omegaconf import OmegaConf
+
+from agent_trainer import sweeps
+from agent_trainer.config import CONFIG_DIR
+from agent_trainer.paths import PROJECT_ROOT, resolve_path
+
+TASKS_DIR = PROJECT_ROOT / "examples" / "tasks"
+# Hydra flags followed by a value (so that value is not taken for a positional argument).
+_FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn",
+                     "--config-dir", "-cd", "--experimental-rerun", "--shell-completion", "-sc"}
+
+
+class UserError(Exception):
+    """A mistake the user can fix; printed as one line, no traceback."""
+
+
+def prog() -> str:
+    """The command's name as typed (``at-eval``)."""
+    return Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "agent-trainer"
+
+
+def rewrite_args(argv: Sequence[str], positional: str | None = None) -> list[str]:
+    """Turn ``task=<file>.json``/``task=<spec name>`` and a positional argument into Hydra overrides."""
+    out: list[str] = []
+    skip_next = False
+    for arg in argv:
+        if skip_next or arg.startswith("-"):
+            out.append(arg)
+            skip_next = arg in _FLAGS_WITH_VALUE
+            continue
+        if "=" not in arg:
+            if positional is None:
+                raise UserError(f"unexpected argument {arg!r}; overrides look like key=value, e.g. outer.lr=3e-4")
+            if any(a.startswith(f"{positional}=") for a in out):
+                raise UserError(f"more than one {positional} given ({arg!r}); give one")
+            arg = f"{positional}={arg}"
+        key, _, value = arg.partition("=")
+        if key.lstrip("+~") == "task" and value:
+            arg = _task_override(value)
+        elif key == "model" and value and "," not in value and not (CONFIG_DIR / "model" / f"{value}.yaml").is_file():
+            arg = f"model.name={value}"  # a model from base_models (configuration), not a configs/model option
+        out.append(arg)
+    return out
+
+
+def _task_override(value: str) -> str:
+    if "," in value or "(" in value:  # a sweep (-m task=a,b): Hydra resolves each option
+        return f"task={value}"
+    if value.endswith(".json") or "/" in value:
+        path = resolve_path(value)
+        if not path.is_file():
+            raise UserError(
+                f"task spec {value!r} not found; task specs live in {TASKS_DIR.relative_to(PROJECT_ROOT)}/*.json")
+        return f"task.spec_path={path.resolve()}"
+    if (CONFIG_DIR / "task" / f"{value}.yaml").is_file():
+        return f"task={value}"
+    if (TASKS_DIR / f"{value}.json").is_file():
+        return f"task.spec_path={(TASKS_DIR / f'{value}.json').resolve()}"
+    known = sorted({p.stem for p in (CONFIG_DIR / "task").glob("*.yaml")} | {p.stem for p in TASKS_DIR.glob("*.json")})
+    raise UserError(f"unknown task {value!r}; known: {', '.join(known)} (or task=<path to a spec>.json)")
+
+
+def overrides_to_check(argv: Sequence[str]) -> list[str] | None:
+    """The overrides to compose up front: sweeps reduced to their first value (``-m a=1,2`` -> ``a=1``).
+
+    ``None`` when Hydra flags other than ``-m`` are present (``--cfg``, ``--help``...): Hydra handles those.
+    """
+    flags = [a for a in argv if a.startswith("-")]
+    if any(f not in ("-m", "--multirun") for f in flags):
+        return None
+    overrides = [a for a in argv if not a.startswith("-")]
+    if not flags:
+        return overrides
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    out = []
+    for o in OverridesParser.create().parse_overrides(overrides):
+        if not o.is_sweep_override():
+            out.append(o.input_line)
+        elif o.value_type is not None and o.value_type.name in ("SIMPLE_CHOICE_SWEEP", "RANGE_SWEEP"):
+            out.append(f"{o.get_key_element()}={next(iter(o.sweep_string_iterator()))}")
+        else:  # glob sweeps need Hydra's config loader; Hydra checks them itself
+            return None
+    return out
+
+
+def other_sweep_values(argv: Sequence[str], limit: int = 32) -> list[list[str]]:
+    """For each choice/range sweep, the up-front overrides with each of its other values (at most ``limit`` lists).
+
+    Composed before Hydra starts, so a typo in any value of a sweep (``model=tiny-s,tiny-z``) is one
+    line before any job runs; failures at run time (weights not on disk) are the job's own."""
+    base = overrides_to_check(argv)
+    if base is None or not any(a in ("-m", "--multirun") for a in argv):
+        return []
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides([a for a in argv if not a.startswith("-")])
+    out = []
+    for i, o in enumerate(parsed):
+        if (o.is_sweep_override() and o.value_type is not None
+                and o.value_type.name in ("SIMPLE_CHOICE_SWEEP", "RANGE_SWEEP")):
+            for value in list(o.sweep_string_iterator())[1:]:
+                out.append(base[:i] + [f"{o.get_key_element()}={value}"] + base[i + 1:])
+    return out[:limit]
+
+
+def experimental_rerun(argv: Sequence[str]) -> list[str]:
+    """Hydra's ``--experimental-rerun <folder>/.hydra/config.pickle`` -> ``rerun=<folder>``: a new run folder.
+
+    Hydra's own replay would write into the old run's folder and MLflow run (and end 0 on a failure)."""
+    argv = list(argv)
+    if "--experimental-rerun" not in argv:
+        return argv
+    i = argv.index("--experimental-rerun")
+    if i + 1 >= len(argv):
+        raise UserError("--experimental-rerun takes a file: <run folder>/.hydra/config.pickle (or use rerun=<folder>)")
+    path = resolve_path(argv[i + 1])
+    if not path.exists():
+        raise UserError(f"--experimental-rerun {argv[i + 1]}: no such file; give <run folder>/.hydra/config.pickle")
+    folder = path.parent.parent if path.is_file() and path.parent.name == ".hydra" else path
+    print(f"{prog()}: --experimental-rerun runs {folder} again into a new run folder (as rerun=<folder>)",
+          file=sys.stderr)
+    return [*argv[:i], f"rerun={folder}", *argv[i + 2:]]
+
+
+def expand_rerun(argv: Sequence[str]) -> list[str]:
+    """``rerun=<run folder>`` -> the overrides that run was made with, then the other arguments (later wins).
+
+    The folder is any command's run folder (or a file in it); its ``run.json`` holds the overrides as
+    typed (``.hydra/overrides.yaml`` for folders without one). The new run gets a new run_id."""
+    given = [a for a in argv if a.startswith("rerun=")]
+    if not given:
+        return list(argv)
+    if len(given) > 1 or "-m" in argv or "--multirun" in argv:
+        raise UserError("rerun= takes one run folder and re-runs that one job (no -m); give one rerun=<folder>")
+    folder = resolve_path(given[0].partition("=")[2])
+    if folder.is_file():
+        folder = folder.parent.parent if folder.parent.name == ".hydra" else folder.parent
+    record = sweeps.read_run_file(folder)
+    if record is not None and "overrides" in record:
+        saved = list(record["overrides"])
+    elif (folder / ".hydra" / "overrides.yaml").is_file():
+        saved = [str(o) for o in OmegaConf.load(folder / ".hydra" / "overrides.yaml")]
+    else:
+        raise UserError(f"rerun={given[0].partition('=')[2]}: not a run folder (no {sweeps.RUN_FILE} or "
+                        f".hydra/overrides.yaml in {folder})")
+    keep = [o for o in saved if o.partition("=")[0].lstrip("+~") not in ("run_id", "resume", "hydra.run.dir")]
+    os.environ[sweeps.RERUN_ENV] = str(folder)
+    return keep + [a for a in argv if not a.startswith("rerun=")]

@@ -1,0 +1,74 @@
+"""What ``at-train resume=`` may continue and with which changes, and a checkpoint written over a leftover one:
+the plain functions of ``agent_trainer.commands.train`` on run folders laid out as at-train leaves them."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from agent_trainer.cli import UserError
+from agent_trainer.commands.train import RUN_MARKER, resume_changes, resume_folder, steps_completed
+from agent_trainer.config import compose_config
+
+
+def outer_run(folder: Path, steps: int, cfg=None) -> Path:
+    """A run folder as at-train leaves it after ``steps`` complete steps (0: it failed before its first)."""
+    folder.mkdir(parents=True)
+    (folder / RUN_MARKER).write_text("{}")
+    for s in range(steps):
+        (folder / "checkpoints" / f"step_{s:04d}").mkdir(parents=True)
+        (folder / "checkpoints" / f"step_{s:04d}" / "state.json").write_text(json.dumps({"step": s + 1}))
+    if cfg is not None:
+        (folder / "config.resolved.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    return folder
+
+
+def test_resume_true_takes_the_newest_run_that_completed_a_step(tmp_path):
+    cfg = compose_config([f"runs_dir={tmp_path}", "experiment=smoke", "resume=true"], "train")
+    done = outer_run(tmp_path / "a", 2)
+    failed = outer_run(tmp_path / "b", 0)   # newer, but it failed before its first step
+    os.utime(done / RUN_MARKER, (time.time() - 60,) * 2)
+    assert steps_completed(done) == 2 and steps_completed(failed) == 0
+    assert resume_folder(cfg, tmp_path / "new") == done
+    with pytest.raises(UserError, match="never completed a step"):
+        resume_folder(compose_config([f"runs_dir={tmp_path}", f"resume={failed}"], "train"), tmp_path / "new")
+    (done / RUN_MARKER).unlink()
+    with pytest.raises(UserError, match=r"no at-train run .* completed a step \(1 ended before"):
+        resume_folder(cfg, tmp_path / "new")
+
+
+def test_a_changed_setting_is_refused_unless_allowed(tmp_path):
+    saved = compose_config([f"runs_dir={tmp_path}", "experiment=smoke"], "train")
+    job = outer_run(tmp_path / "r", 1, saved)
+    other = ["experiment=smoke", f"runs_dir={tmp_path}", "task.train_families=[calc_chain]"]
+    with pytest.raises(UserError, match=r"task.train_families .* 'resume_allow_changes=\[task.train_families\]'"):
+        resume_changes(compose_config(other, "train"), job)
+    allowed = compose_config([*other, "resume_allow_changes=[task.train_families]"], "train")
+    assert list(resume_changes(allowed, job)) == ["task.train_families"]
+    more = compose_config([f"runs_dir={tmp_path}", "experiment=smoke", "outer.steps=4"], "train")
+    assert resume_changes(more, job) == {"outer.steps": ("2", "4")}   # more steps: always allowed
+
+
+def test_a_checkpoint_survives_a_leftover_tmp_and_an_earlier_copy_of_its_step(tmp_path, built_agent):
+    from agent_trainer.outer_loop.rl.policy import AgentPolicy, PolicyConfig
+    from agent_trainer.outer_loop.rl.train import CKPT_DIR, StepState, Trainer, last_complete_step
+
+    trainer = Trainer.__new__(Trainer)   # only what checkpoint() reads: no episodes are played here
+    trainer.run_dir, trainer.replay, trainer.state = tmp_path, [], StepState()
+    trainer.policy = AgentPolicy.from_pretrained(built_agent, PolicyConfig(), seed=0)
+    (tmp_path / "run.json").write_text("{}")
+    leftover = tmp_path / CKPT_DIR / "step_0000.tmp"
+    (leftover / "adapter").mkdir(parents=True)
+    (leftover / "adapter" / "junk").write_text("half-written")
+    (tmp_path / CKPT_DIR / "step_0000" / "old").mkdir(parents=True)   # a step written before (non-empty folder)
+    trainer.checkpoint(0, {"reward_mean": 0.5})
+    ckpt = last_complete_step(tmp_path)
+    assert ckpt.name == "step_0000" and not (ckpt / "old").exists() and (ckpt / "adapter").is_dir()
+    assert sorted(p.name for p in (tmp_path / CKPT_DIR).iterdir()) == ["step_0000"]
+    assert json.loads((ckpt / "state.json").read_text())["step"] == 1
+    assert json.loads((tmp_path / "run.json").read_text())["steps_completed"] == 1
