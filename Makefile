@@ -23,6 +23,7 @@ run: setup
 test: setup
 	$(BIN)/pytest -p no:cacheprovider --timeout=$(TEST_TIMEOUT) tests
 
-# Unit tests only, for a quick check while editing.
+# Unit tests only, for a quick check while editing: no model is built or imported (tests that need one the
+# cache lacks are skipped with the reason; tests/helpers/run_if.py).
 test-fast: setup
-	$(BIN)/pytest -p no:cacheprovider --timeout=$(TEST_TIMEOUT) -m "not slow" tests/unit
+	$(BIN)/pytest -p no:cacheprovider --timeout=$(TEST_TIMEOUT) -m "not slow" --no-model-builds tests/unit

@@ -89,6 +89,10 @@ class EvaluatorKind(StrEnum):
     llm = "llm"  # a second agent through a backend (local, openai, vllm)
 
 
+# How tools reach the agent (agent.tool_schemas; agent_trainer.outer_loop.episode.episode.tool_schemas_for).
+TOOL_SCHEMAS = ("full", "compact", "names")
+
+
 # --- group schemas ------------------------------------------------------------------------
 
 
@@ -97,7 +101,8 @@ class AgentConfig:
     """The agent LLM that writes training jobs."""
 
     backend: Backend = doc(Backend.local, "where the agent runs: local | openai | vllm")
-    model: str = doc("tiny-m", "model name: a registry name (local) or the served model name (openai, vllm)")
+    model: str = doc("tiny-agent", "model name: a registry name (local; tiny-agent, the tiny agent at-models "
+                                   "builds) or the served model name (openai, vllm)")
     model_path: Optional[str] = doc(None, "local weights folder for the local/vllm backends; null = registry")
     base_url: Optional[str] = doc(None, "OpenAI-compatible endpoint, e.g. http://localhost:8000/v1")
     api_key_env: Optional[str] = doc(None, "NAME of the environment variable holding the API key, never the key")
@@ -221,6 +226,11 @@ class OuterConfig:
     scale_by_std: bool = doc(False, "divide advantages by the group's reward std")
     epochs: int = doc(1, "passes over a step's rollouts in the update")
     micro_batch_size: int = doc(8, "agent turns per forward pass in the update")
+    micro_batch_tokens: int = doc(0, "cap of a micro-batch in padded tokens (rows x longest row); 0 = by "
+                                     "micro_batch_size only. A row longer than the cap is a micro-batch of its own")
+    gradient_checkpointing: bool = doc(False, "recompute each layer's activations in the backward pass instead of "
+                                              "keeping them (the update's memory: ~1/3 of the time more, a fraction "
+                                              "of the memory; for agents of 100M+ parameters on long episodes)")
     loss_aggregation: str = doc("token", "token: mean over all agent tokens (DAPO); episode: every episode "
                                          "weighs the same whatever its length")
     focus_top_frac: float = doc(1.0, "share of the step's agent tokens the loss covers, highest policy entropy "
@@ -237,9 +247,12 @@ class InnerConfig:
     """Defaults of every inner job (the task spec's budget still caps steps and seconds)."""
 
     eval_size: Optional[int] = doc(None, "hidden-eval items; null = the task spec's hidden_eval_size")
-    eval_batch_size: int = doc(64, "sequences per batch in the hidden evaluation")
+    eval_batch_size: int = doc(64, "sequences per batch when at-eval scores a model; jobs and their baselines are "
+                                   "always scored in batches of 64 (agent_trainer.evaluation.hidden_eval's default), "
+                                   "so every run's scores and cached baselines are computed the same way")
     timeout_s: Optional[float] = doc(
-        None, "hard kill deadline of a job's training process; null = task max_seconds x 1.5 + 60")
+        None, "wall-clock safety cap of a job's training process (hitting it: infra_timeout, retried once); "
+        "null = 4 x the seconds its estimate expects on this machine + 180")
     sandbox: bool = doc(True, "run jobs with agent-written code or data in the sandbox (bubblewrap; "
                               "agent_trainer.inner_loop.isolation.sandbox); with it off (or bwrap missing) they are "
                               "refused unless allow_unsafe")
@@ -369,8 +382,11 @@ class ModelsCommand(Config):
 
     action: str = doc("build", "build: the tiny models and the tiny agent; import: the real models shipped as GGUF "
                                "wheels (SmolLM2-135M-Instruct), converted to safetensors; calibrate: time short "
-                               "SFT/GRPO runs of model.name here and store its cost profile")
+                               "SFT/GRPO runs of model.name here and store its cost profile; ship: build "
+                               "tiny-s, tiny-m and tiny-agent here and make them the package's shipped files")
     force: bool = doc(False, "rebuild (re-import) models that are already in the cache")
+    build_shipped: bool = doc(False, "build the shipped models (tiny-s, tiny-m, tiny-agent) here too, into the cache, "
+                             "and say whether this machine's bytes equal the shipped sha256s")
 
 
 @dataclass
@@ -395,7 +411,9 @@ class JobCommand(Config):
 class TrainCommand(Config):
     """``at-train``: reinforcement learning of the agent's LoRA from its episodes."""
 
-    resume: str = doc("false", "false | true (the newest run in runs_dir with checkpoints) | a run folder path")
+    resume: str = doc("false", "false | true (the newest run in runs_dir with a complete step) | a run folder path")
+    resume_allow_changes: list[str] = doc([], "settings (or groups: hardware) a resumed run may change from its saved "
+                                              "ones; others are refused (outer.steps may always grow)")
 
 
 @dataclass
@@ -532,8 +550,8 @@ def validate(cfg: DictConfig) -> Config:
         _check(value is None or value > 0, f"budget.{key} must be > 0 or null (no cap), got {value}")
     _check(getattr(obj, "prompt_format", None) in (None, "raw", "chat"),
            f"prompt_format must be raw or chat, got {getattr(obj, 'prompt_format', None)!r}")
-    _check(getattr(obj, "action", "build") in ("build", "import", "calibrate"),
-           f"at-models takes build, import or calibrate, got {getattr(obj, 'action', None)!r}")
+    _check(getattr(obj, "action", "build") in ("build", "import", "calibrate", "ship"),
+           f"at-models takes build, import, calibrate or ship, got {getattr(obj, 'action', None)!r}")
     _check(obj.inner.timeout_s is None or obj.inner.timeout_s > 0, "inner.timeout_s must be > 0 or null")
     _check(obj.inner.eval_batch_size >= 1, "inner.eval_batch_size must be >= 1")
     _check(obj.inner.eval_size is None or obj.inner.eval_size >= 1, "inner.eval_size must be >= 1 or null")
@@ -631,6 +649,8 @@ def _check_agent(a: AgentConfig, train: bool = False) -> None:
            f"agent.context_tokens must be >= 256 or null (the server's), got {a.context_tokens}")
     _check(a.tool_choice in ("auto", "required", "none"),
            f"agent.tool_choice must be auto, required or none, got {a.tool_choice!r}")
+    _check(a.tool_schemas in TOOL_SCHEMAS,
+           f"agent.tool_schemas must be {', '.join(TOOL_SCHEMAS[:-1])} or {TOOL_SCHEMAS[-1]}, got {a.tool_schemas!r}")
     prices = (a.usd_per_1m_tokens_in, a.usd_per_1m_tokens_out)
     _check(all(p is None or p >= 0 for p in prices), "agent.usd_per_1m_tokens_in/_out must be >= 0")
     if a.backend != Backend.openai:

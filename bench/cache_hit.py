@@ -34,8 +34,8 @@ def main() -> None:
     cache = wd / "cache"
     get_baseline(model, task.family, a.hidden_n, cache_dir=cache)
     job = C.sft_job(wd / "job", a.steps)
-    common = dict(task=task, model_dir=model, cache_dir=cache, threads=1, warm=True, progress=False)
-    run_job(C.sft_job(wd / "warmup", 2), output_dir=wd / "warmup_out", **common)  # start the warm workers
+    common = dict(task=task, model_dir=model, cache_dir=cache, threads=1, warm_workers=True, progress=False)
+    run_job(C.sft_job(wd / "warmup", 2), output_dir=wd / "warmup_out", **{**common, "cache": False})  # start the warm workers
 
     seconds, results = {}, {}
     for name, use_cache in (("miss", True), ("hit", True), ("rerun", False)):

@@ -256,7 +256,7 @@ def harness_job(device: str, tiny: bool, folder: Path) -> dict:
     free = CostModel(startup_s=0.0, grpo_step_s=1e-4, grpo_token_s=0.0, sft_step_s=1e-4, sft_sequence_s=0.0)
     t0 = time.perf_counter()
     res = run_job(job, task, model_dir=BUILT["folder"], output_dir=folder / "job_harness_out", cost_model=free,
-                  dry_run=False, progress=False, warm=False, device="cuda" if device.startswith("cuda") else "cpu",
+                  dry_run=False, progress=False, warm_workers=False, cache=False, device="cuda" if device.startswith("cuda") else "cpu",
                   cache_dir=folder / "cache")
     trl = json.loads((folder / "job_harness_out" / "trl_config.json").read_text()) if res.status == "ok" else {}
     return {"status": res.status, "detail": res.detail[:300], "device": res.device, "steps": res.steps,

@@ -85,7 +85,7 @@ def main() -> None:
 
         items = [json.loads(x) for x in (wd / "eval.jsonl").read_text().splitlines()]
         warm_job = C.sft_job(wd / "warmup_job", 2)
-        run_job(warm_job, task, threads=1, warm=True, progress=False, output_dir=wd / "warmup_out")
+        run_job(warm_job, task, threads=1, warm_workers=True, cache=False, progress=False, output_dir=wd / "warmup_out")
         train_and_eval(str(model), rows[:128], items[:8], steps=2, out=str(wd / "plain_warmup"))
         for i in range(a.repeats):
             t0 = time.perf_counter()
@@ -93,7 +93,7 @@ def main() -> None:
             results["plain_warm"].append(round(time.perf_counter() - t0, 3))
             scores["plain_warm"] = r["score"]
             t0 = time.perf_counter()
-            res = run_job(job, task, threads=1, warm=True, progress=False, output_dir=wd / f"warm{i}")
+            res = run_job(job, task, threads=1, warm_workers=True, cache=False, progress=False, output_dir=wd / f"warm{i}")
             results["atjob_warm"].append(round(time.perf_counter() - t0, 3))
             scores["atjob_warm"] = res.hidden_score
             assert res.status == "ok", res.detail

@@ -33,11 +33,12 @@ def main() -> None:
     wd = C.workdir(a.workdir, "parallel")
     task = C.task(hidden_n=a.hidden_n)
     jobs = [C.sft_job(wd / f"job{i}", a.steps, seed=i) for i in range(a.jobs)]
-    run_job(C.sft_job(wd / "warmup", 2), task, threads=1, warm=True, progress=False)  # forkserver + baseline
+    # the forkserver and the baseline, before any timing
+    run_job(C.sft_job(wd / "warmup", 2), task, threads=1, warm_workers=True, cache=False, progress=False)
 
     def batch(tag: str, threads: int) -> list[dict]:
-        return [dict(job_dir=j, task=task, output_dir=wd / tag / j.name, threads=threads, warm=True, progress=False)
-                for j in jobs]
+        return [dict(job_dir=j, task=task, output_dir=wd / tag / j.name, threads=threads, warm_workers=True,
+                     cache=False, progress=False) for j in jobs]
 
     modes = [("sequential_1thread", "sequential", 1, 1), ("parallel_1thread", "local_parallel", a.jobs, 1)]
     if not a.skip_all_cores:

@@ -77,7 +77,7 @@ def main() -> None:
         d.mkdir(parents=True, exist_ok=True)
         (d / "job.yaml").write_text(render_job(job_for(family, base, algorithm, lr, steps)))
         t0 = time.time()
-        r = run_job(d, task, output_dir=d / "out", warm=True, cache=True, threads=1, progress=False, dry_run=False)
+        r = run_job(d, task, output_dir=d / "out", warm_workers=True, cache=True, threads=1, progress=False, dry_run=False)
         reward = staged_reward(0, r.outcome(task.budget.max_seconds))
         row = dict(family=family, base=base, algorithm=algorithm, lr=lr, steps=steps, status=r.status,
                    post=r.hidden_score, baseline=r.baseline, reward=round(reward.total, 3),

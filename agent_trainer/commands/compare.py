@@ -36,8 +36,8 @@ def run(cfg: DictConfig) -> dict | None:
         print(f"at-compare: {line}", flush=True)
 
     try:
-        runs = collect(str(cfg.tracking.tracking_uri), list(cfg.runs), list(cfg.experiments),
-                       runs_dir=resolve_path(str(cfg.runs_dir)), note=note)
+        runs = collect(cfg.tracking.tracking_uri, list(cfg.runs), list(cfg.experiments),
+                       runs_dir=resolve_path(cfg.runs_dir), note=note)
     except CompareError as e:
         raise cli.UserError(str(e)) from None
     keys = group_keys(runs, list(cfg.group_by))

@@ -18,36 +18,33 @@ import hydra
 from omegaconf import DictConfig, read_write
 
 from agent_trainer import cli
-from agent_trainer.config import CONFIG_DIR, compose_config
+from agent_trainer.config import CONFIG_DIR, Backend, EpisodeCommand, compose_config
 from agent_trainer.paths import resolve_path
 from agent_trainer.tracking import check_reachable
 from agent_trainer.commands._errors import user_errors
 
 
-def make_agent_backend(cfg: DictConfig):
-    """The configured agent backend (local: the tiny agent or ``agent.model_path``, plus ``adapter``)."""
+def make_agent_backend(conf: EpisodeCommand):
+    """The configured agent backend (local: the tiny agent or ``agent.model_path``, plus ``adapter``) of a
+    validated config (``cli.open_run``; a served agent's null prices resolved before: ``resolve_agent_prices``)."""
     from agent_trainer.outer_loop.agents import make_backend
 
-    a = cfg.agent
-    if str(a.backend) == "local":
+    a = conf.agent
+    if a.backend == Backend.local:
         from agent_trainer.outer_loop.agents.local import LocalBackend
         from agent_trainer.outer_loop.rl.run_config import agent_dir
 
-        backend = LocalBackend.from_path(agent_dir(cfg), model_name=str(a.model), tool_format=str(a.tool_format))
-        if cfg.get("adapter"):
+        backend = LocalBackend.from_path(agent_dir(conf), model_name=a.model, tool_format=a.tool_format)
+        if conf.adapter:
             from peft import PeftModel
 
-            backend.model = PeftModel.from_pretrained(backend.model, str(resolve_path(cfg.adapter))).eval()
+            backend.model = PeftModel.from_pretrained(backend.model, str(resolve_path(conf.adapter))).eval()
         return backend
-    spec = {"kind": str(a.backend), "model": str(a.model), "base_url": a.base_url,
-            "api_key_env": a.api_key_env, "tool_format": str(a.tool_format),
-            **({"model_path": a.model_path} if a.model_path else {})}
-    if str(a.backend) == "openai":
-        resolve_agent_prices(cfg)
-        spec.update(timeout_s=float(a.timeout_s), max_retries=int(a.max_retries),
-                    retry_backoff_s=float(a.retry_backoff_s), context_tokens=a.context_tokens,
-                    tool_choice=str(a.tool_choice), parallel_tool_calls=a.parallel_tool_calls,
-                    legacy_max_tokens=bool(a.legacy_max_tokens))
+    spec = {"kind": a.backend.value, "model": a.model, "base_url": a.base_url, "api_key_env": a.api_key_env,
+            "tool_format": a.tool_format, **({"model_path": a.model_path} if a.model_path else {})}
+    if a.backend == Backend.openai:
+        spec.update({k: getattr(a, k) for k in ("timeout_s", "max_retries", "retry_backoff_s", "context_tokens",
+                                                 "tool_choice", "parallel_tool_calls", "legacy_max_tokens")})
     return make_backend(spec)
 
 
@@ -56,22 +53,22 @@ def check_agent(cfg: DictConfig) -> None:
     a = cfg.agent
     if cfg.get("dry_run"):
         return  # a dry run writes the resolved config only
-    if str(a.backend) == "openai" and a.api_key_env:
+    if a.backend == Backend.openai and a.api_key_env:
         from agent_trainer.outer_loop.agents.base import read_api_key
 
-        read_api_key(str(a.api_key_env), a.base_url, error=cli.UserError)
+        read_api_key(a.api_key_env, a.base_url, error=cli.UserError)
 
 
 def resolve_agent_prices(cfg: DictConfig) -> str | None:
     """``agent=openai``: null prices become the price table's for agent.model, or 0 on a local server
     (``agent_trainer.prices``), in ``cfg`` itself (the ledger reads them there); returns their source."""
     a = cfg.agent
-    if str(a.backend) != "openai":
+    if a.backend != Backend.openai:
         return None
     from agent_trainer.prices import UnknownPrice, agent_prices
 
     try:
-        p_in, p_out, source = agent_prices(str(a.model), a.base_url, a.usd_per_1m_tokens_in, a.usd_per_1m_tokens_out)
+        p_in, p_out, source = agent_prices(a.model, a.base_url, a.usd_per_1m_tokens_in, a.usd_per_1m_tokens_out)
     except UnknownPrice as e:
         raise cli.UserError(str(e)) from None
     with read_write(a):
@@ -110,7 +107,7 @@ def play(cfg: DictConfig):
     from agent_trainer.outer_loop.strategy.steering import make_steering
 
     task = load_task(resolve_path(cfg.task.spec_path))
-    backend = make_agent_backend(cfg)
+    backend = make_agent_backend(conf)
     ledger = make_ledger(conf, folder)
     with cli.tracker(cfg, "at-episode") as tr:
         tr.log_config(cfg)

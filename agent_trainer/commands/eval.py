@@ -26,7 +26,7 @@ from agent_trainer.commands._errors import user_errors
 
 def run(cfg: DictConfig) -> float | None:
     """Score ``checkpoint`` (or the base model) on the task's hidden set; print score and baseline."""
-    folder = cli.start_run(cfg)
+    folder, conf = cli.open_run(cfg)
     if cfg.dry_run:
         return None
     check_reachable(cfg)  # a closed MLflow server fails here, in seconds
@@ -43,7 +43,7 @@ def run(cfg: DictConfig) -> float | None:
     if cfg.prompt_format is not None:
         spec = spec.model_copy(update={"prompt_format": cfg.prompt_format})
     fmt = for_task(spec)
-    n = int(cfg.inner.eval_size or spec.hidden_eval_size)
+    n = conf.inner.eval_size or spec.hidden_eval_size
     if cfg.table:
         return _table(cfg, folder, n, fmt)
 
@@ -54,8 +54,8 @@ def run(cfg: DictConfig) -> float | None:
     # Started before scoring so a wrong tracking URI fails in seconds, not after the evaluation.
     with cli.tracker(cfg, "at-eval") as tr:
         tr.log_config(cfg)
-        result = score_checkpoint(target, spec.family, n=n, batch_size=int(cfg.inner.eval_batch_size),
-                                  device=_device(str(cfg.hardware.device)), fmt=fmt)
+        result = score_checkpoint(target, spec.family, n=n, batch_size=conf.inner.eval_batch_size,
+                                  device=_device(conf.hardware.device.value), fmt=fmt)
         baseline = float(baselines.get_baseline(base, spec.family, n, cache_dir=cfg.cache_dir, fmt=fmt))
         summary = {
             "task": spec.name, "family": spec.family, "model": cfg.model.name, "checkpoint": str(target),
@@ -104,7 +104,7 @@ def _device(wanted: str) -> str:
 
 @hydra.main(config_path=str(CONFIG_DIR), config_name="eval", version_base="1.3")
 def _hydra_main(cfg: DictConfig) -> float | None:
-    return cli.call(run, cfg, user_errors=user_errors)
+    return cli.call(run, cfg, user_errors=user_errors, value_name="eval/hidden_score")
 
 
 def main() -> None:

@@ -29,7 +29,7 @@ def source_dir(cfg: DictConfig) -> Path:
     if not cfg.run:
         raise cli.UserError("at-fork needs the source run: run=<run_id> (a folder in runs_dir), e.g. "
                             "at-fork run=2026-01-01_12-00-00_episode at=1")
-    for cand in (Path(str(cfg.runs_dir)) / str(cfg.run), resolve_path(str(cfg.run))):
+    for cand in (Path(cfg.runs_dir) / cfg.run, resolve_path(cfg.run)):
         if (cand / "config.resolved.yaml").is_file():
             return cand.resolve()
     raise cli.UserError(f"source run {cfg.run!r} not found in {cfg.runs_dir} (no config.resolved.yaml)")
@@ -55,11 +55,14 @@ def run(cfg: DictConfig) -> list[dict] | None:
     src_dir = source_dir(cfg)
     adopt_source_settings(cfg, src_dir)
     # Everything a user can get wrong is checked before the run folder is made.
-    src = fork.load_source(src_dir, str(cfg.episode), int(cfg.at), max_jobs=int(cfg.budget.max_jobs_per_episode))
+    src = fork.load_source(src_dir, cfg.episode, cfg.at, max_jobs=cfg.budget.max_jobs_per_episode)
     branches = [fork.make_branch(b, src) for b in cfg.branches]
     slugs = [b.slug for b in branches]
     if not branches or len(set(slugs)) != len(slugs):
         raise cli.UserError(f"branches must be distinct and non-empty, got {list(cfg.branches)}")
+    from agent_trainer.commands.episode import resolve_agent_prices
+
+    resolve_agent_prices(cfg)  # a served agent's null prices, before the typed config the ledger reads
     folder, conf = cli.open_run(cfg)
     if cfg.dry_run:
         return None
@@ -69,7 +72,7 @@ def run(cfg: DictConfig) -> list[dict] | None:
     from agent_trainer.outer_loop.strategy.steering import Steering, make_evaluator, settings_from_config
     from agent_trainer.commands.episode import log_strategy, make_agent_backend
     task = load_task(resolve_path(cfg.task.spec_path))
-    backend = make_agent_backend(cfg)
+    backend = make_agent_backend(conf)
     ledger = make_ledger(conf, folder)
     rows = []
     name = f"fork-{src_dir.name}-ep{src.episode_id}-at{src.at}"

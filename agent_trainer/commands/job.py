@@ -39,27 +39,21 @@ def run(cfg: DictConfig) -> float | None:
         # The warm worker's imports (~9 s of TRL) start now, beside everything else this command does
         # before training (config, run folder, validation's model load), not after it.
         prestart_warm_worker(job_dir, _task_family(cfg))
-    folder = cli.start_run(cfg)
+    folder, conf = cli.open_run(cfg)
     if cfg.dry_run:
         return None
     check_reachable(cfg)  # a closed MLflow server fails here, in seconds
     if not (job_dir / "job.yaml").is_file():
         raise cli.UserError(f"{cfg.job_dir!r} is not a job folder (no job.yaml); e.g. at-job examples/jobs/sft_full")
     from agent_trainer.evaluation.tasks import load_task
-    from agent_trainer.inner_loop.run.job import run_job
-    from agent_trainer.inner_loop.isolation.sandbox import SandboxPolicy
+    from agent_trainer.inner_loop.run.job import run_request
+    from agent_trainer.inner_loop.run.request import JobRequest, JobSettings
 
     spec = load_task(resolve_path(cfg.task.spec_path))
-    sandbox = SandboxPolicy.from_config(cfg.inner)
     with cli.tracker(cfg, "at-job", tags={"job_dir": str(job_dir)}) as tr:
         tr.log_config(cfg)
-        result = run_job(
-            job_dir, spec, cache_dir=cfg.cache_dir, tracker=tr, hidden_n=cfg.inner.eval_size,
-            price_per_hour=float(cfg.hardware.usd_per_hour), timeout_s=cfg.inner.timeout_s,
-            output_dir=folder / "job", threads=cfg.hardware.threads_per_job, warm=bool(cfg.inner.warm_workers),
-            sandbox=sandbox, cache=bool(cfg.inner.cache), device=str(cfg.hardware.device),
-            vllm=bool(cfg.hardware.inner_vllm),
-        )
+        settings = JobSettings.from_config(conf, tracker=tr)
+        result = run_request(JobRequest(job_dir, spec, folder / "job", settings))
     cli.print_kv({
         "status": result.status, "detail": result.detail, "task": result.task, "base_model": result.base_model,
         "algorithm": result.algorithm, "steps": f"{result.steps}/{result.planned_steps}",
@@ -81,7 +75,7 @@ def _fmt(value: float | None) -> str:
 
 @hydra.main(config_path=str(CONFIG_DIR), config_name="job", version_base="1.3")
 def _hydra_main(cfg: DictConfig) -> float | None:
-    return cli.call(run, cfg, user_errors=user_errors)
+    return cli.call(run, cfg, user_errors=user_errors, value_name="hidden_score")
 
 
 def main() -> None:

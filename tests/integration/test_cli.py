@@ -40,7 +40,7 @@ def at(command: str, *args: str, cwd: Path = ROOT) -> subprocess.CompletedProces
     ("at-train", ["outer.stepz=3"], "stepz"),
     ("at-train", ["outer.steps=two"], "outer.steps=two"),
     ("at-train", ["resume=/nonexistent/run", "tracking=off"], "/nonexistent/run"),
-    ("at-train", ["resume=true", "tracking=off"], "no earlier at-train run"),
+    ("at-train", ["resume=true", "tracking=off"], "completed a step; start one without resume"),
     ("at-models", ["nope=1"], "nope"),
     ("at-models", ["seed=abc"], "seed=abc"),
 ])
@@ -77,11 +77,12 @@ def test_models_then_eval_end_to_end(tmp_path, built_agent, capsys):
 
     models = at_models.run(compose_config([f"runs_dir={tmp_path}", "run_id=models"], "models"))
     assert models and all(Path(p).is_dir() for p in models.values())
-    # where each calibrated build stopped, read from its manifest
+    # which it is: the package's shipped files, their weights' sha256 checked
     printed = capsys.readouterr().out
-    for name in ("tiny-s", "tiny-m"):
-        step = json.loads((models[name] / "manifest.json").read_text())["calibration"]["step"]
-        assert f"stopped at step {step} of " in next(line for line in printed.splitlines() if line.startswith(name))
+    for name in ("tiny-s", "tiny-m", "tiny-agent"):
+        sha = json.loads((models[name].parent / "SHA256SUMS.json").read_text())["models"][name]["files"]
+        line = next(line for line in printed.splitlines() if line.startswith(name))
+        assert f"shipped with the package: weights sha256 {sha['model.safetensors'][:12]}" in line, line
 
     cfg = compose_config([f"runs_dir={tmp_path}", "run_id=eval", "model=tiny-s", "inner.eval_size=16",
                           f"task.spec_path={ROOT / 'examples/tasks/calc_chain_v1_fast.json'}"], "eval")

@@ -56,7 +56,8 @@ def _write_jobs(root: Path) -> dict[str, Path]:
 
 def _requests(jobs: dict[str, Path], base_dir: Path, out_root: Path, cache_dir: Path, **kw) -> list[JobRequest]:
     return [JobRequest.of(job, TASK, out_root / name, model_dir=base_dir, cache_dir=cache_dir, cost_model=FAST_COSTS,
-                          progress=False, threads=1, **kw) for name, job in jobs.items()]
+                          progress=False, threads=1, **{"cache": False, "warm_workers": False, **kw})
+            for name, job in jobs.items()]
 
 
 def _numbers(r) -> tuple:
@@ -75,7 +76,8 @@ def reference(base_dir, tmp_path_factory):
     """The batch run one job after the other in this process: the results every executor must match."""
     root = tmp_path_factory.mktemp("executors")
     jobs = _write_jobs(root / "jobs")
-    results = make_executor("sequential").run(_requests(jobs, base_dir, root / "sequential", root / "cache", warm=True))
+    results = make_executor("sequential").run(_requests(jobs, base_dir, root / "sequential", root / "cache",
+                                                        warm_workers=True))
     assert [r.status for r in results] == ["ok", "ok", "ok"], [r.detail + r.error for r in results]
     assert [r.device for r in results] == ["cpu"] * 3, "the default device is the CPU, and the result says so"
     return root, jobs, results
@@ -91,7 +93,7 @@ def test_every_executor_gives_the_same_results_in_request_order(reference, base_
         ray_tmp = tempfile.mkdtemp(prefix="ray-")  # short: Ray's unix sockets live under it
         options = {"init_kwargs": {**options["init_kwargs"], "_temp_dir": ray_tmp}}
     ex = make_executor(kind, max_parallel=parallel, folder=tmp_path / "submitit", **options)
-    requests = _requests(jobs, base_dir, tmp_path / kind, root / "cache", warm=kind == "local_parallel")
+    requests = _requests(jobs, base_dir, tmp_path / kind, root / "cache", warm_workers=kind == "local_parallel")
     try:
         got = ex.run([requests[i] for i in order])
     finally:
@@ -111,7 +113,7 @@ def test_a_repeated_job_is_a_cache_hit_with_the_same_result(reference, base_dir,
     job = jobs["sft_a"]
     # Two identical jobs at once: one runs, the other waits on the key's lock and gets the hit.
     pair = [JobRequest.of(job, TASK, tmp_path / f"run{i}", model_dir=base_dir, cache_dir=cache, cost_model=FAST_COSTS,
-                          progress=False, threads=1, warm=True, cache=True) for i in (1, 2)]
+                          progress=False, threads=1, warm_workers=True, cache=True) for i in (1, 2)]
     first, second = make_executor("local_parallel", max_parallel=2).run(pair)
     assert sorted([first.cached, second.cached]) == [False, True]
     miss, hit = (first, second) if second.cached else (second, first)
@@ -137,7 +139,7 @@ def test_a_repeated_job_is_a_cache_hit_with_the_same_result(reference, base_dir,
 def test_the_batch_trains_and_is_scored_on_the_gpus(reference, base_dir, tmp_path):
     """hardware=gpu_node's path: local_parallel with one GPU per job, each job on its own CUDA_VISIBLE_DEVICES."""
     root, jobs, expected = reference
-    requests = _requests(jobs, base_dir, tmp_path / "gpu", tmp_path / "cache", warm=True, device="cuda")
+    requests = _requests(jobs, base_dir, tmp_path / "gpu", tmp_path / "cache", warm_workers=True, device="cuda")
     got = make_executor("local_parallel", max_parallel=2, gpus_per_job=1).run(requests)
     assert [r.status for r in got] == ["ok"] * 3, [r.detail + r.error for r in got]
     assert [r.device for r in got] == ["cuda"] * 3

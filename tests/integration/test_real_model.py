@@ -69,7 +69,7 @@ def test_baselines_in_both_formats_and_a_chat_sft_lora_job(smollm2, tmp_path):
         "base_model": "smollm2-135m", "algorithm": "sft", "peft": {"r": 16, "alpha": 32}, "seed": 0,
         "hyperparameters": {"learning_rate": 1e-3, "batch_size": 8, "max_steps": 3},
         "data": {"sources": [{"family": "calc_chain", "seed": 1, "size": 200}]}}))
-    res = run_job(job, task, cache_dir=tmp_path / "cache", progress=False, threads=2, warm=False,
+    res = run_job(job, task, cache_dir=tmp_path / "cache", progress=False, threads=2, warm_workers=False, cache=False,
                   cost_model=CostModel(model_factors={"smollm2-135m": 100.0}))
     assert res.status == "ok" and res.steps == 3, (res.detail, res.error[-1500:])
     assert res.baseline == pytest.approx(chat) and res.hidden_score is not None and res.flagged is False

@@ -44,7 +44,7 @@ def _job(tmp_path: Path, spec: dict, files: dict | None = None) -> Path:
 
 def _run(job: Path, base_dir: Path):
     res = run_job(job, TASK, model_dir=base_dir, cache_dir=job.parent / "cache", progress=False,
-                  cost_model=FAST_COSTS, warm=True, threads=1)
+                  cost_model=FAST_COSTS, warm_workers=True, threads=1, cache=False)
     on_disk = json.loads((job / "output" / RESULT_FILE).read_text())
     assert on_disk["ran"] == res.ran and res.visible()["ran"] == res.ran
     return res, on_disk

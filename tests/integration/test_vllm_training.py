@@ -60,7 +60,8 @@ def test_a_grpo_job_generates_with_vllm_from_the_weights_it_trains(built_models,
     task = TaskSpec(name="inner_vllm", family="calc_chain", allowed_base_models=["tiny-s"], hidden_eval_size=32,
                     budget={"max_steps": 6, "max_seconds": 300, "max_usd": 1})
     res = run_job(job, task, model_dir=model, output_dir=tmp_path / "out", dry_run=False, progress=False,
-                  cache_dir=tmp_path / "cache", device=device, vllm=True)
+                  cache_dir=tmp_path / "cache", device=device, vllm=True, cache=False,
+                  warm_workers=False)
 
     assert res.status == "ok", res.detail
     assert res.steps == 6 and res.hidden_score is not None

@@ -9,6 +9,7 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
 import yaml
 
 from agent_trainer.evaluation.tasks import TaskSpec
@@ -157,6 +158,7 @@ def test_the_outer_step_counts_hits_misses_and_only_real_job_time():
                                  "seconds_jobs_process": 18.0, "seconds_jobs_eval": 4.0}
 
 
+@pytest.mark.slow   # a real training process (~30 s): make test runs it, make test-fast does not
 def test_job_yaml_is_read_once_and_the_process_trains_what_was_validated(base_dir, tmp_path, monkeypatch):
     """One read of job.yaml per job, cache key included; the training process gets the parsed spec, so a
     job.yaml rewritten after validation changes nothing about the run."""

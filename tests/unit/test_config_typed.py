@@ -1,8 +1,9 @@
 """Config values are typed once: the objects the code receives carry the validated schema's values.
 
 Every config file is composed and validated; the settings built from it (``PolicyConfig``, ``TrainSettings``,
-``EpisodeSettings``, ``SteeringSettings``, ``ToolLimits``, the ``run_job`` keywords) must hold exactly the
-schema's values, their defaults must be the schema's, and ``outer_loop`` must not copy config values by hand.
+``EpisodeSettings``, ``SteeringSettings``, ``ToolLimits``, ``JobSettings``, ``SandboxPolicy``, the ledger's budget)
+must hold exactly the schema's values, their defaults must be the schema's, and no room copies config values by
+hand.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from hydra import compose, initialize_config_dir
 
 from agent_trainer import config as schema
 from agent_trainer.config import (
-    COMMAND_SCHEMAS, CONFIG_DIR, GROUP_SCHEMAS, AgentConfig, BudgetConfig, Config, EvaluatorConfig, OuterConfig,
-    StrategyConfig, validate,
+    COMMAND_SCHEMAS, CONFIG_DIR, GROUP_SCHEMAS, AgentConfig, BudgetConfig, Config, EvaluatorConfig, HardwareConfig,
+    InnerConfig, OuterConfig, StrategyConfig, validate,
 )
+from agent_trainer.inner_loop.isolation.sandbox import SandboxPolicy
 from agent_trainer.inner_loop.run.request import JobSettings
 from agent_trainer.outer_loop.rl import run_config
 from agent_trainer.outer_loop.episode.episode import Episode, EpisodeSettings
@@ -105,22 +107,26 @@ def test_settings_carry_the_schema_values(typed, which, tmp_path):
                    {**same_names(SteeringSettings, c.strategy),
                     "show_evaluation": (c.strategy.evaluator, "show_to_agent")}, not_config=set())
 
-    i, h = c.inner, c.hardware
     job = run_config.job_settings(c)
-    sources = {"cache_dir": (c, "cache_dir"), "hidden_n": (i, "eval_size"), "timeout_s": (i, "timeout_s"),
-               "price_per_hour": (h, "usd_per_hour"), "threads": (h, "threads_per_job"), "warm": (i, "warm_workers"),
-               "cache": (i, "cache"), "device": (h, "device"), "vllm": (h, "inner_vllm")}
-    assert_carries_dict({k: getattr(job, k) for k in [*sources, "sandbox"]}, sources, not_config={"sandbox"})
-    others = {f.name for f in fields(JobSettings)} - set(sources) - {"sandbox"}
-    assert all(getattr(job, k) == getattr(JobSettings(), k) for k in others), "the rest are JobSettings' defaults"
+    assert_carries(job, job_sources(c), not_config=JOB_NOT_CONFIG)
+    assert all(getattr(job, k) == getattr(JobSettings(), k) for k in JOB_NOT_CONFIG - {"sandbox"}), \
+        "the rest are JobSettings' defaults"
+    assert_carries(SandboxPolicy.coerce(job.sandbox), same_names(SandboxPolicy, c.inner), not_config=SANDBOX_NOT_CONFIG)
     assert s.job == job.replace(progress=False)
+    with run_config.make_ledger(c, tmp_path) as ledger:
+        assert ledger.budget is c.budget, "the ledger's caps are the budget group itself"
 
 
-def assert_carries_dict(d: dict, sources: dict[str, tuple[object, str]], not_config: set[str]) -> None:
-    assert set(d) == set(sources) | not_config
-    for k, (node, key) in sources.items():
-        want = plain(getattr(node, key))
-        assert d[k] == want and type(d[k]) is type(want), f"job settings[{k!r}]: {d[k]!r} != {want!r}"
+# JobSettings fields no config sets; price_per_hour None (not set) prices a job at the cost model's rate.
+JOB_NOT_CONFIG = {"model_dir", "cost_model", "dry_run", "progress", "gpus", "wrap", "tracker", "sandbox"}
+SANDBOX_NOT_CONFIG = {"reward_memory_gb", "tmp_mb", "bwrap"}
+
+
+def job_sources(c: Config) -> dict[str, tuple[object, str]]:
+    """Where each config-set ``JobSettings`` field comes from (``JobSettings.from_config``)."""
+    i, h = c.inner, c.hardware
+    return {**same_names(JobSettings, c, i, h), "hidden_n": (i, "eval_size"), "price_per_hour": (h, "usd_per_hour"),
+            "threads": (h, "threads_per_job"), "vllm": (h, "inner_vllm")}
 
 
 def test_tool_limits_come_from_the_episode_settings(typed, tmp_path):
@@ -145,6 +151,11 @@ def test_defaults_are_the_schema_defaults():
                                         "show_evaluation": (EvaluatorConfig(), "show_to_agent")}, not_config=set())
     assert_carries(ToolLimits(), {"max_turns": (a, "max_turns"), "max_jobs": (b, "max_jobs_per_episode")},
                    not_config={"max_read_chars", "max_result_chars"})
+    assert_carries(SandboxPolicy(), same_names(SandboxPolicy, InnerConfig()), not_config=SANDBOX_NOT_CONFIG)
+    sources = job_sources(Config(inner=InnerConfig(), hardware=HardwareConfig()))
+    assert_carries(JobSettings(), {k: v for k, v in sources.items() if k != "price_per_hour"},
+                   not_config=JOB_NOT_CONFIG | {"price_per_hour"})
+    assert JobSettings().price_per_hour is None     # not set: the cost model's rate
 
 
 def test_clip_eps_high_null_means_clip_eps():
@@ -180,8 +191,14 @@ def hand_copies(source: str, rel: str) -> list[str]:
     return found
 
 
-def test_outer_loop_copies_no_config_value_by_hand():
-    found = [hit for p in sorted((ROOT / "agent_trainer" / "outer_loop").rglob("*.py"))
+# Being rewritten for issue 33 (resume) and by the at-models change: their casts go with those edits.
+NOT_YET = {"agent_trainer/commands/train.py", "agent_trainer/commands/models.py"}
+
+
+@pytest.mark.parametrize("room", ["outer_loop", "commands", "inner_loop"])
+def test_no_config_value_is_copied_by_hand(room):
+    found = [hit for p in sorted((ROOT / "agent_trainer" / room).rglob("*.py"))
+             if str(p.relative_to(ROOT)) not in NOT_YET
              for hit in hand_copies(p.read_text(), str(p.relative_to(ROOT)))]
     assert not found, "read the typed config (agent_trainer.config.typed / settings_from) instead:\n" + "\n".join(found)
 

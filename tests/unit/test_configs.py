@@ -81,7 +81,7 @@ def test_overrides_and_experiments_apply(composer):
     assert obj.outer.lr == pytest.approx(3e-4) and obj.outer.steps == 2
     # the experiment (applied after the task group) narrows the training families of task=mixed
     assert obj.task.train_families == ["calc_chain", "count_char"] and obj.model.name == "qwen3-0.6b"
-    assert obj.task.held_out_families == ["triage"]
+    assert obj.task.held_out_families == []   # smoke evaluates no held-out family (heldout_every 0): it lists none
 
 
 def test_tracking_uri_is_an_absolute_sqlite_path_in_the_runs_folder(composer, tmp_path):
@@ -121,6 +121,7 @@ def test_bad_values_fail_with_the_choices(composer, override, text):
     (["outer.focus_top_frac=0"], "outer.focus_top_frac"),
     (["outer.focus_entropy_of=base"], "outer.focus_entropy_of"),
     (["hardware.agent_threads=0"], "hardware.agent_threads"),
+    (["agent.tool_schemas=compakt"], "agent.tool_schemas must be full, compact or names"),
 ])
 def test_impossible_combinations_are_rejected(composer, overrides, text):
     with pytest.raises(ConfigError, match=text.replace(".", r"\.").replace("(", r"\(")):
@@ -192,6 +193,11 @@ def test_agent_threads_leave_the_parallel_jobs_their_cores(composer):
     assert agent_threads(composer(["hardware=slurm"]), cores=8) == 8            # jobs run on other machines
 
 
-def test_agent_tiny_is_the_tiny_local_agent(composer):
-    """``agent=tiny`` (the name in the issues and DESIGN.md) is an alias of ``agent=tiny_local``."""
-    assert composer(["agent=tiny"]).agent == composer(["agent=tiny_local"]).agent
+def test_a_tool_format_typo_fails_before_the_policy_loads(composer):
+    """at-train checks agent.tool_format against the formats' registry first thing (one list of names)."""
+    from agent_trainer.outer_loop.rl.run_config import check_tool_format
+    from agent_trainer.registry import UnknownName
+
+    check_tool_format(composer(["agent.tool_format=hermes"]))
+    with pytest.raises(UnknownName, match="unknown tool-call format 'hermez'; known: .*hermes"):
+        check_tool_format(composer(["agent.tool_format=hermez"]))

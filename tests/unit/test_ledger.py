@@ -8,14 +8,21 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import fields
 
 import pytest
 
+from agent_trainer.config import BudgetConfig
 from agent_trainer.outer_loop.episode.ledger import (
-    Budget, BudgetExhausted, Estimate, Ledger, LedgerCorrupt, Prices, ledger_from_config, read_records,
+    BudgetExhausted, Estimate, Ledger, LedgerCorrupt, Prices, read_records,
 )
 
 PRICES = Prices(llm={"big": (2.0, 8.0)}, default_llm=(0.0, 0.0), job_usd_per_hour={"cpu": 0.36})
+
+
+def caps(**given) -> BudgetConfig:
+    """The budget group with only the ``given`` caps (every other one None: no cap)."""
+    return BudgetConfig(**{**{f.name: None for f in fields(BudgetConfig)}, **given})
 
 
 def test_records_price_and_running_totals(tmp_path):
@@ -38,10 +45,10 @@ def test_reopen_restores_totals_and_keeps_counting(tmp_path):
         led.record_llm(episode="e0", model="big", tokens_in=300, tokens_out=200)
         led.record_job(episode="e0", device="cpu", seconds=10)
         before = led.run_totals()
-    with Ledger.open(tmp_path, prices=PRICES, budget=Budget(episode_jobs=1)) as led:
+    with Ledger.open(tmp_path, prices=PRICES, budget=caps(max_jobs_per_episode=1)) as led:
         assert led.run_totals() == before
         assert led.episode_totals("e0").jobs == 1
-        with pytest.raises(BudgetExhausted, match="episode_jobs"):
+        with pytest.raises(BudgetExhausted, match="budget.max_jobs_per_episode"):
             led.check("job", episode="e0")
         led.check("job", episode="e1")  # another episode still may
         rec = led.record_llm(episode="e0", model="big", tokens_in=1, tokens_out=1)
@@ -50,7 +57,7 @@ def test_reopen_restores_totals_and_keeps_counting(tmp_path):
 
 def test_cap_is_never_exceeded_by_more_than_one_call(tmp_path):
     cap = 0.05
-    led = Ledger.open(tmp_path, prices=PRICES, budget=Budget(run_usd=cap, run_tokens=None))
+    led = Ledger.open(tmp_path, prices=PRICES, budget=caps(max_usd_per_run=cap))
     calls, biggest = 0, 0.0
     for i in range(10_000):
         tokens_in, tokens_out = 500 + 37 * (i % 11), 50 + 97 * (i % 7)
@@ -58,7 +65,7 @@ def test_cap_is_never_exceeded_by_more_than_one_call(tmp_path):
             # Underestimate on purpose (output guessed at 10 tokens): the cap may then be crossed once.
             led.check("llm", led.estimate_llm("big", tokens_in, 10), episode="e0")
         except BudgetExhausted as e:
-            assert "run_usd" in str(e) and "spent" in str(e)
+            assert "budget.max_usd_per_run" in str(e) and "spent" in str(e)
             break
         rec = led.record_llm(episode="e0", model="big", tokens_in=tokens_in, tokens_out=tokens_out)
         calls, biggest = calls + 1, max(biggest, rec["usd"])
@@ -67,7 +74,7 @@ def test_cap_is_never_exceeded_by_more_than_one_call(tmp_path):
     spent = led.run_totals().usd
     assert calls > 5 and cap < spent <= cap + biggest
     # With honest estimates (max_new_tokens as the bound) the cap is never crossed at all.
-    led2 = Ledger(tmp_path / "honest.jsonl", prices=PRICES, budget=Budget(run_usd=cap))
+    led2 = Ledger(tmp_path / "honest.jsonl", prices=PRICES, budget=caps(max_usd_per_run=cap))
     while True:
         try:
             led2.check("llm", led2.estimate_llm("big", 700, 700))
@@ -78,13 +85,13 @@ def test_cap_is_never_exceeded_by_more_than_one_call(tmp_path):
 
 
 def test_token_and_job_caps_are_separate(tmp_path):
-    led = Ledger.open(tmp_path, budget=Budget(episode_tokens=100, run_jobs=1))
+    led = Ledger.open(tmp_path, budget=caps(max_tokens_per_episode=100, max_jobs_per_episode=1))
     led.record_job(episode="e0", device="cpu", seconds=1)
-    with pytest.raises(BudgetExhausted, match="run_jobs"):
+    with pytest.raises(BudgetExhausted, match="max_jobs_per_episode"):
         led.check("job", episode="e0")
     led.check("llm", Estimate(tokens=100), episode="e0")  # a spent job cap does not stop talking
     led.record_llm(episode="e0", model="m", tokens_in=90, tokens_out=10)
-    with pytest.raises(BudgetExhausted, match="episode_tokens"):
+    with pytest.raises(BudgetExhausted, match="max_tokens_per_episode"):
         led.check("llm", Estimate(tokens=1), episode="e0")
     with pytest.raises(ValueError, match="kind"):
         led.check("gpu")
@@ -163,12 +170,3 @@ def test_sigkill_while_appending_leaves_a_consistent_ledger(tmp_path):
     assert totals.usd == pytest.approx(sum(r["usd"] for r in records))
     assert totals.tokens_in == sum(r.get("tokens_in", 0) for r in records)
     assert records[-1]["run_totals"]["usd"] == pytest.approx(totals.usd)
-
-
-def test_config_dict_and_bad_keys(tmp_path):
-    led = ledger_from_config(tmp_path, {"budget": {"run_usd": 1.0},
-                                        "prices": {"llm": {"gpt": {"input": 1, "output": 2}},
-                                                   "job_usd_per_hour": {"cpu": 0.1}}})
-    assert led.record_llm(episode="e", model="gpt", tokens_in=10**6, tokens_out=10**6)["usd"] == 3.0
-    with pytest.raises(ValueError, match="budget keys"):
-        ledger_from_config(tmp_path, {"budget": {"run_dollars": 1}})

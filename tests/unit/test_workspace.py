@@ -8,7 +8,8 @@ import os
 import pytest
 
 from agent_trainer.evaluation.tasks import parse_task
-from agent_trainer.outer_loop.episode.ledger import Budget, Ledger
+from agent_trainer.config import BudgetConfig
+from agent_trainer.outer_loop.episode.ledger import Ledger
 from agent_trainer.outer_loop.episode.tools import SCHEMAS, ToolBox, ToolLimits, check_arguments
 from agent_trainer.outer_loop.episode.workspace import GUIDE_FILE, TASK_FILE, Workspace, WorkspaceError
 from agent_trainer.inner_loop.run.request import JobSettings
@@ -38,7 +39,7 @@ def ws(tmp_path, task):
 def box(ws, task, tmp_path):
     return ToolBox(ws, task, limits=ToolLimits(max_turns=3, max_jobs=2, max_read_chars=100),
                    jobs_dir=tmp_path / "episode" / "jobs", validate_kwargs={"dry_run": False},
-                   job_settings=JobSettings(dry_run=False, progress=False))
+                   job_settings=JobSettings(dry_run=False, progress=False, cache=False))
 
 
 def test_workspace_holds_the_visible_task_and_a_generated_guide(ws):
@@ -140,9 +141,9 @@ def test_limits_and_budget(box, tmp_path):
     box.limits.max_jobs = 0
     assert "job limit reached" in box.call("submit_job", {}).text
     box.limits.max_jobs = 2
-    box.ledger = Ledger.open(tmp_path / "run", budget=Budget(episode_jobs=0))
+    box.ledger = Ledger.open(tmp_path / "run", budget=BudgetConfig(max_jobs_per_episode=0))
     res = box.call("submit_job", {})
-    assert not res.ok and "not submitted" in res.text and "episode_jobs" in res.text and not box.state.jobs
+    assert not res.ok and "not submitted" in res.text and "budget.max_jobs_per_episode" in res.text and not box.state.jobs
     assert [box.next_turn() for _ in range(4)] == [True, True, True, False] and box.done
     assert box.call("finish", {"summary": "done"}).ok and box.state.finished
     assert "finished" in box.call("list_files", {}).text

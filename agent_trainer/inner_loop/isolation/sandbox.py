@@ -23,6 +23,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Callable
 
+from agent_trainer.config import InnerConfig, settings_from
 from agent_trainer.registry import INCLUDE_PATH_ENV
 from agent_trainer.inner_loop.isolation.launcher import TimeoutExpired, python_file, run_check, scrub_env
 from agent_trainer.inner_loop.run.job_env import MAX_FILE_BYTES, child_env
@@ -59,14 +60,15 @@ _LAUNCHER = (
 
 @dataclass(frozen=True)
 class SandboxPolicy:
-    """How jobs with agent-written code or data run (``inner.sandbox`` / ``inner.allow_unsafe`` and limits)."""
+    """How jobs with agent-written code or data run: the ``inner`` group's fields of the same names, with its
+    defaults (``agent_trainer.config.InnerConfig``), and the limits no config sets."""
 
-    enabled: bool = True  # run them under bubblewrap
-    allow_unsafe: bool = False  # run them without bubblewrap when it is off or missing (trusted agents only)
-    memory_gb: float | None = 16.0  # address space of the trainer; None: no cap (CUDA reserves a lot)
+    sandbox: bool = InnerConfig.sandbox  # run them under bubblewrap
+    allow_unsafe: bool = InnerConfig.allow_unsafe  # run them without bubblewrap when it is off or missing
+    sandbox_memory_gb: float | None = InnerConfig.sandbox_memory_gb  # address space of the trainer; None: no cap
     reward_memory_gb: float = 4.0  # address space of the reward host
-    max_processes: int = 64  # processes + threads of the agent's reward code
-    reward_timeout_s: float = 60.0  # one reward call (or the reward file's import) at most
+    sandbox_max_processes: int = InnerConfig.sandbox_max_processes  # processes + threads of the agent's reward code
+    reward_timeout_s: float = InnerConfig.reward_timeout_s  # one reward call (or the reward file's import) at most
     tmp_mb: int = 256  # size of each sandbox's private /tmp
     bwrap: str = "bwrap"  # the bubblewrap executable
 
@@ -76,7 +78,7 @@ class SandboxPolicy:
         if value is None or value is True:
             return cls()
         if value is False:
-            return cls(enabled=False)
+            return cls(sandbox=False)
         if isinstance(value, cls):
             return value
         if isinstance(value, dict):
@@ -88,14 +90,9 @@ class SandboxPolicy:
         raise TypeError(f"sandbox must be a SandboxPolicy, a dict, a bool or None, got {type(value).__name__}")
 
     @classmethod
-    def from_config(cls, inner) -> "SandboxPolicy":
-        """The policy of an ``inner`` config group (``agent_trainer.config.InnerConfig``)."""
-        get = (lambda k, d: getattr(inner, k, d)) if not isinstance(inner, dict) else inner.get
-        memory = get("sandbox_memory_gb", cls.memory_gb)
-        return cls(enabled=bool(get("sandbox", True)), allow_unsafe=bool(get("allow_unsafe", False)),
-                   memory_gb=None if memory is None else float(memory),
-                   max_processes=int(get("sandbox_max_processes", cls.max_processes)),
-                   reward_timeout_s=float(get("reward_timeout_s", cls.reward_timeout_s)))
+    def from_config(cls, inner: InnerConfig) -> "SandboxPolicy":
+        """The policy of a validated ``inner`` group: its fields of the same names."""
+        return settings_from(cls, inner)
 
     def as_dict(self) -> dict:
         """Plain fields (for run_job keyword dicts that get copied, pickled or logged)."""
@@ -103,7 +100,7 @@ class SandboxPolicy:
 
     def use_bwrap(self) -> bool:
         """True when jobs with agent code or data run under bubblewrap here."""
-        return self.enabled and bwrap_problem(self.bwrap) is None
+        return self.sandbox and bwrap_problem(self.bwrap) is None
 
     def refusal(self, spec) -> str | None:
         """Why a job (a ``JobSpec``) may not run on this machine under this policy, or None."""
@@ -112,7 +109,7 @@ class SandboxPolicy:
         if self.use_bwrap() or self.allow_unsafe:
             return None
         what = "agent-written code (reward.py)" if spec.uses_agent_code else "agent-written data (data.jsonl)"
-        why = (bwrap_problem(self.bwrap) if self.enabled else "the sandbox is off (inner.sandbox=false)")
+        why = (bwrap_problem(self.bwrap) if self.sandbox else "the sandbox is off (inner.sandbox=false)")
         return (f"jobs with {what} run only in the sandbox, and {why}; use library rewards and sources, "
                 "or (operator) install bubblewrap, or set inner.allow_unsafe=true for trusted agents")
 
@@ -231,8 +228,8 @@ def trainer_limits(policy: SandboxPolicy, deadline_s: float, threads: int | None
     cores = threads or os.cpu_count() or 1
     limits = {"RLIMIT_CPU": int(math.ceil(deadline_s * cores)) + 60, "RLIMIT_FSIZE": MAX_FILE_BYTES,
               "RLIMIT_CORE": 0, "RLIMIT_NOFILE": 4096}
-    if policy.memory_gb is not None and not _gpu_devices():
-        limits["RLIMIT_AS"] = int(policy.memory_gb * GiB)
+    if policy.sandbox_memory_gb is not None and not _gpu_devices():
+        limits["RLIMIT_AS"] = int(policy.sandbox_memory_gb * GiB)
     return limits
 
 
@@ -241,7 +238,7 @@ def reward_limits(policy: SandboxPolicy, deadline_s: float, uid: int | None) -> 
     own = 0 if uid is not None else _user_tasks(os.getuid())  # NPROC counts every task of the uid
     return {"RLIMIT_CPU": int(math.ceil(deadline_s)) + 10, "RLIMIT_AS": int(policy.reward_memory_gb * GiB),
             "RLIMIT_FSIZE": REWARD_LOG_BYTES, "RLIMIT_CORE": 0, "RLIMIT_NOFILE": 256,
-            "RLIMIT_NPROC": own + policy.max_processes}
+            "RLIMIT_NPROC": own + policy.sandbox_max_processes}
 
 
 def _package_dir() -> Path:

@@ -5,7 +5,7 @@
     result = run_request(request)                   # agent_trainer.inner_loop.run.job; executors take lists of requests
 
 Settings are plain, picklable values (SLURM and Ray ship requests to other machines); the outer loop
-builds one ``JobSettings`` from the inner and hardware config groups (``agent_trainer.outer_loop.rl.run_config``).
+builds one ``JobSettings`` from the inner and hardware config groups (``JobSettings.from_config``).
 """
 
 from __future__ import annotations
@@ -15,48 +15,64 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from agent_trainer.config import Config, HardwareConfig, InnerConfig
 from agent_trainer.evaluation.tasks import TaskSpec, load_task
 
-# The hard kill deadline of a job without ``timeout_s``: the task's training budget x 1.5 + 60 s.
-KILL_FACTOR, KILL_MARGIN_S = 1.5, 60.0
+# The wall-clock safety cap of a job's training process without ``timeout_s``: KILL_FACTOR times the seconds this
+# machine is expected to take (start-up included) plus KILL_MARGIN_S, well above the estimate: a busy machine
+# runs jobs 2-5x slower, and hitting the cap is an infrastructure fault (status ``infra_timeout``), never a score.
+KILL_FACTOR, KILL_MARGIN_S = 4.0, 180.0
 _PATHS = ("cache_dir", "model_dir")
 
 
 @dataclass(frozen=True)
 class JobSettings:
-    """How a job runs; every field is optional.
+    """How a job runs; every field is optional. A field the config sets has the schema's default
+    (``agent_trainer.config``: ``cache_dir``, ``inner.*``, ``hardware.*``; ``from_config`` maps them).
 
     ``cache_dir``: the cache root (models, baselines, jobs); ``model_dir``: this base-model folder instead
     of resolving the job's ``base_model``; ``hidden_n``: hidden items scored (default: the task's);
-    ``timeout_s``: the hard kill deadline (default: ``KILL_FACTOR``/``KILL_MARGIN_S`` of the task's budget);
+    ``timeout_s``: the wall-clock safety cap (default: ``safety_cap`` of the job's estimated seconds);
     ``price_per_hour``: USD per hour of this machine (default: ``cost_model``'s); ``cost_model``
     (``agent_trainer.inner_loop.spec.cost.CostModel``): the validation's estimate (default: this machine's measured
     profile); ``threads``: torch threads of the training process; ``dry_run``: validation probes the base model;
-    ``progress``: a progress bar; ``warm``: fork the trainer from a pre-imported worker (jobs without agent
-    code or data); ``cache``: return the stored result of an identical job (``agent_trainer.inner_loop.run.cache``);
+    ``progress``: a progress bar; ``warm_workers``: fork the trainer from a pre-imported worker (jobs without
+    agent code or data); ``cache``: return the stored result of an identical job
+    (``agent_trainer.inner_loop.run.cache``);
     ``sandbox``: ``agent_trainer.inner_loop.isolation.sandbox.SandboxPolicy`` (or a dict of its fields, a bool, None:
     the default); ``device``: ``cpu``, ``cuda`` or ``auto``; ``gpus``: the job's ``CUDA_VISIBLE_DEVICES`` (None: this
     process's); ``vllm``: GRPO generation through vLLM; ``wrap``: turns the trainer's argv into a sandboxed
     one; ``tracker``: anything with ``log_params``/``log_metrics``/``log_artifact``.
     """
 
-    cache_dir: str | Path | None = None
+    cache_dir: str | Path | None = Config.cache_dir
     model_dir: str | Path | None = None
-    hidden_n: int | None = None
-    timeout_s: float | None = None
-    price_per_hour: float | None = None
+    hidden_n: int | None = InnerConfig.eval_size
+    timeout_s: float | None = InnerConfig.timeout_s
+    price_per_hour: float | None = None   # None: the cost model's rate (the config always gives hardware.usd_per_hour)
     cost_model: Any = None
-    threads: int | None = None
+    threads: int | None = HardwareConfig.threads_per_job
     dry_run: bool = True
     progress: bool = True
-    warm: bool = False
-    cache: bool = False
+    warm_workers: bool = InnerConfig.warm_workers
+    cache: bool = InnerConfig.cache
     sandbox: Any = None
-    device: str = "cpu"
+    device: str = HardwareConfig.device.value
     gpus: str | None = None
-    vllm: bool = False
+    vllm: bool = HardwareConfig.inner_vllm
     wrap: Callable[[list[str]], list[str]] | None = None
     tracker: Any = None
+
+    @classmethod
+    def from_config(cls, c: Config, **changes: Any) -> "JobSettings":
+        """The settings of every job of a validated config (``agent_trainer.config.validate``): ``cache_dir``, the
+        ``inner`` and ``hardware`` groups; ``changes`` sets the fields no config holds (``tracker``, ``progress``)."""
+        from agent_trainer.inner_loop.isolation.sandbox import SandboxPolicy
+
+        i, h = c.inner, c.hardware
+        return cls(cache_dir=c.cache_dir, hidden_n=i.eval_size, timeout_s=i.timeout_s, price_per_hour=h.usd_per_hour,
+                   threads=h.threads_per_job, warm_workers=i.warm_workers, cache=i.cache, device=h.device.value,
+                   vllm=h.inner_vllm, sandbox=SandboxPolicy.from_config(i).as_dict(), **changes)
 
     def replace(self, **changes: Any) -> "JobSettings":
         return dataclasses.replace(self, **changes)
@@ -107,8 +123,9 @@ class JobRequest:
 
     @property
     def deadline_s(self) -> float:
-        """Seconds after which the training process is killed."""
-        return self.settings.timeout_s or self.task.budget.max_seconds * KILL_FACTOR + KILL_MARGIN_S
+        """The most seconds the training process may take before the job is estimated (a job admitted within
+        the task's compute budget on the reference machine); ``Job.deadline_s`` is the estimate's cap."""
+        return self.settings.timeout_s or safety_cap(self.task.budget.max_seconds)
 
     def with_settings(self, **changes: Any) -> "JobRequest":
         return dataclasses.replace(self, settings=self.settings.replace(**changes))
@@ -118,6 +135,11 @@ class JobRequest:
         paths = {k: Path(getattr(self.settings, k)).resolve() for k in _PATHS if getattr(self.settings, k)}
         return dataclasses.replace(self, job_dir=self.job_dir.resolve(), output_dir=self.out.resolve(),
                                    settings=self.settings.replace(**{k: str(v) for k, v in paths.items()}))
+
+
+def safety_cap(expected_seconds: float) -> float:
+    """The wall-clock safety cap of a training process expected to take ``expected_seconds`` here."""
+    return round(KILL_FACTOR * expected_seconds + KILL_MARGIN_S, 1)
 
 
 def with_threads(requests: list[JobRequest], threads: int | None) -> list[JobRequest]:

@@ -174,10 +174,11 @@ def _probe_grpo(report, spec, tokenizer, model, rows, job_dir: Path, timeout_s: 
                    "format_ok) or check that the reward reads the answer column", "warning")
 
 
-def dry_run(report, spec, job_dir: Path, rows: list[dict], *, cache_dir=None, model_dir=None,
-            reward_timeout_s: float = 30.0, sandbox=None, fmt=None) -> None:
+def dry_run(report, spec, job_dir: Path, rows: list[dict], *, reward_timeout_s: float, cache_dir=None,
+            model_dir=None, sandbox=None, fmt=None) -> None:
     """Probe the job on its base model, its prompts in the task's format ``fmt`` (``agent_trainer.evaluation.prompts``);
-    adds findings and ``report.probe`` entries."""
+    adds findings and ``report.probe`` entries. ``reward_timeout_s``: the sandbox policy's
+    (``inner.reward_timeout_s``)."""
     from agent_trainer.evaluation.prompts import RAW, PromptFormatError, render
 
     loaded = _load_base(report, spec, cache_dir, model_dir)

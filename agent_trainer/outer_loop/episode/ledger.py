@@ -1,14 +1,17 @@
 """The cost ledger: an append-only JSONL record of every LLM call and inner job, with budgets.
 
-    >>> from agent_trainer.outer_loop.episode.ledger import Budget, Ledger, Prices
-    >>> ledger = Ledger.open("runs/r1", budget=Budget(run_usd=5.0, episode_jobs=2),
+    >>> from agent_trainer.config import BudgetConfig
+    >>> from agent_trainer.outer_loop.episode.ledger import Ledger, Prices
+    >>> ledger = Ledger.open("runs/r1", budget=BudgetConfig(max_usd_per_run=5.0, max_jobs_per_episode=2),
     ...                      prices=Prices(llm={"gpt-x": (0.5, 1.5)}, job_usd_per_hour={"cpu": 0.05}))
     >>> ledger.check("llm", ledger.estimate_llm("gpt-x", tokens_in=900, max_new_tokens=256), episode="e0")
     >>> ledger.record_llm(episode="e0", model="gpt-x", tokens_in=912, tokens_out=87)
     >>> ledger.check("job", ledger.estimate_job("cpu", seconds=90), episode="e0")
     >>> ledger.record_job(episode="e0", device="cpu", seconds=41.2, status="ok")
 
-``check`` raises ``BudgetExhausted`` before a call or job that would cross a cap. The file, sharing it
+``check`` raises ``BudgetExhausted`` before a call or job that would cross a cap of the budget group
+(``agent_trainer.config.BudgetConfig``: ``max_<usd|tokens|jobs>_per_<run|episode>``, None = no cap; no budget
+at all = no caps). The file, sharing it
 between processes and reopening it: docs/outer_loop.md, "An episode".
 """
 
@@ -23,6 +26,8 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
+
+from agent_trainer.config import BudgetConfig
 
 LEDGER_FILE = "ledger.jsonl"
 KINDS = ("llm", "job")
@@ -56,18 +61,6 @@ class Prices:
 
     def job_usd(self, device: str, seconds: float) -> float:
         return seconds / 3600.0 * self.job_usd_per_hour.get(device, self.default_job_usd_per_hour)
-
-
-@dataclass
-class Budget:
-    """Caps; ``None`` means no cap. ``tokens`` counts input plus output tokens."""
-
-    run_usd: float | None = None
-    run_tokens: int | None = None
-    run_jobs: int | None = None
-    episode_usd: float | None = None
-    episode_tokens: int | None = None
-    episode_jobs: int | None = None
 
 
 @dataclass
@@ -111,9 +104,9 @@ class Totals:
 class Ledger:
     """One ledger file; safe to use from several threads and processes."""
 
-    def __init__(self, path: str | os.PathLike, *, budget: Budget | None = None, prices: Prices | None = None):
+    def __init__(self, path: str | os.PathLike, *, budget: BudgetConfig | None = None, prices: Prices | None = None):
         self.path = Path(path)
-        self.budget = budget or Budget()
+        self.budget = budget  # None: no caps
         self.prices = prices or Prices()
         self.run = Totals()
         self.episodes: dict[str, Totals] = {}
@@ -165,14 +158,15 @@ class Ledger:
                 dims = (("usd", tot.usd, est.usd), ("tokens", tot.tokens, est.tokens)) if kind == "llm" \
                     else (("usd", tot.usd, est.usd), ("jobs", tot.jobs, max(est.jobs, 1)))
                 for what, spent, add in dims:
-                    cap = getattr(self.budget, f"{scope}_{what}")
+                    key = f"max_{what}_per_{scope}"   # BudgetConfig's name; tokens count input plus output
+                    cap = getattr(self.budget, key, None)
                     if cap is None:
                         continue
                     if spent >= cap or spent + add > cap:
                         name = f"{scope} {episode!r}" if scope == "episode" else "run"
                         raise BudgetExhausted(
                             f"{kind} refused: the {name} has spent {_fmt(what, spent)} of its {_fmt(what, cap)} "
-                            f"{what} cap and this {kind} may add {_fmt(what, add)}; raise budget.{scope}_{what} "
+                            f"{what} cap and this {kind} may add {_fmt(what, add)}; raise budget.{key} "
                             f"or start a new {'run' if scope == 'run' else 'episode'}"
                         )
 
@@ -261,32 +255,6 @@ class Ledger:
             os.ftruncate(self._fd, pos)
             os.fsync(self._fd)
         self._offset = pos
-
-
-def ledger_from_config(run_dir: str | os.PathLike, cfg: dict[str, Any] | None = None) -> Ledger:
-    """A ledger from a plain config dict: ``{budget: {run_usd: ..}, prices: {llm: {model: [in, out]}, ..}}``."""
-    cfg = dict(cfg or {})
-    unknown = sorted(set(cfg) - {"budget", "prices"})
-    if unknown:
-        raise ValueError(f"ledger config keys {unknown} are unknown; use budget and prices")
-    try:
-        budget = Budget(**(cfg.get("budget") or {}))
-        p = dict(cfg.get("prices") or {})
-        llm = {k: _pair(v) for k, v in (p.pop("llm", None) or {}).items()}
-        if "default_llm" in p:
-            p["default_llm"] = _pair(p["default_llm"])
-        prices = Prices(llm=llm, **p)
-    except TypeError as e:
-        raise ValueError(f"ledger config: {e}; budget keys: {', '.join(Budget.__dataclass_fields__)}; prices keys: "
-                         f"{', '.join(Prices.__dataclass_fields__)}") from None
-    return Ledger.open(run_dir, budget=budget, prices=prices)
-
-
-def _pair(v: Any) -> tuple[float, float]:
-    if isinstance(v, dict):
-        return float(v.get("input", 0.0)), float(v.get("output", 0.0))
-    a, b = v
-    return float(a), float(b)
 
 
 def read_records(path: str | os.PathLike) -> list[dict[str, Any]]:

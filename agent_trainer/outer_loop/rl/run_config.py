@@ -47,19 +47,7 @@ def episode_settings(cfg: Conf) -> EpisodeSettings:
 def job_settings(cfg: Conf) -> JobSettings:
     """The ``JobSettings`` of every job (``agent_trainer.inner_loop.run.request``) from the inner and hardware
     groups."""
-    c = typed(cfg)
-    i, h = c.inner, c.hardware
-    return JobSettings(cache_dir=c.cache_dir, hidden_n=i.eval_size, timeout_s=i.timeout_s,
-                       price_per_hour=h.usd_per_hour, threads=h.threads_per_job, warm=i.warm_workers,
-                       cache=i.cache, sandbox=sandbox_settings(c), device=h.device.value, vllm=h.inner_vllm)
-
-
-def sandbox_settings(cfg: Conf) -> dict[str, Any]:
-    """``JobSettings.sandbox`` / ``validate_job(sandbox=...)`` from the inner group
-    (``agent_trainer.inner_loop.isolation.sandbox``)."""
-    from agent_trainer.inner_loop.isolation.sandbox import SandboxPolicy
-
-    return SandboxPolicy.from_config(typed(cfg).inner).as_dict()
+    return JobSettings.from_config(typed(cfg))
 
 
 def steering_factory(cfg: Conf, run_dir: Path, ledger=None):
@@ -87,16 +75,14 @@ def train_settings(cfg: Conf) -> TrainSettings:
 
 def make_ledger(cfg: Conf, run_dir: Path):
     """The run's ledger with the budget caps and prices of the config."""
-    from agent_trainer.outer_loop.episode.ledger import Budget, Ledger, Prices
+    from agent_trainer.outer_loop.episode.ledger import Ledger, Prices
 
     c = typed(cfg)
-    b, a = c.budget, c.agent
-    budget = Budget(episode_usd=b.max_usd_per_episode, episode_tokens=b.max_tokens_per_episode,
-                    episode_jobs=b.max_jobs_per_episode, run_usd=b.max_usd_per_run, run_tokens=b.max_tokens_per_run)
+    a = c.agent
     agent_prices = (a.usd_per_1m_tokens_in, a.usd_per_1m_tokens_out)
     prices = Prices(llm={a.model: agent_prices}, default_llm=agent_prices,
                     default_job_usd_per_hour=c.hardware.usd_per_hour)
-    return Ledger.open(run_dir, budget=budget, prices=prices)
+    return Ledger.open(run_dir, budget=c.budget, prices=prices)
 
 
 def agent_dir(cfg: Conf) -> Path:
@@ -173,6 +159,7 @@ def build_trainer(cfg: Conf, run_dir: Path, *, tracker=None, resume: bool = Fals
         raise ValueError(f"at-train updates the LoRA of an agent whose weights it holds; agent.backend="
                          f"{c.agent.backend} serves someone else's (use agent=tiny_local, agent=vllm, or a local "
                          f"model_path)")
+    check_tool_format(c)   # before the policy is loaded (minutes for a large agent)
     from agent_trainer.outer_loop.rl.train import prepare_resume
 
     settings = train_settings(c)
@@ -184,6 +171,16 @@ def build_trainer(cfg: Conf, run_dir: Path, *, tracker=None, resume: bool = Fals
                    executor=make_executor(c), state=state, model_name=c.agent.model,
                    steering=steering_factory(c, run_dir, ledger), sampler=make_sampler(c, agent),
                    agent_device=policy_device(c), tool_format=c.agent.tool_format)
+
+
+def check_tool_format(cfg: Conf) -> None:
+    """``agent.tool_format`` is ``auto`` or a format of the registry (``toolcalls.TOOL_CALL_FORMATS``, whose error
+    lists them)."""
+    from agent_trainer.outer_loop.agents.toolcalls import AUTO, TOOL_CALL_FORMATS
+
+    name = typed(cfg).agent.tool_format
+    if name != AUTO:
+        TOOL_CALL_FORMATS[name]
 
 
 def policy_device(cfg: Conf) -> str:

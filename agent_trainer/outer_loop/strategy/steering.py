@@ -316,10 +316,6 @@ class Steering:
         ep.log({"event": "check", "after_job": rec.job, "hint": bool(hint), "shown": series[-3:]})
         return text
 
-    @property
-    def awaiting(self) -> bool:
-        return self._open is not None
-
     def handle_turn(self, ep, gen) -> bool:
         """Take the agent's turn as its answer to an open check; False when no check is open."""
         if self._open is None:
