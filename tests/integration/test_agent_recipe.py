@@ -36,3 +36,15 @@ def test_one_step_of_the_recipe_runs_on_the_tiny_agent(tmp_path, built_agent):
     assert rows[0]["update_samples"] >= 1 and "update_skipped" not in rows[0]
     assert "heldout_reward_mean" in rows[0] and "heldout_end_reward_mean" in rows[0]
     assert (run / "checkpoints/step_0000/adapter/adapter_model.safetensors").is_file()
+
+
+def test_the_recipe_on_a_gpu_is_configuration(tmp_path):
+    """``hardware=gpu`` with another agent folder: the plan says where the agent samples and how it is updated."""
+    from agent_trainer.outer_loop.rl.run_config import execution_plan
+
+    folder = tmp_path / "Qwen3-0.6B"
+    plan = execution_plan(compose_config(["experiment=smollm2_cpu", "hardware=gpu", "agent.model=qwen3-agent",
+                                          f"+base_models.qwen3-agent.path={folder}"], "train"))
+    assert plan["device"] == "cuda" and plan["agent"] == "local on cuda" and plan["agent_model"] == "qwen3-agent"
+    assert plan["episodes_per_step"].startswith("2 tasks x 4")
+    assert "gradient checkpointing" in plan["update"] and "4096 tokens" in plan["update"]

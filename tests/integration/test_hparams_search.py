@@ -29,13 +29,18 @@ def _reward_last3(job: Path) -> float:
     return sum(last) / len(last)
 
 
-def test_optuna_search_runs_every_trial_and_names_the_best(tmp_path, built_agent):
+def _search(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
+    """``at-train -m hparams_search=smoke_optuna`` of two trials of the smoke experiment, run id ``search``."""
     env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
-    proc = subprocess.run(
+    return subprocess.run(
         [str(BIN / "at-train"), "-m", "hparams_search=smoke_optuna", "experiment=smoke", "hydra.sweeper.n_trials=2",
-         "outer.steps=1", "tracking=off", f"runs_dir={tmp_path}", "run_id=search"],
+         *overrides, "tracking=off", f"runs_dir={tmp_path}", "run_id=search"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
     )
+
+
+def test_optuna_search_runs_every_trial_and_names_the_best(tmp_path, built_agent):
+    proc = _search(tmp_path, "outer.steps=1")
     assert proc.returncode == 0, proc.stderr[-3000:]
     sweep = tmp_path / "search"
     jobs = sorted(p for p in sweep.iterdir() if p.is_dir())
@@ -58,12 +63,7 @@ def test_optuna_search_runs_every_trial_and_names_the_best(tmp_path, built_agent
 
 
 def test_a_search_whose_every_trial_fails_ends_with_the_table_and_one_line(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
-    proc = subprocess.run(
-        [str(BIN / "at-train"), "-m", "hparams_search=smoke_optuna", "experiment=smoke", "hydra.sweeper.n_trials=2",
-         "task.train_families=[no_such_family]", "tracking=off", f"runs_dir={tmp_path}", "run_id=search"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
-    )
+    proc = _search(tmp_path, "task.train_families=[no_such_family]")
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "0 ok, 2 failed" in proc.stdout and "| 1 | failed |" in proc.stdout
     assert "Traceback" not in proc.stderr and "HYDRA_FULL_ERROR" not in proc.stderr

@@ -31,6 +31,14 @@ def backend():
     torch.set_num_threads(before)
 
 
+@pytest.fixture(scope="module")
+def plain(backend):
+    """The same model sampled as before: one sequence at a time, every prompt run whole (no stored prefixes)."""
+    from agent_trainer.outer_loop.agents.local import LocalBackend
+
+    return LocalBackend(backend.model, backend.tokenizer, device="cpu", model_name="tiny", prefix_cache_tokens=0)
+
+
 def _requests() -> list[SampleRequest]:
     """Conversations of different lengths, temperatures and budgets (rows leave the batch at different steps)."""
     convs = [[{"role": "user", "content": "Train a model."}],
@@ -42,9 +50,10 @@ def _requests() -> list[SampleRequest]:
             SampleRequest(convs[2], None, 1.0, 25, 13), SampleRequest(convs[1], None, 0.0, 16, 14)]
 
 
-def test_batched_sampling_equals_one_by_one(backend):
+def test_batched_sampling_equals_one_by_one(backend, plain):
     requests = _requests()
-    alone = [backend.generate(r.messages, r.tools, temperature=r.temperature, max_new_tokens=r.max_new_tokens,
+    backend.forget()
+    alone = [plain.generate(r.messages, r.tools, temperature=r.temperature, max_new_tokens=r.max_new_tokens,
                               seed=r.seed) for r in requests]
     together = backend.generate_batch(requests)
     assert len({len(g.token_ids) for g in alone}) > 1, "rows should stop at different steps"
@@ -87,7 +96,7 @@ def test_max_batch_splits_rows_without_changing_them(backend):
     assert [g.token_ids for g in split] == [g.token_ids for g in whole]
 
 
-def test_episodes_played_together_are_the_episodes_played_alone(backend, tmp_path):
+def test_episodes_played_together_are_the_episodes_played_alone(backend, plain, tmp_path):
     """Rounds of batched turns (``play_together``) give every episode the conversation, tokens and status it
     has when played alone; ``on_end`` hears of each episode once, as it ends."""
     from pathlib import Path
@@ -99,15 +108,16 @@ def test_episodes_played_together_are_the_episodes_played_alone(backend, tmp_pat
     settings = [EpisodeSettings(max_turns=t, max_new_tokens=n, temperature=1.0, tool_schemas="names")
                 for t, n in ((2, 12), (3, 6), (1, 20))]
 
-    def episodes(folder):
-        return [Episode(backend, task, tmp_path / folder / str(i), settings=s, seed=100 + i)
+    def episodes(folder, agent):
+        return [Episode(agent, task, tmp_path / folder / str(i), settings=s, seed=100 + i)
                 for i, s in enumerate(settings)]
 
-    alone = episodes("alone")
+    alone = episodes("alone", plain)
     for ep in alone:
         ep.play()
     ended: list[str] = []
-    together = episodes("together")
+    backend.forget()
+    together = episodes("together", backend)
     play_together(together, on_end=lambda ep: ended.append(ep.id))
     assert sorted(ended) == sorted(ep.id for ep in together) and len(ended) == 3
     for a, b in zip(alone, together):
@@ -115,3 +125,44 @@ def test_episodes_played_together_are_the_episodes_played_alone(backend, tmp_pat
         assert b.messages == a.messages
         assert [t.completion_ids for t in b.turns] == [t.completion_ids for t in a.turns]
         assert b.tokens_in == a.tokens_in and b.tokens_out == a.tokens_out
+
+
+def test_later_turns_start_from_the_stored_prefix(backend, plain):
+    """A conversation's next turn runs only its new tokens (the earlier turn's keys and values are kept), and
+    samples what a whole-prompt run samples; forget() drops what was kept."""
+    backend.forget()
+    msgs = [{"role": "user", "content": "Post-train tiny-s on calc_chain: " + "a+b=c " * 20}]
+    first = backend.generate(msgs, None, temperature=1.0, max_new_tokens=12, seed=5)
+    assert len(backend.prefixes) >= 1
+    later = msgs + [first.as_message(), {"role": "user", "content": "and now sort 3 1 2"}]
+    prompt = backend.render(later, None)
+    _, reused = backend.prefixes.longest(prompt)
+    assert reused >= len(first.prompt_ids)                    # the whole first turn's prompt is not run again
+    again = backend.generate(later, None, temperature=1.0, max_new_tokens=12, seed=6)
+    whole = plain.generate(later, None, temperature=1.0, max_new_tokens=12, seed=6)
+    assert again.token_ids == whole.token_ids
+    assert torch.allclose(torch.tensor(again.logprobs), torch.tensor(whole.logprobs), atol=1e-5)
+    backend.forget()
+    assert len(backend.prefixes) == 0
+
+
+def test_a_step_shares_its_common_prompt_once(backend):
+    """The first turns of a batch share their system prompt: it is run once, not once a row."""
+    backend.forget()
+    system = {"role": "system", "content": "You write jobs. " * 15}
+    reqs = [SampleRequest([system, {"role": "user", "content": f"task {i}"}], None, 1.0, 4, i) for i in range(3)]
+    prompts = [backend.render(r.messages, None) for r in reqs]
+    shared = min(len(p) for p in prompts) - 1
+    while len({tuple(p[:shared]) for p in prompts}) > 1:
+        shared -= 1
+    fed: list[int] = []
+    hook = backend.model.register_forward_pre_hook(
+        lambda mod, args, kwargs: fed.append(int((kwargs["attention_mask"][:, -kwargs["input_ids"].shape[1]:]
+                                                  > 0).sum())), with_kwargs=True)
+    try:
+        out = backend.generate_batch(reqs)
+    finally:
+        hook.remove()
+    sampled = sum(len(g.token_ids) for g in out)
+    assert shared > 20
+    assert sum(fed) <= shared + sum(len(p) - shared for p in prompts) + sampled

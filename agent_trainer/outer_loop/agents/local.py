@@ -22,6 +22,7 @@ import torch
 
 from agent_trainer.outer_loop.agents.base import AUTO, AgentBackend, BackendError, Generation, SampleRequest
 from agent_trainer.outer_loop.agents.chat_prompt import render_prompt, template_support
+from agent_trainer.outer_loop.agents.prefix_cache import Prefix, PrefixCache, common_length, supports_prefix_cache
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +50,7 @@ class LocalBackend(AgentBackend):
 
     def __init__(self, model, tokenizer, *, device: str = "auto", model_name: str | None = None,
                  chat_template_kwargs: dict[str, Any] | None = None, tool_format: str = AUTO,
-                 max_batch: int = 16):
+                 max_batch: int = 16, prefix_cache_tokens: int = 32768):
         if not getattr(tokenizer, "chat_template", None):
             raise BackendError(
                 "the tokenizer has no chat_template; use the project tokenizer "
@@ -69,6 +70,10 @@ class LocalBackend(AgentBackend):
         self.stop_ids = {i for i in stop if i is not None}
         self.max_positions = int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
         self.max_batch = max(1, int(max_batch))   # rows sampled together at most (``generate_batch``)
+        # Keys and values of earlier turns and shared prompts, reused (agent_trainer.outer_loop.agents.prefix_cache);
+        # None: every turn runs its whole prompt.
+        self.prefixes = (PrefixCache(prefix_cache_tokens)
+                         if prefix_cache_tokens > 0 and supports_prefix_cache(model.config) else None)
 
     @classmethod
     def from_path(cls, model_path: str | Path, *, device: str = "auto", dtype: str = "float32",
@@ -149,30 +154,94 @@ class LocalBackend(AgentBackend):
             raw=raw, tool_call_errors=errors,
         )
 
+    def forget(self) -> None:
+        """Drop the stored keys and values (call it when the model's weights change)."""
+        if self.prefixes is not None:
+            self.prefixes.clear()
+
+    def _prefixes_for(self, prompts: list[list[int]]) -> list[tuple[Prefix | None, int]]:
+        """Each prompt's longest stored prefix. When the prompts share a longer prefix than any stored one (a
+        step's first turns: the same system prompt and tools), that prefix is run once and stored first."""
+        if self.prefixes is None:
+            return [(None, 0)] * len(prompts)
+        found = [self.prefixes.longest(p) for p in prompts]
+        if len(prompts) > 1:
+            shared = min(common_length(prompts[0], p) for p in prompts[1:])
+            shared = min(shared, min(len(p) for p in prompts) - 1)
+            if shared >= 16 and min(n for _, n in found) < shared:
+                self._run_and_store(prompts[0][:shared])
+                found = [self.prefixes.longest(p) for p in prompts]
+        return found
+
+    def _run_and_store(self, tokens: list[int]) -> None:
+        prefix, n = self.prefixes.longest(tokens + [-1])
+        if n >= len(tokens):
+            return
+        cache = self._cache_of([(prefix, n)], n) if n else None
+        pos = torch.arange(n, len(tokens), device=self.device).view(1, -1)
+        out = self.model(input_ids=torch.tensor([tokens[n:]], device=self.device), position_ids=pos,
+                         attention_mask=torch.ones((1, len(tokens)), dtype=torch.long, device=self.device),
+                         use_cache=True, logits_to_keep=1, **({_cache_kw(): cache} if cache is not None else {}))
+        kv = [(k[0].clone(), v[0].clone()) for k, v, *_ in getattr(out, _cache_kw())]
+        self.prefixes.add(list(tokens), kv)
+
+    def _cache_of(self, found: list[tuple[Prefix | None, int]], width: int):
+        """A KV cache of ``width`` positions a row holding each row's stored prefix, right-aligned (left padding)."""
+        from transformers import DynamicCache
+
+        first = next(e for e, n in found if n)
+        layers = []
+        for layer in range(len(first.kv)):
+            k0, v0 = first.kv[layer]
+            keys = k0.new_zeros((len(found), k0.shape[0], width, k0.shape[2]))
+            values = v0.new_zeros((len(found), v0.shape[0], width, v0.shape[2]))
+            for r, (e, n) in enumerate(found):
+                if n:
+                    keys[r, :, width - n:] = e.kv[layer][0][:, :n]
+                    values[r, :, width - n:] = e.kv[layer][1][:, :n]
+            layers.append((keys, values))
+        return DynamicCache(layers)
+
+    def _store_row(self, cache, row: int, mask: torch.Tensor, tokens: list[int]) -> None:
+        """Keep row ``row``'s keys and values (its real positions, ``mask``) as the prefix ``tokens``."""
+        real = mask.nonzero(as_tuple=True)[0]
+        if len(real) != len(tokens):
+            return
+        self.prefixes.add(tokens, [(k[row][:, real].clone(), v[row][:, real].clone()) for k, v, *_ in cache])
+
     @torch.no_grad()
     def _sample_batch(self, prompts: list[list[int]], temperatures: list[float], budgets: list[int],
                       seeds: list[int | None]) -> list[tuple[list[int], list[float]]]:
-        """Sample rows together: left-padded prefill, then one token a row a step from the shared KV cache.
+        """Sample rows together from one KV cache, one token a row a step.
 
-        Position ids count real tokens only (a padded row sees the positions it would see alone); the
-        LM head runs on each row's last position only; a finished row leaves the batch and its cache."""
-        n, width = len(prompts), max(len(p) for p in prompts)
+        A row starts from its longest stored prefix (``PrefixCache``: its conversation's earlier turns, the
+        prompt every episode shares), so only its new tokens are run. Layout of row i: [padding][its cached
+        prefix][padding][its new tokens], padding masked out and position ids counting real tokens only, so a
+        row sees what it would see alone. The LM head runs on each row's last position only; a finished row's
+        keys and values are stored as a prefix for its next turn, and it leaves the batch and its cache."""
+        n = len(prompts)
         gens = []
         for sd in seeds:
             g = torch.Generator(device=self.device)
             g.manual_seed(int(sd)) if sd is not None else g.seed()
             gens.append(g)
+        found = self._prefixes_for(prompts)
+        cached = max(k for _, k in found)
+        new = [p[k:] for p, (_, k) in zip(prompts, found)]
+        width = max(len(x) for x in new)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         inp = torch.full((n, width), pad, dtype=torch.long, device=self.device)
-        attn = torch.zeros((n, width), dtype=torch.long, device=self.device)
-        for r, p in enumerate(prompts):
-            inp[r, width - len(p):] = torch.tensor(p, device=self.device)
-            attn[r, width - len(p):] = 1
-        pos = (attn.cumsum(-1) - 1).clamp(min=0)
+        attn = torch.zeros((n, cached + width), dtype=torch.long, device=self.device)
+        pos = torch.zeros((n, width), dtype=torch.long, device=self.device)
+        for r, (x, (_, k)) in enumerate(zip(new, found)):
+            inp[r, width - len(x):] = torch.tensor(x, device=self.device)
+            attn[r, cached - k: cached] = 1
+            attn[r, cached + width - len(x):] = 1
+            pos[r, width - len(x):] = torch.arange(k, k + len(x), device=self.device)
         ids: list[list[int]] = [[] for _ in range(n)]
         lps: list[list[float]] = [[] for _ in range(n)]
         active = list(range(n))          # rows still sampling, in cache order
-        cache, cache_kw = None, _cache_kw()
+        cache, cache_kw = (self._cache_of(found, cached) if cached else None), _cache_kw()
         while active:
             out = self.model(input_ids=inp, attention_mask=attn, position_ids=pos, use_cache=True,
                              logits_to_keep=1, **{cache_kw: cache})
@@ -191,6 +260,8 @@ class LocalBackend(AgentBackend):
                 lps[r].append(float(logp[tok]))
                 if tok not in self.stop_ids and len(ids[r]) < budgets[r]:
                     keep.append(j)
+                elif self.prefixes is not None:
+                    self._store_row(cache, j, attn[j], prompts[r] + ids[r][:-1])
             if not keep:
                 break
             last_pos = pos[:, -1:]

@@ -123,7 +123,13 @@ def execution_plan(cfg: Conf) -> dict[str, Any]:
     batch = [JobRequest(Path(f"<episode {i}>/job"), task, settings=settings.job) for i in range(n_jobs)]
     h = c.hardware
     return {"device": h.device.value, "gpus_per_job": h.gpus_per_job, "inner_vllm": h.inner_vllm,
-            "agent": f"{c.agent.backend} on {h.agent_device}", "jobs_per_step_max": n_jobs,
+            "agent": f"{c.agent.backend} on {h.agent_device}", "agent_model": c.agent.model_path or c.agent.model,
+            "agent_sampler": c.agent.sampler,
+            "episodes_per_step": f"{settings.tasks_per_step} tasks x {settings.group_size}, sampled together",
+            "update": (f"LoRA r{c.outer.lora_r}, micro-batches of <= {c.outer.micro_batch_size} rows"
+                       + (f" and <= {c.outer.micro_batch_tokens} tokens" if c.outer.micro_batch_tokens else "")
+                       + (", gradient checkpointing" if c.outer.gradient_checkpointing else "")),
+            "jobs_per_step_max": n_jobs,
             "job_cache": c.inner.cache, "warm_workers": c.inner.warm_workers, **executor.plan(batch)}
 
 

@@ -216,8 +216,11 @@ class Trainer:
         self.backend.close()
 
     def sync_sampler(self) -> None:
-        """Give a separate sampler (vLLM) the policy's current weights; the local backend shares them already.
-        A served sampler (``agent.sampler=served``) gets the LoRA itself, saved under the run folder."""
+        """Give a separate sampler (vLLM) the policy's current weights; the local backend shares them already
+        and drops the keys and values it kept (computed with the weights before). A served sampler
+        (``agent.sampler=served``) gets the LoRA itself, saved under the run folder."""
+        if hasattr(self.backend, "forget"):
+            self.backend.forget()
         if hasattr(self.backend, "push_adapter"):
             self.backend.push_adapter(self.policy, self.run_dir)
         elif hasattr(self.backend, "load_weights"):
@@ -250,8 +253,6 @@ class Trainer:
 
         Episode g of task i is seeded by ``hash((*seed_base, i, g))``; ``seed_base`` defaults to ``(seed, step)``
         (held-out evaluations pass a fixed one: the same episodes at every evaluation)."""
-        from agent_trainer.outer_loop.episode.episode import play_all
-
         seed_base = (self.s.seed, step) if seed_base is None else seed_base
         episodes = []
         for t_i, task in enumerate(tasks):
@@ -263,6 +264,15 @@ class Trainer:
                                         episode_id=ep_dir.name, seed=hash((*seed_base, t_i, g)) % (2**31),
                                         defer_jobs=True, job_settings=self.s.job, model_name=self.model_name,
                                         steering=self.steering() if self.steering else None))
+        try:
+            return self._play(episodes)
+        finally:
+            if hasattr(self.backend, "forget"):   # the kept keys and values: not through the update's memory
+                self.backend.forget()
+
+    def _play(self, episodes: list[Episode]) -> list[Episode]:
+        from agent_trainer.outer_loop.episode.episode import play_all
+
         # Not with a strategy layer: its after-job hooks may call an evaluator model while the agent samples.
         if (not self.s.overlap_jobs or self.steering is not None
                 or getattr(self.executor, "kind", "sequential") not in ("local_parallel", "sequential")):

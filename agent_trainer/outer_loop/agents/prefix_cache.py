@@ -1,0 +1,80 @@
+"""Keys and values of token sequences the local backend has already run, reused as the cached prefix of new prompts.
+
+An episode's next prompt is its last prompt, the sampled turn and the tool result: all but the new tokens were
+computed in the turn before. Every episode of a step also opens with the same system prompt and tool list. The
+local backend keeps each finished row's keys and values here and starts a prompt from the longest stored prefix,
+so a turn's prefill runs over its new tokens only (``LocalBackend._sample_batch``).
+
+Only for models whose every layer attends to the whole sequence (no sliding window): a stored key was computed at
+its absolute position and stays valid there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Prefix:
+    """One stored sequence: its tokens and each layer's ``(keys, values)``, ``[kv_heads, len(tokens), head_dim]``."""
+
+    tokens: list[int]
+    kv: list[tuple[torch.Tensor, torch.Tensor]]
+
+
+def common_length(a: list[int], b: list[int]) -> int:
+    """Length of the longest common prefix of ``a`` and ``b``."""
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def supports_prefix_cache(config) -> bool:
+    """Whether every layer of the model attends to the whole sequence (stored keys stay valid at their position)."""
+    types = getattr(config, "layer_types", None)
+    if types:
+        return all(t == "full_attention" for t in types)
+    return not getattr(config, "use_sliding_window", False) and not getattr(config, "sliding_window_pattern", None)
+
+
+class PrefixCache:
+    """Stored sequences, oldest first, at most ``max_tokens`` tokens in all; an entry that is a prefix of a newer
+    one is dropped (the newer one serves every prompt the older one would)."""
+
+    def __init__(self, max_tokens: int):
+        self.max_tokens = int(max_tokens)
+        self.entries: list[Prefix] = []
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def tokens(self) -> int:
+        return sum(len(e.tokens) for e in self.entries)
+
+    def longest(self, prompt: list[int]) -> tuple[Prefix | None, int]:
+        """The stored sequence sharing the longest prefix with ``prompt``, and that length (at most
+        ``len(prompt) - 1``: the last prompt token is always run, its logits start the turn)."""
+        best, best_n = None, 0
+        for e in self.entries:
+            n = min(common_length(e.tokens, prompt), len(prompt) - 1)
+            if n > best_n:
+                best, best_n = e, n
+        return best, best_n
+
+    def add(self, tokens: list[int], kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Store a sequence (its ``kv`` already sliced to ``len(tokens)`` positions)."""
+        if not tokens or len(tokens) > self.max_tokens:
+            return
+        self.entries = [e for e in self.entries
+                        if not (len(e.tokens) <= len(tokens) and e.tokens == tokens[: len(e.tokens)])]
+        self.entries.append(Prefix(list(tokens), kv))
+        while self.tokens() > self.max_tokens:
+            self.entries.pop(0)
+
+    def clear(self) -> None:
+        """Forget every stored sequence (the model's weights changed: stored keys are stale)."""
+        self.entries = []

@@ -1,0 +1,61 @@
+"""The lean update on a real agent (SmolLM2-135M-Instruct): log-probs at the loss positions only give the loss and
+gradients of the full-vocabulary log-softmax within 1e-5, with gradient checkpointing on."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from agent_trainer.outer_loop.rl.policy import AgentPolicy, PolicyConfig, TurnSample, collate, token_logprobs
+
+pytestmark = pytest.mark.slow
+
+
+def full_logprobs(model, batch):
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1]
+    logits = logits.float() / batch["temperature"].view(-1, 1, 1)
+    logp = torch.log_softmax(logits, dim=-1).gather(-1, batch["input_ids"][:, 1:].unsqueeze(-1)).squeeze(-1)
+    return torch.nn.functional.pad(logp, (1, 0))
+
+
+def _loss_and_grads(policy, batch, logprobs_fn, monkeypatch):
+    import agent_trainer.outer_loop.rl.policy as policy_mod
+
+    monkeypatch.setattr(policy_mod, "token_logprobs", logprobs_fn)
+    policy.model.train()
+    policy.model.zero_grad()
+    loss = policy.module.training_step(batch, 0)
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in policy.model.named_parameters() if p.requires_grad}
+
+
+def test_selective_logprobs_on_smollm2_give_the_same_loss_and_gradients(smollm2, monkeypatch):
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        policy = AgentPolicy.from_pretrained(smollm2, PolicyConfig(lora_r=4, lora_alpha=8, kl_beta=0.05,
+                                                                   gradient_checkpointing=True), seed=0)
+        for name, p in policy.model.named_parameters():   # a LoRA that does something (B starts at 0)
+            if "lora_B" in name:
+                torch.nn.init.normal_(p, std=0.02)
+        g = torch.Generator().manual_seed(0)
+        samples = []
+        for i, (n_ctx, n_comp) in enumerate(((90, 30), (60, 24))):
+            ctx = torch.randint(100, 40000, (n_ctx,), generator=g).tolist()
+            comp = torch.randint(100, 40000, (n_comp,), generator=g).tolist()
+            mask = [1] * n_comp
+            mask[8:14] = [0] * 6                            # a tool result between two turns: no loss there
+            samples.append(TurnSample(ctx, comp, [-5.0] * n_comp, advantage=0.7 if i else -0.7, temperature=0.7,
+                                      completion_mask=mask))
+        batch = collate(samples, 0)
+        with torch.no_grad():
+            batch["old_logprobs"] = full_logprobs(policy.model, batch) * batch["loss_mask"]
+        loss_full, g_full = _loss_and_grads(policy, batch, full_logprobs, monkeypatch)
+        loss_sel, g_sel = _loss_and_grads(policy, batch, token_logprobs, monkeypatch)   # the project's, as imported
+    finally:
+        torch.set_num_threads(before)
+    assert torch.allclose(loss_sel, loss_full, atol=1e-5)
+    worst = max((g_sel[n] - g_full[n]).abs().max().item() for n in g_full)
+    assert worst <= 1e-5, f"largest gradient difference {worst:.2e}"
+    assert sum(v.abs().sum().item() for v in g_sel.values()) > 0
+
