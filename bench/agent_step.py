@@ -105,7 +105,7 @@ def samples_of(rows: list[dict]):
     for i, r in enumerate(rows):
         n = sum(len(t[1]) for t in r["turns"])
         for ctx, comp, lps, mask in merge_turns([tuple(t) for t in r["turns"]]):
-            out.append(TurnSample(ctx, comp, lps, (i % 4 - 1.5) / 1.5, r["temperature"], 0, r["episode_id"],
+            out.append(TurnSample(ctx, comp, lps, 1.0 - 0.3 * i, r["temperature"], 0, r["episode_id"],
                                   1.0 / max(1, n), completion_mask=mask))
     return out
 

@@ -122,4 +122,4 @@ def test_unreachable_mlflow_server_is_reported_at_start_up(tmp_path, command, ar
     assert "Traceback" not in proc.stdout + proc.stderr
     # Before any work: no episode, no job output; and in seconds (~2.5 s here), not after imports and models.
     assert not (tmp_path / "r" / "episodes").exists() and not (tmp_path / "r" / "job").exists()
-    assert seconds < 15, f"{command} took {seconds:.1f} s to report an unreachable MLflow server"
+    assert seconds < 30, f"{command} took {seconds:.1f} s to report an unreachable MLflow server"

@@ -42,7 +42,7 @@ def test_start_and_end_on_the_same_seeds_without_changing_training(tmp_path, bui
             super().__init__(*args, **kwargs)
 
     monkeypatch.setattr(agent_trainer.outer_loop.rl.train, "Episode", Recorded)
-    on = _run(tmp_path, "on", "outer.heldout_every=1", "outer.heldout_episodes=2")
+    on = _run(tmp_path, "on", "outer.heldout_every=1", "outer.heldout_episodes=2", "task.held_out_families=[triage]")
     off = _run(tmp_path, "off", "outer.heldout_every=0", "tracking=off")
 
     # start: step 0 before its update; end: step 1 after its update; nothing periodic in the last step

@@ -322,9 +322,11 @@ def resolve_model(name: str, cache_dir: str | os.PathLike | None = None, build_m
                   seed: int = 0, progress: bool = True) -> Path:
     """The folder of base model ``name``: the shipped files of a tiny model (checked, ``verify_shipped``), else its
     build, made on first use unless ``build_missing`` is False."""
+    # The registry first: its loaders check the configured entries (a base_models entry may not take a
+    # built-in name) before any folder is handed out.
+    info = BASE_MODELS.get(name) or (BaseModel(name, "built") if name in BUILDERS else None)
     if shipped_dir(name, seed) is not None:
         return verify_shipped(name)
-    info = BASE_MODELS.get(name) or (BaseModel(name, "built") if name in BUILDERS else None)
     if info is None:
         known = list(BASE_MODELS) + [b for b in BUILDERS if b not in BASE_MODELS]
         raise ModelNotFoundError(f"unknown model {name!r}; known models: {', '.join(known)}; add one with "
