@@ -5,28 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers.logprobs import full_logprobs, loss_and_grads
 
 from agent_trainer.outer_loop.rl.policy import AgentPolicy, PolicyConfig, TurnSample, collate, token_logprobs
 
 pytestmark = pytest.mark.slow
-
-
-def full_logprobs(model, batch):
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1]
-    logits = logits.float() / batch["temperature"].view(-1, 1, 1)
-    logp = torch.log_softmax(logits, dim=-1).gather(-1, batch["input_ids"][:, 1:].unsqueeze(-1)).squeeze(-1)
-    return torch.nn.functional.pad(logp, (1, 0))
-
-
-def _loss_and_grads(policy, batch, logprobs_fn, monkeypatch):
-    import agent_trainer.outer_loop.rl.policy as policy_mod
-
-    monkeypatch.setattr(policy_mod, "token_logprobs", logprobs_fn)
-    policy.model.train()
-    policy.model.zero_grad()
-    loss = policy.module.training_step(batch, 0)
-    loss.backward()
-    return loss.detach(), {n: p.grad.clone() for n, p in policy.model.named_parameters() if p.requires_grad}
 
 
 def test_selective_logprobs_on_smollm2_give_the_same_loss_and_gradients(smollm2, monkeypatch):
@@ -50,8 +33,8 @@ def test_selective_logprobs_on_smollm2_give_the_same_loss_and_gradients(smollm2,
         batch = collate(samples, 0)
         with torch.no_grad():
             batch["old_logprobs"] = full_logprobs(policy.model, batch) * batch["loss_mask"]
-        loss_full, g_full = _loss_and_grads(policy, batch, full_logprobs, monkeypatch)
-        loss_sel, g_sel = _loss_and_grads(policy, batch, token_logprobs, monkeypatch)   # the project's, as imported
+        loss_full, g_full = loss_and_grads(policy, batch, full_logprobs, monkeypatch)
+        loss_sel, g_sel = loss_and_grads(policy, batch, token_logprobs, monkeypatch)   # the project's, as imported
     finally:
         torch.set_num_threads(before)
     assert torch.allclose(loss_sel, loss_full, atol=1e-5)

@@ -10,18 +10,11 @@ import types
 
 import pytest
 import torch
+from helpers.logprobs import full_logprobs, loss_and_grads
 
 from agent_trainer.outer_loop.rl.policy import (
     AgentPolicy, PolicyConfig, TurnSample, collate, micro_batches, token_entropies, token_logprobs,
 )
-
-
-def full_logprobs(model, batch):
-    """The reference: the LM head and a log-softmax over every position, then the sampled token's entry."""
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1]
-    logits = logits.float() / batch["temperature"].view(-1, 1, 1)
-    logp = torch.log_softmax(logits, dim=-1).gather(-1, batch["input_ids"][:, 1:].unsqueeze(-1)).squeeze(-1)
-    return torch.nn.functional.pad(logp, (1, 0))
 
 
 def tiny_policy(seed=0, **kw) -> AgentPolicy:
@@ -77,17 +70,6 @@ def test_entropies_at_the_loss_positions_equal_the_full_ones():
     assert torch.allclose(token_entropies(pol.model, batch), want, atol=1e-5)
 
 
-def _loss_and_grads(pol, batch, logprobs_fn, monkeypatch):
-    import agent_trainer.outer_loop.rl.policy as policy_mod
-
-    monkeypatch.setattr(policy_mod, "token_logprobs", logprobs_fn)
-    pol.model.train()
-    pol.model.zero_grad()
-    loss = pol.module.training_step(batch, 0)
-    loss.backward()
-    return loss.detach(), {n: p.grad.clone() for n, p in pol.model.named_parameters() if p.requires_grad}
-
-
 @pytest.mark.parametrize("kl_beta", [0.0, 0.1])
 def test_loss_and_gradients_equal_todays_within_1e_5(kl_beta, monkeypatch):
     pol = tiny_policy(kl_beta=kl_beta)
@@ -95,8 +77,8 @@ def test_loss_and_gradients_equal_todays_within_1e_5(kl_beta, monkeypatch):
     with torch.no_grad():   # sampled log-probs near the policy's: ratios near 1, some clipped
         batch["old_logprobs"] = (full_logprobs(pol.model, batch) + 0.1 * torch.randn(batch["input_ids"].shape)) \
             * batch["loss_mask"]
-    loss_full, g_full = _loss_and_grads(pol, batch, full_logprobs, monkeypatch)
-    loss_sel, g_sel = _loss_and_grads(pol, batch, token_logprobs, monkeypatch)
+    loss_full, g_full = loss_and_grads(pol, batch, full_logprobs, monkeypatch)
+    loss_sel, g_sel = loss_and_grads(pol, batch, token_logprobs, monkeypatch)
     assert torch.allclose(loss_sel, loss_full, atol=1e-5)
     assert all(torch.allclose(g_sel[n], g_full[n], atol=1e-5) for n in g_full)
     assert sum(g.abs().sum() for g in g_sel.values()) > 0
