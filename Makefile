@@ -6,6 +6,9 @@ BIN     := $(VENV)/bin
 ARGS    ?=
 # Per-test limit of pytest-timeout, seconds.
 TEST_TIMEOUT ?= 900
+# Test processes of `make test` (pytest-xdist): most integration tests wait on child processes, so two
+# workers keep both cores of a 2-core machine busy. Each worker may hold a SmolLM2 (a few GB).
+TEST_WORKERS ?= 2
 
 # The main job `make run` runs: at-train on the CPU default (experiment=cpu_default), after
 # building the tiny models and the tiny agent (at-models; a no-op once they are in the cache).
@@ -21,7 +24,7 @@ run: setup
 
 # The whole suite, slow tests included (CI runs exactly this).
 test: setup
-	$(BIN)/pytest -p no:cacheprovider --timeout=$(TEST_TIMEOUT) tests
+	$(BIN)/pytest -p no:cacheprovider --timeout=$(TEST_TIMEOUT) -n $(TEST_WORKERS) --dist worksteal tests
 
 # Unit tests only, for a quick check while editing: no model is built or imported (tests that need one the
 # cache lacks are skipped with the reason; tests/helpers/run_if.py).
