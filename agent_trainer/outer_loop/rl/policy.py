@@ -457,6 +457,8 @@ class AgentPolicy:
         two runs of one seed start from the same policy (PEFT draws from torch's global RNG, which
         nothing had seeded: runs of the same seed differed from their first update)."""
         from peft import LoraConfig, PeftModel, get_peft_model
+
+        _quiet_lightning()   # PEFT's wrapping calls a deprecated transformers property (a FutureWarning otherwise)
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(model_dir)
