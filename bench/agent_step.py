@@ -14,6 +14,7 @@
 
     .venv/bin/python bench/agent_step.py                  # all three (~30 min on 2 cores)
     .venv/bin/python bench/agent_step.py --skip-step      # 1 and 2 only
+    .venv/bin/python bench/agent_step.py --skip-step --skip-update   # 1 only (~8 min)
     .venv/bin/python bench/agent_step.py --max-turns 2    # shorter episodes (a quicker look)
 
 Prints ``RATIO agent_sampling_batched`` (target >= 3), ``RATIO agent_update_memory`` (target >= 3, the after side
@@ -185,6 +186,7 @@ def main() -> None:
     p.add_argument("--group", type=int, default=4, help="episodes per task (2 tasks)")
     p.add_argument("--max-turns", type=int, default=None, help="agent.max_turns (default: the recipe's)")
     p.add_argument("--skip-step", action="store_true", help="skip the end-to-end outer step")
+    p.add_argument("--skip-update", action="store_true", help="skip the update's before vs after")
     p.add_argument("--update-child", nargs=2, default=None, help=argparse_hidden())
     p.add_argument("overrides", nargs="*", help="more Hydra overrides of the recipe (after --)")
     args = p.parse_args()
@@ -203,12 +205,14 @@ def main() -> None:
     C.table([("one by one", s["one_by_one_s"]), ("together", s["together_s"])], ("sampling", "seconds"))
     print(f"same episodes both ways: {s['same_episodes']} of {s['episodes']}; {s['turns']} turns, "
           f"{s['tokens_out']} tokens sampled, {s['tokens_in']} prompt tokens", flush=True)
-    print("2. the update of the same episodes, before vs after ...", flush=True)
-    results["update"] = u = update_side(rows_file, overrides)
-    C.table([(side, u[side].get("peak_rss_gb"), u[side].get("seconds"), u[side].get("loss"), u[side].get("error", ""))
-             for side in u], ("update", "peak RSS GB", "seconds", "loss", ""))
     claims = [C.ratio("agent_sampling_batched", s["one_by_one_s"] / max(s["together_s"], 1e-9), ">= 3")]
-    before = next((u[k] for k in ("before", "before_1row") if "error" not in u[k]), None)
+    u: dict = {}
+    if not args.skip_update:
+        print("2. the update of the same episodes, before vs after ...", flush=True)
+        results["update"] = u = update_side(rows_file, overrides)
+        C.table([(side, u[side].get("peak_rss_gb"), u[side].get("seconds"), u[side].get("loss"),
+                  u[side].get("error", "")) for side in u], ("update", "peak RSS GB", "seconds", "loss", ""))
+    before = next((u[k] for k in ("before", "before_1row") if k in u and "error" not in u[k]), None)
     if before is not None and "error" not in u["after"]:
         # Against the least memory the old update needs on these episodes (one row a micro-batch when the
         # recipe's rows did not fit in the machine at all).
