@@ -166,34 +166,3 @@ def test_a_step_shares_its_common_prompt_once(backend):
     sampled = sum(len(g.token_ids) for g in out)
     assert shared > 20
     assert sum(fed) <= shared + sum(len(p) - shared for p in prompts) + sampled
-
-
-@pytest.mark.parametrize("crop", [64, 1])
-def test_a_turn_joins_the_running_batch_and_samples_what_it_samples_alone(backend, plain, monkeypatch, crop):
-    """``generate_stream``: a conversation's next turn (a longer prompt than the running batch holds) joins while
-    another row is still sampling; both get the tokens and log-probs they get alone, with or without cutting
-    the masked columns the rows that left leave behind."""
-    from agent_trainer.outer_loop.agents import local
-
-    monkeypatch.setattr(local._Batch, "CROP", crop)
-    backend.forget()
-    long_row = SampleRequest([{"role": "user", "content": "Train a model."}], None, 1.0, 60, 21)
-    short = SampleRequest([{"role": "user", "content": "sort: 3 1 2"}], None, 1.0, 3, 22)
-    answers: dict[int, list] = {0: [], 1: []}
-
-    def on_answer(i, gen):
-        answers[i].append(gen)
-        if i == 1 and len(answers[1]) == 1:   # the short row's next turn: its conversation and a long message
-            return SampleRequest(short.messages + [gen.as_message(), {"role": "user", "content": "and " * 80}],
-                                 None, 0.8, 10, 23)
-        return None
-
-    backend.generate_stream([long_row, short], on_answer)
-    follow = SampleRequest(short.messages + [answers[1][0].as_message(), {"role": "user", "content": "and " * 80}],
-                           None, 0.8, 10, 23)
-    assert len(answers[0][0].token_ids) > len(answers[1][0].token_ids) + 10, "the follow-up joined mid-turn"
-    for got, r in ((answers[0][0], long_row), (answers[1][0], short), (answers[1][1], follow)):
-        alone = plain.generate(r.messages, None, temperature=r.temperature, max_new_tokens=r.max_new_tokens,
-                               seed=r.seed)
-        assert got.token_ids == alone.token_ids
-        assert torch.allclose(torch.tensor(got.logprobs), torch.tensor(alone.logprobs), atol=1e-5)

@@ -119,17 +119,6 @@ class AgentBackend(ABC):
                                 thread_name_prefix="agent-turns") as pool:
             return list(pool.map(one, requests))
 
-    def generate_stream(self, requests: list[SampleRequest], on_answer) -> None:
-        """Sample each request's turn; ``on_answer(i, answer)`` is called with request i's ``Generation`` (or
-        ``BackendError``) and may return the next request of the same conversation, which is sampled in turn.
-        The default goes in rounds of ``generate_batch``; the local backend batches continuously (a conversation's
-        next turn joins the running batch as soon as its last one ends)."""
-        pending = list(enumerate(requests))
-        while pending:
-            answers = self.generate_batch([r for _, r in pending])
-            follow = [(i, on_answer(i, answer)) for (i, _), answer in zip(pending, answers)]
-            pending = [(i, r) for i, r in follow if r is not None]
-
     def close(self) -> None:
         """Release resources (engines, HTTP clients); the default has none."""
 

@@ -15,8 +15,6 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-from collections import deque
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -119,57 +117,30 @@ class LocalBackend(AgentBackend):
 
     def generate_batch(self, requests: list) -> list[Generation | BackendError]:
         """One turn for each request (``messages``, ``tools``, ``temperature``, ``max_new_tokens``, ``seed``),
-        sampled together (``generate_stream``). A request that cannot be sampled gets its ``BackendError`` in
-        its place."""
+        sampled together: the prompts left-padded into one batch, one KV cache, each row stopping at its own
+        end of turn or token budget and leaving the batch then. Row i draws from its own generator seeded with
+        its ``seed``, so a row's tokens and log-probs are those ``generate`` gives it alone (within float
+        noise of the padded batch). A request that cannot be sampled gets its ``BackendError`` in its place."""
         out: list[Generation | BackendError | None] = [None] * len(requests)
-
-        def keep(i: int, answer) -> None:
-            out[i] = answer
-
-        self.generate_stream(requests, keep)
-        return out  # type: ignore[return-value]
-
-    def generate_stream(self, requests: list, on_answer) -> None:
-        """Continuous batching: the requests' rows are sampled together from one KV cache, and a row that ends
-        its turn leaves the batch at once; ``on_answer(i, answer)`` is called then, and the next request of
-        conversation ``i`` it returns (if any) joins the running batch at the next step, from the finished
-        row's stored keys and values. Row i draws from its own generator seeded with its request's ``seed``,
-        so its tokens and log-probs are those ``generate`` gives it alone (within float noise of the padded
-        batch). At most ``max_batch`` rows sample at once; the others wait their turn."""
-        queue = deque(enumerate(requests))
-        batch = _Batch()
-        while queue or batch.rows:
-            admit: list[_Row] = []
-            while queue and len(batch.rows) + len(admit) < self.max_batch:
-                key, request = queue.popleft()
-                row = self._row(key, request)
-                if isinstance(row, BackendError):
-                    nxt = on_answer(key, row)
-                    if nxt is not None:
-                        queue.append((key, nxt))
-                else:
-                    admit.append(row)
-            if admit:
-                self._admit(batch, admit)
-            if not batch.rows:
+        rows: list[tuple[int, list[int], float, int, int | None]] = []
+        for i, r in enumerate(requests):
+            if r.temperature < 0:
+                out[i] = BackendError(f"temperature must be >= 0 (0 = greedy), got {r.temperature}")
                 continue
-            for row in self._step(batch):
-                nxt = on_answer(row.key, self._generation(row.prompt, row.ids, row.lps))
-                if nxt is not None:
-                    queue.append((row.key, nxt))
-
-    def _row(self, key: int, r: SampleRequest) -> "_Row | BackendError":
-        """A request's batch row (its rendered prompt, token budget and seeded generator), or why it cannot be."""
-        if r.temperature < 0:
-            return BackendError(f"temperature must be >= 0 (0 = greedy), got {r.temperature}")
-        prompt = self.render(r.messages, r.tools)
-        room = self.max_positions - len(prompt)
-        if room <= 0:
-            return BackendError(f"the conversation is {len(prompt)} tokens, the model's context is "
-                                f"{self.max_positions}; shorten tool outputs or lower max_turns")
-        g = torch.Generator(device=self.device)
-        g.manual_seed(int(r.seed)) if r.seed is not None else g.seed()
-        return _Row(key, prompt, float(r.temperature), min(int(r.max_new_tokens), room), g)
+            prompt = self.render(r.messages, r.tools)
+            room = self.max_positions - len(prompt)
+            if room <= 0:
+                out[i] = BackendError(f"the conversation is {len(prompt)} tokens, the model's context is "
+                                      f"{self.max_positions}; shorten tool outputs or lower max_turns")
+                continue
+            rows.append((i, prompt, float(r.temperature), min(int(r.max_new_tokens), room), r.seed))
+        for start in range(0, len(rows), self.max_batch):
+            chunk = rows[start: start + self.max_batch]
+            sampled = self._sample_batch([p for _, p, _, _, _ in chunk], [t for _, _, t, _, _ in chunk],
+                                         [n for _, _, _, n, _ in chunk], [sd for _, _, _, _, sd in chunk])
+            for (i, prompt, _, _, _), (ids, lps) in zip(chunk, sampled):
+                out[i] = self._generation(prompt, ids, lps)
+        return out  # type: ignore[return-value]
 
     def _generation(self, prompt: list[int], ids: list[int], lps: list[float]) -> Generation:
         finished = bool(ids) and ids[-1] in self.stop_ids
@@ -239,151 +210,67 @@ class LocalBackend(AgentBackend):
         self.prefixes.add(tokens, [(k[row][:, real].clone(), v[row][:, real].clone()) for k, v, *_ in cache])
 
     @torch.no_grad()
-    def _admit(self, batch: "_Batch", rows: list["_Row"]) -> None:
-        """Add ``rows`` to ``batch``: each starts from its longest stored prefix (``PrefixCache``: its
-        conversation's earlier turns, the prompt every episode shares), its other prompt tokens but the last run
-        here together; the last is fed at the batch's next step. Layout of a row: [padding][its cached
+    def _sample_batch(self, prompts: list[list[int]], temperatures: list[float], budgets: list[int],
+                      seeds: list[int | None]) -> list[tuple[list[int], list[float]]]:
+        """Sample rows together from one KV cache, one token a row a step.
+
+        A row starts from its longest stored prefix (``PrefixCache``: its conversation's earlier turns, the
+        prompt every episode shares), so only its new tokens are run. Layout of row i: [padding][its cached
         prefix][padding][its new tokens], padding masked out and position ids counting real tokens only, so a
-        row sees what it would see alone. The new rows' cache and the batch's are left-padded to one length."""
-        found = self._prefixes_for([r.prompt for r in rows])
+        row sees what it would see alone. The LM head runs on each row's last position only; a finished row's
+        keys and values are stored as a prefix for its next turn, and it leaves the batch and its cache."""
+        n = len(prompts)
+        gens = []
+        for sd in seeds:
+            g = torch.Generator(device=self.device)
+            g.manual_seed(int(sd)) if sd is not None else g.seed()
+            gens.append(g)
+        found = self._prefixes_for(prompts)
         cached = max(k for _, k in found)
-        new = [r.prompt[k:-1] for r, (_, k) in zip(rows, found)]
+        new = [p[k:] for p, (_, k) in zip(prompts, found)]
         width = max(len(x) for x in new)
-        n, dev = len(rows), self.device
-        attn = torch.zeros((n, cached + width), dtype=torch.long, device=dev)
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        inp = torch.full((n, width), pad, dtype=torch.long, device=self.device)
+        attn = torch.zeros((n, cached + width), dtype=torch.long, device=self.device)
+        pos = torch.zeros((n, width), dtype=torch.long, device=self.device)
         for r, (x, (_, k)) in enumerate(zip(new, found)):
+            inp[r, width - len(x):] = torch.tensor(x, device=self.device)
             attn[r, cached - k: cached] = 1
             attn[r, cached + width - len(x):] = 1
-        cache = self._cache_of(found, cached) if cached else None
-        if width:
-            pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-            inp = torch.full((n, width), pad, dtype=torch.long, device=dev)
-            pos = torch.zeros((n, width), dtype=torch.long, device=dev)
-            for r, (x, (_, k)) in enumerate(zip(new, found)):
-                if x:
-                    inp[r, width - len(x):] = torch.tensor(x, device=dev)
-                    pos[r, width - len(x):] = torch.arange(k, k + len(x), device=dev)
-            out = self.model(input_ids=inp, attention_mask=attn, position_ids=pos, use_cache=True, logits_to_keep=1,
-                             **({_cache_kw(): cache} if cache is not None else {}))
-            cache = getattr(out, _cache_kw())
-        layers = [(k, v) for k, v, *_ in cache] if cache is not None else None
-        batch.join(rows, layers, attn, torch.tensor([r.prompt[-1] for r in rows], device=dev),
-                   torch.tensor([len(r.prompt) - 1 for r in rows], device=dev))
-
-    @torch.no_grad()
-    def _step(self, batch: "_Batch") -> list["_Row"]:
-        """One token for every row of ``batch``; returns the rows that ended their turn (their keys and values
-        stored as a prefix for their next turn), which leave the batch and its cache."""
-        attn = torch.cat([batch.attn, batch.attn.new_ones((len(batch.rows), 1))], dim=-1)
-        out = self.model(input_ids=batch.next_tok.view(-1, 1), attention_mask=attn,
-                         position_ids=batch.next_pos.view(-1, 1), use_cache=True, logits_to_keep=1,
-                         **({_cache_kw(): batch.cache} if batch.cache is not None else {}))
-        batch.cache, batch.attn = getattr(out, _cache_kw()), attn
-        logits = out.logits[:, -1].float()
-        keep: list[int] = []
-        done: list[_Row] = []
-        for j, row in enumerate(batch.rows):
-            if row.temperature > 0:
-                logp = torch.log_softmax(logits[j] / row.temperature, dim=-1)
-                tok = int(torch.multinomial(logp.exp(), 1, generator=row.gen))
-            else:
-                logp = torch.log_softmax(logits[j], dim=-1)
-                tok = int(logp.argmax())
-            row.ids.append(tok)
-            row.lps.append(float(logp[tok]))
-            if tok not in self.stop_ids and len(row.ids) < row.budget:
-                keep.append(j)
-            else:
-                done.append(row)
-                if self.prefixes is not None:
-                    self._store_row(batch.cache, j, attn[j], row.prompt + row.ids[:-1])
-        batch.next_tok = torch.tensor([batch.rows[j].ids[-1] for j in keep], dtype=torch.long, device=self.device)
-        batch.next_pos = batch.next_pos[keep] + 1 if keep else batch.next_pos[:0]
-        if done:
-            batch.select(keep)
-        return done
-
-
-@dataclass
-class _Row:
-    """One conversation's turn in the running batch: its prompt, budget, generator and what it sampled so far."""
-
-    key: int
-    prompt: list[int]
-    temperature: float
-    budget: int
-    gen: torch.Generator
-    ids: list[int] = field(default_factory=list)
-    lps: list[float] = field(default_factory=list)
-
-
-class _Batch:
-    """The rows sampling together: one KV cache (``[rows, kv_heads, positions, head_dim]`` a layer), the
-    attention mask over its positions, and each row's next input token and its position id."""
-
-    # Masked positions every row has on the left are cut off once there are this many (rows that left).
-    CROP = 64
-
-    def __init__(self):
-        self.rows: list[_Row] = []
-        self.cache = None
-        self.attn = torch.zeros((0, 0), dtype=torch.long)
-        self.next_tok = torch.zeros(0, dtype=torch.long)
-        self.next_pos = torch.zeros(0, dtype=torch.long)
-
-    def layers(self) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
-        return [(k, v) for k, v, *_ in self.cache] if self.cache is not None else None
-
-    def join(self, rows: list[_Row], layers, attn: torch.Tensor, next_tok: torch.Tensor,
-             next_pos: torch.Tensor) -> None:
-        """Append ``rows`` (their own cache ``layers`` and mask ``attn``), left-padding the shorter side."""
-        from transformers import DynamicCache
-
-        if not self.rows:
-            self.rows, self.attn, self.next_tok, self.next_pos = list(rows), attn, next_tok, next_pos
-            self.cache = DynamicCache(layers) if layers is not None else None
-            return
-        width = max(self.attn.shape[1], attn.shape[1])
-        old, merged = self.layers(), None
-        ref = old if old is not None else layers
-        if ref is not None:
-            merged = []
-            for i, (k_ref, v_ref) in enumerate(ref):
-                parts = [(src[i] if src is not None else (None, None), n)
-                         for src, n in ((old, len(self.rows)), (layers, len(rows)))]
-                merged.append((torch.cat([_left_pad(kv[0], width, k_ref, n) for kv, n in parts]),
-                               torch.cat([_left_pad(kv[1], width, v_ref, n) for kv, n in parts])))
-        self.attn = torch.cat([_left_pad_mask(self.attn, width), _left_pad_mask(attn, width)])
-        self.cache = DynamicCache(merged) if merged is not None else None
-        self.rows += rows
-        self.next_tok = torch.cat([self.next_tok, next_tok])
-        self.next_pos = torch.cat([self.next_pos, next_pos])
-
-    def select(self, keep: list[int]) -> None:
-        """Keep rows ``keep`` only (in that order); cut the masked columns every kept row has on the left."""
-        from transformers import DynamicCache
-
-        self.rows = [self.rows[j] for j in keep]
-        if not keep:
-            self.cache, self.attn = None, self.attn[:0, :0]
-            return
-        sel = torch.tensor(keep, device=self.attn.device)
-        self.attn = self.attn[sel]
-        self.cache.batch_select_indices(sel)
-        first = int((self.attn.sum(0) > 0).nonzero()[0])
-        if first >= self.CROP:
-            self.attn = self.attn[:, first:]
-            self.cache = DynamicCache([(k[:, :, first:], v[:, :, first:]) for k, v, *_ in self.cache])
-
-
-def _left_pad(t: torch.Tensor | None, width: int, like: torch.Tensor, rows: int) -> torch.Tensor:
-    """``t`` (``[rows, heads, positions, dim]``; None: no positions) with zeros prepended up to ``width``."""
-    if t is None:
-        return like.new_zeros((rows, like.shape[1], width, like.shape[3]))
-    if t.shape[2] == width:
-        return t
-    return torch.cat([t.new_zeros((t.shape[0], t.shape[1], width - t.shape[2], t.shape[3])), t], dim=2)
-
-
-def _left_pad_mask(m: torch.Tensor, width: int) -> torch.Tensor:
-    return m if m.shape[1] == width else torch.cat([m.new_zeros((m.shape[0], width - m.shape[1])), m], dim=1)
+            pos[r, width - len(x):] = torch.arange(k, k + len(x), device=self.device)
+        ids: list[list[int]] = [[] for _ in range(n)]
+        lps: list[list[float]] = [[] for _ in range(n)]
+        active = list(range(n))          # rows still sampling, in cache order
+        cache, cache_kw = (self._cache_of(found, cached) if cached else None), _cache_kw()
+        while active:
+            out = self.model(input_ids=inp, attention_mask=attn, position_ids=pos, use_cache=True,
+                             logits_to_keep=1, **{cache_kw: cache})
+            cache = getattr(out, cache_kw)
+            logits = out.logits[:, -1].float()
+            keep: list[int] = []
+            for j, r in enumerate(active):
+                t = temperatures[r]
+                if t > 0:
+                    logp = torch.log_softmax(logits[j] / t, dim=-1)
+                    tok = int(torch.multinomial(logp.exp(), 1, generator=gens[r]))
+                else:
+                    logp = torch.log_softmax(logits[j], dim=-1)
+                    tok = int(logp.argmax())
+                ids[r].append(tok)
+                lps[r].append(float(logp[tok]))
+                if tok not in self.stop_ids and len(ids[r]) < budgets[r]:
+                    keep.append(j)
+                elif self.prefixes is not None:
+                    self._store_row(cache, j, attn[j], prompts[r] + ids[r][:-1])
+            if not keep:
+                break
+            last_pos = pos[:, -1:]
+            if len(keep) < len(active):
+                sel = torch.tensor(keep, device=self.device)
+                cache.batch_select_indices(sel)
+                attn, last_pos = attn[sel], last_pos[sel]
+                active = [active[j] for j in keep]
+            inp = torch.tensor([[ids[r][-1]] for r in active], device=self.device)
+            attn = torch.cat([attn, attn.new_ones((len(active), 1))], dim=-1)
+            pos = last_pos + 1
+        return list(zip(ids, lps))

@@ -340,35 +340,32 @@ def reward_metrics(reward: dict[str, Any]) -> dict[str, float]:
 
 
 def play_together(episodes: list[Episode], on_end=None) -> None:
-    """Play episodes together: the turns of every live episode that shares a backend are sampled in one stream
-    (``AgentBackend.generate_stream``: a continuous batch locally, rounds of concurrent requests to a server);
-    as soon as an episode's turn is sampled it runs its tool calls, and its next turn joins the stream. An
-    episode that ends (or waits for a job) leaves, and ``on_end(episode)`` is called then, while the others
-    go on."""
-    def next_of(ep: Episode) -> SampleRequest | None:
-        request = ep.next_request()
-        if request is None:
-            ep.settle()
-            if on_end is not None:
-                on_end(ep)
-        return request
-
-    by_backend: dict[int, list[Episode]] = {}
-    for ep in episodes:
-        by_backend.setdefault(id(ep.backend), []).append(ep)
-    for group in by_backend.values():
-        live = [(ep, r) for ep in group if (r := next_of(ep)) is not None]
-
-        def answered(i: int, answer) -> SampleRequest | None:
-            ep = live[i][0]
-            if isinstance(answer, BackendError):
-                ep.fail_turn(answer)
+    """Play episodes turn by turn, together: each round, the next turn of every live episode that shares a
+    backend is sampled in one call (``AgentBackend.generate_batch``: one padded batch locally, concurrent
+    requests to a server), then each episode runs its tool calls. An episode that ends (or waits for a job)
+    leaves the rounds, and ``on_end(episode)`` is called then, while the others go on."""
+    live = list(episodes)
+    while live:
+        asked: list[tuple[Episode, SampleRequest]] = []
+        for ep in live:
+            request = ep.next_request()
+            if request is None:
+                ep.settle()
+                if on_end is not None:
+                    on_end(ep)
             else:
-                ep.take_turn(answer)
-            return next_of(ep)
-
-        if live:
-            group[0].backend.generate_stream([r for _, r in live], answered)
+                asked.append((ep, request))
+        live = [ep for ep, _ in asked]
+        by_backend: dict[int, list[tuple[Episode, SampleRequest]]] = {}
+        for ep, request in asked:
+            by_backend.setdefault(id(ep.backend), []).append((ep, request))
+        for pairs in by_backend.values():
+            answers = pairs[0][0].backend.generate_batch([r for _, r in pairs])
+            for (ep, _), answer in zip(pairs, answers):
+                if isinstance(answer, BackendError):
+                    ep.fail_turn(answer)
+                else:
+                    ep.take_turn(answer)
 
 
 def play_all(episodes: list[Episode], run_jobs, on_end=None) -> None:
