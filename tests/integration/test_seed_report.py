@@ -15,6 +15,8 @@ from agent_trainer.config import compose_config
 from agent_trainer.tracking import Tracker, metric_key
 
 STEPS = 6
+# seed -> the training gain's interval (at-train logs it at the last step, from the episodes)
+TRAIN_CI = {0: (0.05, 0.29), 1: (-0.05, 0.17), 2: (0.08, 0.34)}
 # seed -> (reward per step, held-out start, held-out end, paired gain and interval)
 RUNS = {
     0: ([0.30, 0.32, 0.34, 0.45, 0.50, 0.52], 0.20, 0.30, (0.10, 0.04, 0.16)),
@@ -36,7 +38,8 @@ def _log_run(uri: str, tmp: Path, seed: int, lr: float = 2e-3) -> str:
             if step == 0:
                 m.update(heldout_reward_mean=start, heldout_reward_lo=start - 0.05, heldout_reward_hi=start + 0.05)
             if step == STEPS - 1:
-                m.update(heldout_gain=gain, heldout_gain_lo=glo, heldout_gain_hi=ghi)
+                m.update(heldout_gain=gain, heldout_gain_lo=glo, heldout_gain_hi=ghi,
+                         reward_gain_lo=TRAIN_CI[seed][0], reward_gain_hi=TRAIN_CI[seed][1])
             tr.log_metrics({metric_key(k): v for k, v in m.items()}, step=step)
         tr.log_metrics({metric_key("heldout_reward_mean"): end, metric_key("heldout_reward_lo"): end - 0.05,
                         metric_key("heldout_reward_hi"): end + 0.05}, step=STEPS)   # the end: after the last update
@@ -82,6 +85,7 @@ def test_seed_report_rows_and_mean(store, capsys):
         gains.append(last - first)
         assert float(r["reward_first3"]) == pytest.approx(first) and float(r["reward_last3"]) == pytest.approx(last)
         assert float(r["reward_gain"]) == pytest.approx(last - first)
+        assert (float(r["reward_gain_lo"]), float(r["reward_gain_hi"])) == pytest.approx(TRAIN_CI[int(r["seed"])])
         assert float(r["heldout_start"]) == pytest.approx(start) and float(r["heldout_end"]) == pytest.approx(end)
         assert float(r["heldout_start_lo"]) == pytest.approx(start - 0.05)
         assert float(r["heldout_end_hi"]) == pytest.approx(end + 0.05)
@@ -95,10 +99,11 @@ def test_seed_report_rows_and_mean(store, capsys):
     assert float(rows[4]["reward_gain"]) == pytest.approx(statistics.stdev(gains))
     assert float(rows[3]["heldout_gain"]) == pytest.approx(statistics.fmean(g for *_, (g, _, _) in RUNS.values()))
     md = (store / "cmp" / "seeds.md").read_text()
-    assert "| 0 | 0.320 -> 0.490 | +0.170 | 0.200 [0.150, 0.250] | 0.300 [0.250, 0.350] | +0.100 [+0.040, +0.160] |" in md
+    assert "| 0 | 0.320 -> 0.490 | +0.170 [+0.050, +0.290] | 0.200 [0.150, 0.250] | 0.300 [0.250, 0.350] | +0.100 [+0.040, +0.160] |" in md
     assert "**mean ± sd (3 seeds)**" in md
     # seed 0 gains 0.170, seed 1 0.060, seed 2 0.213: two above 0.10; held-out intervals above 0: seeds 0 and 2
-    assert "training gain above 0.10: **2 of 3**" in md and "lies above 0: **2 of 3**" in md
+    assert "training gain above 0.10: **2 of 3**" in md and "held-out gain interval lies above 0: **2 of 3**" in md
+    assert "training gain interval lies above 0: **2 of 3**" in md   # seeds 0 and 2
     assert md in capsys.readouterr().out, "at-compare prints the seed report"
 
 

@@ -126,3 +126,42 @@ def test_plot_points_and_file(tmp_path):
     assert heldout_points([{"step": 4, "reward_mean": 0.2, "heldout_reward_mean": 0.1}]) == [(4, 0.1, None, None)]
     paths = write_training_plots(rows, tmp_path)
     assert (tmp_path / "heldout.png").read_bytes()[:4] == b"\x89PNG" and len(paths) == 3
+
+
+def test_unpaired_ci_excludes_zero_for_a_clear_shift_and_includes_it_for_none():
+    from agent_trainer.outer_loop.report.bootstrap import diff_ci
+
+    before = [0.1, 0.3, 0.2, 0.25, 0.15, 0.2, 0.3, 0.1]
+    gain, lo, hi = diff_ci(before, [x + 0.3 for x in reversed(before)])
+    assert gain == pytest.approx(0.3) and 0 < lo < 0.3 < hi
+    _, lo0, hi0 = diff_ci(before, list(reversed(before)))
+    assert lo0 < 0 < hi0
+    assert diff_ci(before, before) == diff_ci(before, before), "reproducible"
+    with pytest.raises(ValueError):
+        diff_ci([], [0.3])
+
+
+def test_training_gain_reads_the_episodes_of_the_first_and_last_steps(tmp_path):
+    """The interval is over the first and last 3 steps' training episodes; held-out and excluded ones are left out."""
+    import json
+
+    from agent_trainer.outer_loop.report.bootstrap import diff_ci
+    from agent_trainer.outer_loop.rl.train import training_gain
+
+    def episode(name, total, excluded=False):
+        (tmp_path / "episodes" / name).mkdir(parents=True)
+        (tmp_path / "episodes" / name / "summary.json").write_text(
+            json.dumps({"reward": {"total": total, "excluded": excluded}}))
+
+    first, last = [0.1, 0.2, 0.15, 0.05, 0.2, 0.1], [0.5, 0.4, 0.6, 0.45, 0.55, 0.5]
+    for step in range(7):
+        values = first[2 * step: 2 * step + 2] if step < 3 else last[2 * (step - 4): 2 * (step - 4) + 2] \
+            if step > 3 else [0.9, 0.9]
+        for i, v in enumerate(values):
+            episode(f"s{step:04d}-train-calc_chain_v1_tiny-{i}", v)
+    episode("s0000-heldout-triage_v1_tiny-0", 1.0)
+    episode("s0006-train-sort_numbers_v1_tiny-9", 0.0, excluded=True)
+    got = training_gain(tmp_path, steps=7)
+    _, lo, hi = diff_ci(first, last)
+    assert got == {"reward_gain_lo": lo, "reward_gain_hi": hi} and lo > 0
+    assert training_gain(tmp_path, steps=5) == {}, "under 2 x 3 steps the sides would overlap"

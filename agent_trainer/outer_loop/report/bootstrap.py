@@ -53,3 +53,18 @@ def episodes_for(sd_diff: float, change: float, z: float = 1.96) -> int:
     import math
 
     return max(2, math.ceil((z * sd_diff / change) ** 2))
+
+
+def diff_ci(before: Sequence[float], after: Sequence[float], resamples: int = RESAMPLES, level: float = LEVEL,
+            seed: int = 0) -> tuple[float, float, float]:
+    """``(mean(after) - mean(before), lo, hi)``: each side resampled on its own (different episodes, no pairs)."""
+    import numpy as np
+
+    a, b = np.asarray(before, dtype=float), np.asarray(after, dtype=float)
+    if a.size == 0 or b.size == 0:
+        raise ValueError(f"need values on both sides, got {a.size} before and {b.size} after")
+    rng = np.random.default_rng(seed)
+    diffs = (b[rng.integers(0, b.size, size=(resamples, b.size))].mean(axis=1)
+             - a[rng.integers(0, a.size, size=(resamples, a.size))].mean(axis=1))
+    lo, hi = np.quantile(diffs, [(1 - level) / 2, (1 + level) / 2])
+    return float(b.mean() - a.mean()), float(lo), float(hi)

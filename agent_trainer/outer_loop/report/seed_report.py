@@ -21,7 +21,8 @@ GAIN_BAR = 0.10  # the training gain a seed should clear
 NUMBERS = ("reward_first3", "reward_last3", "reward_gain", "heldout_start", "heldout_end", "heldout_gain",
            "share_algorithm_sft_first3", "share_algorithm_sft_last3", "valid_first_try_first3",
            "valid_first_try_last3")
-CSV_COLUMNS = ("setting", "seed", "run", "run_id", *NUMBERS[:4], "heldout_start_lo", "heldout_start_hi",
+CSV_COLUMNS = ("setting", "seed", "run", "run_id", *NUMBERS[:3], "reward_gain_lo", "reward_gain_hi", NUMBERS[3],
+               "heldout_start_lo", "heldout_start_hi",
                "heldout_end", "heldout_end_lo", "heldout_end_hi", "heldout_gain", "heldout_gain_lo",
                "heldout_gain_hi", *NUMBERS[6:])
 
@@ -59,7 +60,7 @@ def seed_row(run: RunData) -> dict[str, Any]:
         row[f"heldout_{name}"] = _at(held, step)
         row[f"heldout_{name}_lo"] = _at(h.get("heldout_reward_lo"), step)
         row[f"heldout_{name}_hi"] = _at(h.get("heldout_reward_hi"), step)
-    for key in ("heldout_gain", "heldout_gain_lo", "heldout_gain_hi"):
+    for key in ("reward_gain_lo", "reward_gain_hi", "heldout_gain", "heldout_gain_lo", "heldout_gain_hi"):
         row[key] = run.metrics.get(key)
     # at-train logs a choice's share only at steps where some episode made it: a missing step is 0
     sft = dict(h.get("share_algorithm_sft") or [])
@@ -77,6 +78,7 @@ def summary_row(rows: Sequence[dict]) -> dict[str, Any]:
         out[f"{key}_mean"] = statistics.fmean(vals) if vals else None
         out[f"{key}_sd"] = statistics.stdev(vals) if len(vals) > 1 else None
     out["gain_above_bar"] = sum(1 for r in rows if r.get("reward_gain") is not None and r["reward_gain"] > GAIN_BAR)
+    out["gain_above_0"] = sum(1 for r in rows if r.get("reward_gain_lo") is not None and r["reward_gain_lo"] > 0)
     known = [r["heldout_gain_lo"] for r in rows if r.get("heldout_gain_lo") is not None]
     out["heldout_gain_above_0"], out["heldout_gain_known"] = sum(1 for lo in known if lo > 0), len(known)
     return out
@@ -123,7 +125,8 @@ MD_HEADER = ("seed", "reward first3 -> last3", "training gain", "held-out start 
 def markdown(groups: Sequence[tuple[str, list[dict], dict]]) -> str:
     """``seeds.md``: per setting, a row per seed and the mean ± sd row."""
     lines = ["# Seeds", "",
-             f"Training gain: mean reward of the last {K} steps minus the first {K}. Held-out: the same episode "
+             f"Training gain: mean reward of the last {K} steps minus the first {K}, its interval a bootstrap over "
+             "those steps' episodes (each side resampled on its own). Held-out: the same episode "
              "seeds at the start (before any update) and the end (after the last update); the gain is their "
              "paired difference, its interval a paired bootstrap over episodes (2000 resamples).", ""]
     for name, rows, s in groups:
@@ -131,7 +134,8 @@ def markdown(groups: Sequence[tuple[str, list[dict], dict]]) -> str:
             lines += [f"## {name}", ""]
         lines += ["| " + " | ".join(MD_HEADER) + " |", "|" + "---|" * len(MD_HEADER)]
         for r in rows:
-            cells = (str(r["seed"]), _arrow(r["reward_first3"], r["reward_last3"]), _num(r["reward_gain"], True),
+            cells = (str(r["seed"]), _arrow(r["reward_first3"], r["reward_last3"]),
+                     _ci(r["reward_gain"], r["reward_gain_lo"], r["reward_gain_hi"], True),
                      _ci(r["heldout_start"], r["heldout_start_lo"], r["heldout_start_hi"]),
                      _ci(r["heldout_end"], r["heldout_end_lo"], r["heldout_end_hi"]),
                      _ci(r["heldout_gain"], r["heldout_gain_lo"], r["heldout_gain_hi"], True),
@@ -144,7 +148,8 @@ def markdown(groups: Sequence[tuple[str, list[dict], dict]]) -> str:
                  f"{_pm(s, 'share_algorithm_sft_first3')} -> {_pm(s, 'share_algorithm_sft_last3')}",
                  f"{_pm(s, 'valid_first_try_first3')} -> {_pm(s, 'valid_first_try_last3')}", "")
         lines += ["| " + " | ".join(f"**{c}**" if c else c for c in cells) + " |", "",
-                  f"Seeds with a training gain above {GAIN_BAR:.2f}: **{s['gain_above_bar']} of {s['seeds']}**. "
+                  f"Seeds with a training gain above {GAIN_BAR:.2f}: **{s['gain_above_bar']} of {s['seeds']}**; "
+                  f"whose training gain interval lies above 0: **{s['gain_above_0']} of {s['seeds']}**. "
                   f"Seeds whose held-out gain interval lies above 0: **{s['heldout_gain_above_0']} of "
                   f"{s['heldout_gain_known']}** with a held-out gain.", ""]
     return "\n".join(lines)

@@ -375,6 +375,8 @@ class Trainer:
             if start is not None:
                 metrics.update(heldout.gain_metrics(start[heldout.PREFIX + heldout.REWARDS],
                                                     end[heldout.END_PREFIX + heldout.REWARDS]))
+        if step == self.s.steps - 1:   # the last step: the training gain's interval, over the episodes
+            metrics.update(training_gain(self.run_dir, self.s.steps))
         metrics["seconds_step"] = time.time() - t0
         return metrics
 
@@ -521,6 +523,30 @@ def log_episode_run(tracker, summary: dict[str, Any], step: int) -> None:
         ep.log_metrics(metrics, step=step)
 
 
+def training_gain(run_dir: Path, steps: int, k: int = 3) -> dict[str, float]:
+    """``reward_gain_lo`` / ``_hi``: the bootstrap 95% interval of the last ``k`` steps' training episodes' mean
+    reward minus the first ``k`` steps' (each side resampled on its own; excluded episodes left out), read from
+    the episodes' ``summary.json``; {} under ``2 k`` steps."""
+    from agent_trainer.outer_loop.report.bootstrap import diff_ci
+
+    def rewards(step_range) -> list[float]:
+        out = []
+        for s in step_range:
+            for f in sorted((Path(run_dir) / "episodes").glob(f"s{s:04d}-train-*/summary.json")):
+                r = json.loads(f.read_text()).get("reward") or {}
+                if not r.get("excluded") and isinstance(r.get("total"), (int, float)):
+                    out.append(float(r["total"]))
+        return out
+
+    if steps < 2 * k:
+        return {}
+    first, last = rewards(range(k)), rewards(range(steps - k, steps))
+    if not first or not last:
+        return {}
+    _, lo, hi = diff_ci(first, last)
+    return {"reward_gain_lo": lo, "reward_gain_hi": hi}
+
+
 def summarize(rows: list[dict], k: int = 3) -> dict[str, Any]:
     """First-k and last-k mean reward, their gap, the held-out start, end and paired gain (each with its
     95% interval, ``agent_trainer.outer_loop.rl.heldout.summary``), and how the choices moved."""
@@ -535,6 +561,8 @@ def summarize(rows: list[dict], k: int = 3) -> dict[str, Any]:
     out = {"steps": len(rows), f"reward_first{k}": mean(first, "reward_mean"),
            f"reward_last{k}": mean(last, "reward_mean")}
     out["reward_gain"] = out[f"reward_last{k}"] - out[f"reward_first{k}"]
+    if "reward_gain_lo" in rows[-1]:
+        out["reward_gain_ci"] = [rows[-1]["reward_gain_lo"], rows[-1]["reward_gain_hi"]]
     out.update(heldout.summary(rows))
     for key in sorted({k2 for r in rows for k2 in r if k2.startswith("share_") or k2 == "valid_first_try"}):
         out[f"{key}_first{k}"] = mean(first, key)
