@@ -154,9 +154,9 @@ def test_training_gain_reads_the_episodes_of_the_first_and_last_steps(tmp_path):
             json.dumps({"reward": {"total": total, "excluded": excluded}}))
 
     first, last = [0.1, 0.2, 0.15, 0.05, 0.2, 0.1], [0.5, 0.4, 0.6, 0.45, 0.55, 0.5]
-    for step in range(7):
-        values = first[2 * step: 2 * step + 2] if step < 3 else last[2 * (step - 4): 2 * (step - 4) + 2] \
-            if step > 3 else [0.9, 0.9]
+    per_step = {0: first[0:2], 1: first[2:4], 2: first[4:6], 3: [0.9, 0.9],   # step 3 is in neither side
+                4: last[0:2], 5: last[2:4], 6: last[4:6]}
+    for step, values in per_step.items():
         for i, v in enumerate(values):
             episode(f"s{step:04d}-train-calc_chain_v1_tiny-{i}", v)
     episode("s0000-heldout-triage_v1_tiny-0", 1.0)

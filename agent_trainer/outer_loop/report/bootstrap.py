@@ -1,7 +1,8 @@
-"""Bootstrap confidence intervals of a mean, and of a paired difference of means.
+"""Bootstrap confidence intervals of a mean, and of a paired or unpaired difference of means.
 
     >>> mean_ci([0.2, 0.4, 0.3])                       # (mean, lo, hi): percentile bootstrap, 95%
     >>> paired_diff_ci(start_rewards, end_rewards)     # end - start on the same episode seeds
+    >>> diff_ci(first_steps_rewards, last_steps_rewards)   # different episodes: each side resampled alone
 
 Percentile bootstrap: resample the values (for a paired difference: the episode indices, so each
 episode's start and end stay together) with replacement ``resamples`` times with a seeded numpy
@@ -18,6 +19,18 @@ RESAMPLES = 2000
 LEVEL = 0.95
 
 
+def _means(x, rng, resamples: int):
+    """The means of ``resamples`` resamples of ``x`` (with replacement, each the size of ``x``)."""
+    return x[rng.integers(0, x.size, size=(resamples, x.size))].mean(axis=1)
+
+
+def _bounds(samples, level: float) -> tuple[float, float]:
+    import numpy as np
+
+    lo, hi = np.quantile(samples, [(1 - level) / 2, (1 + level) / 2])
+    return float(lo), float(hi)
+
+
 def _interval(values, resamples: int, level: float, seed: int) -> tuple[float, float, float]:
     import numpy as np
 
@@ -27,10 +40,7 @@ def _interval(values, resamples: int, level: float, seed: int) -> tuple[float, f
     mean = float(x.mean())
     if x.size == 1:
         return mean, mean, mean
-    rng = np.random.default_rng(seed)
-    means = x[rng.integers(0, x.size, size=(resamples, x.size))].mean(axis=1)
-    lo, hi = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
-    return mean, float(lo), float(hi)
+    return (mean, *_bounds(_means(x, np.random.default_rng(seed), resamples), level))
 
 
 def mean_ci(values: Sequence[float], resamples: int = RESAMPLES, level: float = LEVEL,
@@ -64,7 +74,4 @@ def diff_ci(before: Sequence[float], after: Sequence[float], resamples: int = RE
     if a.size == 0 or b.size == 0:
         raise ValueError(f"need values on both sides, got {a.size} before and {b.size} after")
     rng = np.random.default_rng(seed)
-    diffs = (b[rng.integers(0, b.size, size=(resamples, b.size))].mean(axis=1)
-             - a[rng.integers(0, a.size, size=(resamples, a.size))].mean(axis=1))
-    lo, hi = np.quantile(diffs, [(1 - level) / 2, (1 + level) / 2])
-    return float(b.mean() - a.mean()), float(lo), float(hi)
+    return (float(b.mean() - a.mean()), *_bounds(_means(b, rng, resamples) - _means(a, rng, resamples), level))

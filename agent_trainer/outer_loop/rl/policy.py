@@ -457,9 +457,9 @@ class AgentPolicy:
         two runs of one seed start from the same policy (PEFT draws from torch's global RNG, which
         nothing had seeded: runs of the same seed differed from their first update)."""
         from peft import LoraConfig, PeftModel, get_peft_model
+        from transformers import AutoModelForCausalLM, AutoTokenizer
 
         _quiet_lightning()   # PEFT's wrapping calls a deprecated transformers property (a FutureWarning otherwise)
-        from transformers import AutoModelForCausalLM, AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(model_dir)
         base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
