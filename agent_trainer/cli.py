@@ -182,7 +182,7 @@ _state: dict[str, Path | None] = {"continued": None, "fresh": None}
 
 def continue_in(folder: Path) -> None:
     """This call continues the run in ``folder`` (``at-train resume=``): its ``run.json`` gets the outcome, its log
-    file the log; the folder Hydra made for this call is removed at the end (single runs)."""
+    file the log; the folder Hydra made for this call is removed now (single runs)."""
     folder = Path(folder).resolve()
     _state["continued"] = folder
     import logging
@@ -201,6 +201,7 @@ def continue_in(folder: Path) -> None:
             finally:
                 h.release()
     sweeps.write_run_file(folder, status="running", error=None, value=None)
+    _drop_stub(sweeps.job_info(_command()))  # at once: a resume killed later leaves no "running" stub behind
 
 
 def _drop_stub(info: sweeps.JobInfo) -> None:
@@ -381,7 +382,11 @@ def open_run(cfg: DictConfig) -> tuple[Path, Config]:
 
 
 def export_registries(obj) -> None:
-    """``task.include_path`` and ``base_models`` of a validated config into ``agent_trainer.registry``'s variables."""
+    """``task.include_path`` and ``base_models`` of a validated config into ``agent_trainer.registry``'s variables,
+    and ``task.hidden_salt`` into ``$AT_HIDDEN_SALT`` (the setting, a file's path for a secret: never the secret)."""
+    from agent_trainer.evaluation.salt import SALT_ENV, hidden_salt
+
+    os.environ[SALT_ENV] = hidden_salt(obj.task.hidden_salt).setting  # "secret" -> "secret:<its file>"
     include = [str(resolve_path(p).resolve()) for p in obj.task.include_path]
     models = {name: {**dataclasses.asdict(e), "path": str(resolve_path(e.path).resolve())}
               for name, e in obj.base_models.items()}

@@ -153,6 +153,11 @@ class TaskConfig:
                                       "built-in ones")
     spec_pattern: str = doc("examples/tasks/{family}_v1_fast.json",
                             "task spec file of a family for the outer loop ({family} is replaced)")
+    hidden_salt: str = doc("${oc.env:AT_HIDDEN_SALT,public}",
+                           "which items of each family's hidden pool are scored: public (rebuildable from the "
+                           "repository), public:NAME (another reproducible draw), secret (this installation's "
+                           "secret, made on first use) or secret:PATH (agent_trainer.evaluation.salt); "
+                           "default $AT_HIDDEN_SALT, else public")
 
 
 @dataclass
@@ -504,6 +509,15 @@ def _check(ok: bool, message: str) -> None:
         raise ConfigError(message)
 
 
+def _check_salt(setting: str) -> None:
+    from agent_trainer.evaluation.salt import SaltError, hidden_salt
+
+    try:
+        hidden_salt(setting)
+    except SaltError as e:
+        raise ConfigError(f"task.hidden_salt: {e}") from None
+
+
 def validate(cfg: DictConfig) -> Config:
     """Resolve ``cfg``, check cross-field rules and return it as schema objects; raises ``ConfigError``."""
     try:
@@ -523,6 +537,7 @@ def validate(cfg: DictConfig) -> Config:
         )
     _check_agent(a, train=isinstance(obj, TrainCommand))
     _check(a.max_turns >= 1 and a.max_new_tokens >= 1, "agent.max_turns and agent.max_new_tokens must be >= 1")
+    _check_salt(t.hidden_salt)
     overlap = sorted(set(t.train_families) & set(t.held_out_families))
     _check(not overlap, f"task: families {overlap} are both trained on and held out; remove them from one list")
     _check(h.max_parallel_jobs >= 1, "hardware.max_parallel_jobs must be >= 1")

@@ -97,9 +97,15 @@ def test_killed_mid_step_resumes_with_every_step_and_record_once(tmp_path, built
             os.killpg(proc.pid, signal.SIGKILL)
     assert not (run / "checkpoints/step_0001").exists()
 
-    done = subprocess.run(args + ["run_id=again", f"resume={run}"], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-2000:]
+    resuming = subprocess.Popen(args + ["run_id=again", f"resume={run}"], cwd=ROOT, env=env, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.time() + 600
+    while time.time() < deadline and resuming.poll() is None and "resuming" not in (run / "train.log").read_text():
+        time.sleep(0.1)
+    # from the moment it continues the run, the resuming command has no folder of its own (a kill leaves none)
+    assert not (tmp_path / "again").exists()
+    out, err = resuming.communicate(timeout=900)
+    assert resuming.returncode == 0, err[-2000:]
     # the resumed folder holds the outcome and the log; the resuming command leaves no folder of its own
     rec = json.loads((run / "run.json").read_text())
     assert rec["status"] == "ok" and rec["value"] is not None and rec["steps_completed"] == 3

@@ -86,3 +86,29 @@ def test_no_sandbox_mounts_the_secret(installation, tmp_path):
     argv = [*wrap(["python"]), *reward_host_argv(SandboxPolicy(), job_dir=folders["job"], fd=3, deadline_s=60,
                                                  sandboxed=True, info_fd=None)]
     assert not any(str(installation) in str(a) for a in argv), [a for a in argv if str(installation) in str(a)]
+
+
+def test_a_run_takes_the_salt_as_a_setting_and_refuses_a_bad_one(installation, tmp_path):
+    from hydra import compose, initialize_config_dir
+
+    from agent_trainer.cli import export_registries
+    from agent_trainer.config import ConfigError, validate
+    from agent_trainer.paths import PROJECT_ROOT
+
+    with initialize_config_dir(str(PROJECT_ROOT / "configs"), version_base="1.3"):
+        default = validate(compose("config", overrides=[f"runs_dir={tmp_path}"]))
+        named = validate(compose("config", overrides=[f"runs_dir={tmp_path}", "task.hidden_salt=public:paper-1"]))
+        secret = validate(compose("config", overrides=[f"runs_dir={tmp_path}", "task.hidden_salt=secret"]))
+        with pytest.raises(ConfigError, match="task.hidden_salt: .*public, public:NAME, secret"):
+            validate(compose("config", overrides=[f"runs_dir={tmp_path}", "task.hidden_salt=paper-1"]))
+    assert default.task.hidden_salt == "public"
+    try:
+        export_registries(named)  # what every command does at start: its jobs, scorer and checks read the variable
+        assert hidden_salt().label == "public:paper-1"
+        assert hidden_set("calc_chain", N) == hidden_set("calc_chain", N, "public:paper-1") != hidden_set(
+            "calc_chain", N, "public")
+        export_registries(secret)  # the file's path goes to the environment, never the secret
+        assert os.environ[SALT_ENV] == f"secret:{(installation / SECRET_FILE).resolve()}"
+        assert hidden_salt().value not in os.environ[SALT_ENV]
+    finally:
+        os.environ.pop(SALT_ENV, None)
