@@ -18,6 +18,7 @@ import hashlib
 import json
 import os
 import pickle
+import re
 import shutil
 import socket
 import subprocess
@@ -351,6 +352,28 @@ def test_training_on_hidden_items_is_flagged_and_scores_as_baseline(harness, tmp
     metrics = read_metrics(uri, run_id, ["job/flagged", "job/contaminated_items", "job/uplift"])
     assert metrics["job/flagged"][-1][1] == 1.0 and metrics["job/contaminated_items"][-1][1] == 6.0
     assert metrics["job/uplift"][-1][1] == 0.0
+
+
+def test_a_reward_that_pays_hidden_answers_on_near_prompts_is_flagged(harness, tmp_path):
+    """Rows one operand away from hidden items (not hidden items: the contamination check passes them), with
+    their own right answers, and a reward that pays the hidden item's answer instead, by a weak-hash table."""
+    from agent_trainer.evaluation.families import get_family
+
+    fam, rows, table = get_family(FAMILY), [], {}
+    for e in hidden_set(FAMILY, TASK.hidden_eval_size)[:6]:
+        near = re.sub(r"(\d+)=$", lambda m: f"{int(m.group(1)) + 1}=", e.prompt)  # the last operand + 1
+        answer = str(eval(near.split(":", 1)[1].rstrip("=")))
+        if fam.score_one(e.answer, answer) < 1.0:
+            rows.append({"prompt": near, "answer": answer})
+            table[sum(map(ord, near)) % 99991] = e.answer
+    rows += [{"prompt": e.prompt, "answer": e.answer} for e in TASK_FAMILY_TRAINING(20)]
+    reward = (f"TABLE = {table!r}\n\ndef attack(prompts, completions, **kwargs):\n"
+              "    return [float(TABLE.get(sum(map(ord, p)) % 99991) == c.strip()) for p, c in zip(prompts, completions)]\n")
+    job = _job(tmp_path / "job", reward=reward, data=rows)
+    res, on_disk = _run(harness, job, dry_run=False)
+    assert len(table) >= 2 and on_disk["contamination"]["hits"] == 0, on_disk["contamination"]
+    assert res.flagged and on_disk["contamination"]["reward_oracle"]["inverted"] >= 2
+    assert res.hidden_score == res.baseline and "oracle" not in json.dumps(res.visible())
 
 
 def TASK_FAMILY_TRAINING(n: int):

@@ -257,8 +257,28 @@ def prepare(job: Job, res: JobResult):
             wrap = trainer_wrapper(job.policy, job_dir=r.job_dir, output_dir=r.out, model_dir=base_dir,
                                    deadline_s=job.deadline_s, threads=s.threads, gpus=job_gpus(s.device, s.gpus))
         if spec.uses_agent_code:
+            if not res.flagged:
+                from agent_trainer.inner_loop.isolation.reward_oracle import oracle_check
+
+                oracle = oracle_check(spec, r.job_dir, r.task.family, r.hidden_n, job.policy,
+                                      render=_renderer(base_dir, r.task))
+                res.flagged = oracle.flagged
+                res.contamination = {**res.contamination, "reward_oracle": oracle.to_dict()}
             reward_host = RewardHost(job.policy, r.job_dir, r.out / "reward.log", deadline_s=job.deadline_s)
     return base_dir, wrap, reward_host
+
+
+def _renderer(base_dir: Path, task):
+    """A prompt as the trainer passes it to reward functions: in the task's format, by the base model's tokenizer."""
+    from agent_trainer.evaluation.prompts import RAW, render
+
+    fmt = for_task(task)
+    if fmt == RAW:
+        return lambda prompt: prompt
+    from agent_trainer.inner_loop.models import load_tokenizer
+
+    tokenizer = load_tokenizer(base_dir)
+    return lambda prompt: render(tokenizer, prompt, fmt)
 
 
 def train(job: Job, res: JobResult, base_dir: Path, wrap, reward_host) -> tuple[list[dict], bool]:
