@@ -11,6 +11,7 @@ The rules and a whole script: docs/sweeps.md, "The command line of every at-* co
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -134,11 +135,34 @@ def call(run: Callable[[DictConfig], Any], cfg: DictConfig,
     _trackers.clear()
     _state.update(continued=None, fresh=None)
     info = sweeps.job_info(_command())
-    with console_log():
+    with console_log(), _sigterm_as_interrupt():
         try:
             return _call(run, cfg, info, user_errors, value_name)
         finally:
             _drop_stub(info)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``kill``, a scheduler's cancel), handled as Ctrl-C: the run is recorded as killed, not left running."""
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminated(signum, frame):
+        raise Terminated()
+
+    before = signal.signal(signal.SIGTERM, terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 def _call(run: Callable[[DictConfig], Any], cfg: DictConfig, info: sweeps.JobInfo,
@@ -146,9 +170,10 @@ def _call(run: Callable[[DictConfig], Any], cfg: DictConfig, info: sweeps.JobInf
     full = os.environ.get("HYDRA_FULL_ERROR") == "1"
     try:
         value = run(cfg)
-    except KeyboardInterrupt:
-        _record(cfg, info, "killed", "interrupted")
-        fail("interrupted", code=130)
+    except KeyboardInterrupt as e:
+        why = "terminated (SIGTERM)" if isinstance(e, Terminated) else "interrupted"
+        _record(cfg, info, "killed", why)
+        fail(why, code=143 if isinstance(e, Terminated) else 130)
     except USER_ERRORS + tuple(user_errors() if callable(user_errors) else user_errors) as e:
         _record(cfg, info, "failed", one_line(e))
         if not info.multirun:

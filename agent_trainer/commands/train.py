@@ -90,15 +90,19 @@ def resume_changes(cfg: DictConfig, previous: Path) -> dict[str, tuple[str, str]
         return {}
     saved = flatten(OmegaConf.load(saved_file))
     now = flatten(OmegaConf.to_container(cfg, resolve=True))
-    changed = {k: (str(saved.get(k)), str(now.get(k))) for k in sorted(set(saved) | set(now))
+    # A key the saved run lacks is a setting newer than the run (or one this version dropped): it is reported,
+    # not refused, or no run could be resumed after an upgrade.
+    changed = {k: (str(saved[k]) if k in saved else "(not saved)", str(now[k]) if k in now else "(no such setting)")
+               for k in sorted(set(saved) | set(now))
                if k not in RUN_KEYS and str(saved.get(k)) != str(now.get(k))}
+    newer = {k for k in changed if k not in saved or k not in now}
     shaped = [f"{k} {a} -> {b}" for k, (a, b) in changed.items() if k in SHAPE_KEYS]
     if shaped:
         raise cli.UserError(f"resume={previous}: the checkpoint was trained with other settings ({'; '.join(shaped)}); "
                             f"resume with the saved ones or start a new run")
     allowed = [str(a) for a in (cfg.get("resume_allow_changes") or [])] + list(SAFE_CHANGES)
     refused = [f"{k} {a} -> {b}" for k, (a, b) in changed.items()
-               if not any(k == x or k.startswith(x + ".") for x in allowed)]
+               if k not in newer and not any(k == x or k.startswith(x + ".") for x in allowed)]
     if refused:
         keys = ",".join(k.split(" ", 1)[0] for k in refused)
         raise cli.UserError(f"resume={previous}: settings differ from the saved run ({'; '.join(refused)}); "

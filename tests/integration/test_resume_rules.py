@@ -54,6 +54,20 @@ def test_a_changed_setting_is_refused_unless_allowed(tmp_path):
     assert resume_changes(more, job) == {"outer.steps": ("2", "4")}   # more steps: always allowed
 
 
+def test_a_run_saved_by_an_older_version_resumes_with_its_newer_settings_reported(tmp_path):
+    saved = OmegaConf.create(OmegaConf.to_container(compose_config([f"runs_dir={tmp_path}", "experiment=smoke"],
+                                                                   "train"), resolve=True))
+    del saved.task["hidden_salt"]            # a setting the saved run predates
+    saved.outer["retired_setting"] = 3       # one this version no longer has
+    job = outer_run(tmp_path / "r", 1, saved)
+    now = compose_config([f"runs_dir={tmp_path}", "experiment=smoke"], "train")
+    assert resume_changes(now, job) == {"task.hidden_salt": ("(not saved)", "public"),
+                                        "outer.retired_setting": ("3", "(no such setting)")}
+    with pytest.raises(UserError, match="task.train_families"):  # a setting the run did save still counts
+        resume_changes(compose_config([f"runs_dir={tmp_path}", "experiment=smoke",
+                                       "task.train_families=[calc_chain]"], "train"), job)
+
+
 def test_a_checkpoint_survives_a_leftover_tmp_and_an_earlier_copy_of_its_step(tmp_path, built_agent):
     from agent_trainer.outer_loop.rl.policy import AgentPolicy, PolicyConfig
     from agent_trainer.outer_loop.rl.train import CKPT_DIR, StepState, Trainer, last_complete_step

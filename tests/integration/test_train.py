@@ -141,6 +141,27 @@ def test_killed_mid_step_resumes_with_every_step_and_record_once(tmp_path, built
     assert (run / "ledger.rolled_back.jsonl").exists() and (run / "rolled_back").is_dir()
 
 
+def test_a_terminated_run_is_recorded_as_killed(tmp_path, built_agent):
+    """``kill`` (SIGTERM, what schedulers send) ends at-train as Ctrl-C does: run.json says killed, not running."""
+    args = [sys.executable, "-m", "agent_trainer.commands.train", f"runs_dir={tmp_path}", "experiment=smoke",
+            "outer.steps=3", "tracking=off", "run_id=t"]
+    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    run, deadline = tmp_path / "t", time.time() + 600
+    try:
+        while time.time() < deadline and proc.poll() is None and not (run / "checkpoints/step_0000").is_dir():
+            time.sleep(0.1)
+        assert proc.poll() is None, "the run ended before it could be terminated"
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    rec = json.loads((run / "run.json").read_text())
+    assert proc.returncode == 143 and "terminated (SIGTERM)" in err
+    assert rec["status"] == "killed" and rec["error"] == "terminated (SIGTERM)" and rec["steps_completed"] >= 1
+
+
 def test_overlapped_jobs_give_the_same_episodes_as_jobs_after_sampling(tmp_path, built_agent):
     """``outer.overlap_jobs`` starts each episode's job while the next episodes are sampled; it must
     change when jobs run, not what they are or score: same choices, jobs, hidden scores and reward

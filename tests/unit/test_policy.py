@@ -67,11 +67,23 @@ def test_update_changes_the_adapter_only_and_moves_probability_toward_positive_a
     assert all(not torch.equal(before[k], v) for k, v in pol.trainable_state().items()), "every LoRA tensor changes"
 
 
-def test_zero_advantages_leave_the_policy_unchanged():
+def test_zero_advantages_leave_the_policy_and_its_optimizer_unchanged():
     pol = tiny_policy()
     before = pol.trainable_state()
-    pol.update(on_policy_samples(pol, [0.0, 0.0]))
+    assert pol.update(on_policy_samples(pol, [0.0, 0.0]))["skipped"] == 1.0
     assert all(torch.equal(before[k], v) for k, v in pol.trainable_state().items())
+    pol.update(on_policy_samples(pol, [1.0, -1.0]))  # Adam has momentum now
+    moved, version = pol.trainable_state(), pol.version
+    opt = {k: {n: t.clone() for n, t in v.items() if torch.is_tensor(t)}
+           for k, v in pol.module._optimizer.state_dict()["state"].items()}
+    for _ in range(3):  # steps whose episodes all scored the same: no drift by momentum
+        assert pol.update(on_policy_samples(pol, [0.0, 0.0, 0.0]))["skipped"] == 1.0
+    assert all(torch.equal(moved[k], v) for k, v in pol.trainable_state().items()) and pol.version == version
+    after = pol.module._optimizer.state_dict()["state"]
+    assert all(torch.equal(t, after[k][n]) for k, v in opt.items() for n, t in v.items())
+    pol.config.kl_beta = 0.1  # with a KL term there is a gradient: the step is taken
+    pol.update(on_policy_samples(pol, [0.0, 0.0]))
+    assert pol.version == version + 1
 
 
 def test_kl_term_uses_the_base_model_as_reference():

@@ -478,6 +478,10 @@ class AgentPolicy:
         samples = [s for s in samples if s.completion_ids]
         if not samples:
             return {"skipped": 1.0}
+        if self.config.kl_beta == 0 and all(s.advantage == 0 for s in samples):
+            # Equal rewards and no KL term: the gradient is zero. An optimizer step would still move the adapter
+            # by Adam's momentum (and weight decay) with no signal; the adapter and the optimizer stay as they are.
+            return {"skipped": 1.0, "samples": float(len(samples))}
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         focus: dict[str, float] = {}
         if self.config.focus_top_frac < 1:
