@@ -409,7 +409,7 @@ def open_run(cfg: DictConfig) -> tuple[Path, Config]:
 def export_registries(obj) -> None:
     """``task.include_path`` and ``base_models`` of a validated config into ``agent_trainer.registry``'s variables,
     and ``task.hidden_salt`` into ``$AT_HIDDEN_SALT`` (the setting, a file's path for a secret: never the secret)."""
-    from agent_trainer.evaluation.salt import SALT_ENV, hidden_salt
+    from agent_trainer.salt import SALT_ENV, hidden_salt
 
     os.environ[SALT_ENV] = hidden_salt(obj.task.hidden_salt).setting  # "secret" -> "secret:<its file>"
     include = [str(resolve_path(p).resolve()) for p in obj.task.include_path]

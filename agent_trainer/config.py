@@ -53,24 +53,10 @@ def doc(default: Any = MISSING, help: str = "") -> Any:  # noqa: A002 - mirrors 
 # Member names equal their values: OmegaConf matches YAML strings against the *names*.
 
 
-class Backend(StrEnum):
-    local = "local"  # a Hugging Face model in this process (CPU default)
-    openai = "openai"  # any OpenAI-compatible HTTP endpoint
-    vllm = "vllm"  # vLLM sampling on GPUs
-
-
 class Device(StrEnum):
     cpu = "cpu"
     cuda = "cuda"
     auto = "auto"  # cuda when available, else cpu
-
-
-class Executor(StrEnum):
-    sequential = "sequential"  # one inner job at a time, in this machine
-    local_parallel = "local_parallel"  # several worker processes on this machine
-    submitit_local = "submitit_local"  # Hydra's submitit launcher, local mode
-    slurm = "slurm"  # Hydra's submitit launcher on a SLURM cluster
-    ray = "ray"  # Hydra's Ray launcher
 
 
 class StrategyMode(StrEnum):
@@ -100,7 +86,8 @@ TOOL_SCHEMAS = ("full", "compact", "names")
 class AgentConfig:
     """The agent LLM that writes training jobs."""
 
-    backend: Backend = doc(Backend.local, "where the agent runs: local | openai | vllm")
+    backend: str = doc("local", "where the agent runs, a name in agent_trainer.outer_loop.agents.BACKENDS: local (a "
+                                "Hugging Face model in this process), openai (an OpenAI-compatible endpoint), vllm")
     model: str = doc("tiny-agent", "model name: a registry name (local; tiny-agent, the tiny agent at-models "
                                    "builds) or the served model name (openai, vllm)")
     model_path: Optional[str] = doc(None, "local weights folder for the local/vllm backends; null = registry")
@@ -156,7 +143,7 @@ class TaskConfig:
     hidden_salt: str = doc("${oc.env:AT_HIDDEN_SALT,public}",
                            "which items of each family's hidden pool are scored: public (rebuildable from the "
                            "repository), public:NAME (another reproducible draw), secret (this installation's "
-                           "secret, made on first use) or secret:PATH (agent_trainer.evaluation.salt); "
+                           "secret, made on first use) or secret:PATH (agent_trainer.salt); "
                            "default $AT_HIDDEN_SALT, else public")
 
 
@@ -177,7 +164,9 @@ class HardwareConfig:
 
     device: Device = doc(Device.cpu, "cpu | cuda | auto")
     threads_per_job: Optional[int] = doc(None, "torch threads per inner job; null = cores / max_parallel_jobs")
-    executor: Executor = doc(Executor.sequential, "sequential | local_parallel | submitit_local | slurm | ray")
+    executor: str = doc("sequential", "how inner jobs run, a name in agent_trainer.inner_loop.run.executor.EXECUTORS: "
+                                      "sequential, local_parallel, submitit_local, slurm (Hydra's submitit "
+                                      "launcher), ray")
     max_parallel_jobs: int = doc(1, "inner jobs running at once")
     agent_threads: Optional[int] = doc(None, "torch threads of at-train's own process (agent sampling, the update, "
                                              "the harness's scoring); null = the cores the parallel jobs leave, "
@@ -308,7 +297,7 @@ class EvaluatorConfig:
     (agent_trainer.outer_loop.strategy.evaluator)."""
 
     kind: EvaluatorKind = doc(EvaluatorKind.none, "none | rule (heuristics, offline) | llm (a second agent)")
-    backend: Backend = doc(Backend.local, "llm: where the evaluator runs: local | openai | vllm")
+    backend: str = doc("local", "llm: where the evaluator runs, a name in agent_trainer.outer_loop.agents.BACKENDS")
     model: str = doc("tiny-agent", "llm: a registry name (local) or the served model name")
     model_path: Optional[str] = doc(None, "llm: local weights folder; null = the registry")
     base_url: Optional[str] = doc(None, "llm: OpenAI-compatible endpoint")
@@ -509,8 +498,17 @@ def _check(ok: bool, message: str) -> None:
         raise ConfigError(message)
 
 
+def _check_registered(key: str, name: str, module: str, registry: str) -> None:
+    """``name`` is in the registry ``module.registry``: the one list of names the code builds from."""
+    import importlib
+
+    entries = getattr(importlib.import_module(module), registry)
+    if name not in entries:
+        raise ConfigError(f"{key}: {entries.unknown(name)}")
+
+
 def _check_salt(setting: str) -> None:
-    from agent_trainer.evaluation.salt import SaltError, hidden_salt
+    from agent_trainer.salt import SaltError, hidden_salt
 
     try:
         hidden_salt(setting)
@@ -536,12 +534,14 @@ def validate(cfg: DictConfig) -> Config:
             "agent.api_key_env takes the NAME of an environment variable (e.g. OPENAI_API_KEY), not the key itself",
         )
     _check_agent(a, train=isinstance(obj, TrainCommand))
+    _check_registered("agent.backend", a.backend, "agent_trainer.outer_loop.agents", "BACKENDS")
+    _check_registered("hardware.executor", h.executor, "agent_trainer.inner_loop.run.executor", "EXECUTORS")
     _check(a.max_turns >= 1 and a.max_new_tokens >= 1, "agent.max_turns and agent.max_new_tokens must be >= 1")
     _check_salt(t.hidden_salt)
     overlap = sorted(set(t.train_families) & set(t.held_out_families))
     _check(not overlap, f"task: families {overlap} are both trained on and held out; remove them from one list")
     _check(h.max_parallel_jobs >= 1, "hardware.max_parallel_jobs must be >= 1")
-    _check(h.executor != Executor.sequential or h.max_parallel_jobs == 1,
+    _check(h.executor != "sequential" or h.max_parallel_jobs == 1,
            "hardware.executor=sequential runs one job at a time; set hardware.max_parallel_jobs=1 "
            "or hardware.executor=local_parallel")
     _check(h.device != Device.cpu or h.gpus_per_job == 0, "hardware.device=cpu cannot use hardware.gpus_per_job > 0")
@@ -638,7 +638,7 @@ def check_installed(cfg: DictConfig) -> None:
 
 def _check_agent(a: AgentConfig, train: bool = False) -> None:
     """The agent group's rules: a served agent's URL, key variable, request settings and prices."""
-    if a.backend == Backend.openai:
+    if a.backend == "openai":
         _check(not train, "at-train trains the LoRA of an agent whose weights it holds; agent=openai is served "
                           "elsewhere: use agent=tiny_local (CPU) or agent=vllm (GPU); at-episode plays agent=openai")
         _check(a.api_key_env is not None or a.base_url is not None,
@@ -654,7 +654,7 @@ def _check_agent(a: AgentConfig, train: bool = False) -> None:
                f"agent.base_url must be an http(s) URL such as http://127.0.0.1:8000/v1, got {a.base_url!r}")
     _check(a.sampler in ("auto", "served"), f"agent.sampler must be auto or served, got {a.sampler!r}")
     if a.sampler == "served":
-        _check(a.backend == Backend.local, f"agent.sampler=served trains a policy held here (agent.backend=local) and "
+        _check(a.backend == "local", f"agent.sampler=served trains a policy held here (agent.backend=local) and "
                                            f"samples from a server; agent.backend={a.backend} has its own sampler")
         _check(a.base_url is not None, "agent.sampler=served needs agent.base_url, the vLLM server's URL ending in "
                                        "/v1 (e.g. http://127.0.0.1:8000/v1)")
@@ -668,7 +668,7 @@ def _check_agent(a: AgentConfig, train: bool = False) -> None:
            f"agent.tool_schemas must be {', '.join(TOOL_SCHEMAS[:-1])} or {TOOL_SCHEMAS[-1]}, got {a.tool_schemas!r}")
     prices = (a.usd_per_1m_tokens_in, a.usd_per_1m_tokens_out)
     _check(all(p is None or p >= 0 for p in prices), "agent.usd_per_1m_tokens_in/_out must be >= 0")
-    if a.backend != Backend.openai:
+    if a.backend != "openai":
         _check(None not in prices, "agent.usd_per_1m_tokens_in/_out may be null (the price table's) only with "
                                    "agent.backend=openai; give a number (0 for a model on your own hardware)")
         return
@@ -685,10 +685,11 @@ def _check_strategy(s: StrategyConfig) -> None:
         _check(iv.after_job >= 1, f"strategy.interventions.{i}.after_job must be >= 1 (1 = after the first job)")
         _check(bool(iv.message.strip()), f"strategy.interventions.{i}.message is empty; write the message to give")
     e = s.evaluator
+    _check_registered("strategy.evaluator.backend", e.backend, "agent_trainer.outer_loop.agents", "BACKENDS")
     if e.kind == EvaluatorKind.llm:
         _check(e.api_key_env is None or (bool(_ENV_NAME.match(e.api_key_env)) and not e.api_key_env.startswith("sk-")),
                "strategy.evaluator.api_key_env takes the NAME of an environment variable, not the key itself")
-        _check(e.backend != Backend.openai or e.api_key_env is not None,
+        _check(e.backend != "openai" or e.api_key_env is not None,
                "strategy.evaluator.backend=openai needs strategy.evaluator.api_key_env (the variable's name)")
 
 

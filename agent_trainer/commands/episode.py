@@ -18,7 +18,7 @@ import hydra
 from omegaconf import DictConfig, read_write
 
 from agent_trainer import cli
-from agent_trainer.config import CONFIG_DIR, Backend, EpisodeCommand, compose_config
+from agent_trainer.config import CONFIG_DIR, EpisodeCommand, compose_config
 from agent_trainer.paths import resolve_path
 from agent_trainer.tracking import check_reachable
 from agent_trainer.commands._errors import user_errors
@@ -30,7 +30,7 @@ def make_agent_backend(conf: EpisodeCommand):
     from agent_trainer.outer_loop.agents import make_backend
 
     a = conf.agent
-    if a.backend == Backend.local:
+    if a.backend == "local":
         from agent_trainer.outer_loop.agents.local import LocalBackend
         from agent_trainer.outer_loop.rl.run_config import agent_dir
 
@@ -40,9 +40,9 @@ def make_agent_backend(conf: EpisodeCommand):
 
             backend.model = PeftModel.from_pretrained(backend.model, str(resolve_path(conf.adapter))).eval()
         return backend
-    spec = {"kind": a.backend.value, "model": a.model, "base_url": a.base_url, "api_key_env": a.api_key_env,
+    spec = {"kind": a.backend, "model": a.model, "base_url": a.base_url, "api_key_env": a.api_key_env,
             "tool_format": a.tool_format, **({"model_path": a.model_path} if a.model_path else {})}
-    if a.backend == Backend.openai:
+    if a.backend == "openai":
         spec.update({k: getattr(a, k) for k in ("timeout_s", "max_retries", "retry_backoff_s", "context_tokens",
                                                  "tool_choice", "parallel_tool_calls", "legacy_max_tokens")})
     return make_backend(spec)
@@ -53,7 +53,7 @@ def check_agent(cfg: DictConfig) -> None:
     a = cfg.agent
     if cfg.get("dry_run"):
         return  # a dry run writes the resolved config only
-    if a.backend == Backend.openai and a.api_key_env:
+    if a.backend == "openai" and a.api_key_env:
         from agent_trainer.outer_loop.agents.base import read_api_key
 
         read_api_key(a.api_key_env, a.base_url, error=cli.UserError)
@@ -63,7 +63,7 @@ def resolve_agent_prices(cfg: DictConfig) -> str | None:
     """``agent=openai``: null prices become the price table's for agent.model, or 0 on a local server
     (``agent_trainer.prices``), in ``cfg`` itself (the ledger reads them there); returns their source."""
     a = cfg.agent
-    if a.backend != Backend.openai:
+    if a.backend != "openai":
         return None
     from agent_trainer.prices import UnknownPrice, agent_prices
 

@@ -7,7 +7,7 @@
 
 Entries live in ``<cache>/baselines.json`` keyed by ``<model sha256>/<family>/v<version>/n<n>`` (plus
 ``/salt-<label>`` for a hidden set drawn with a salt other than the default public one,
-``agent_trainer.evaluation.salt``): a rebuilt model (new weights), a new family version or another hidden
+``agent_trainer.salt``): a rebuilt model (new weights), a new family version or another hidden
 set gets a new entry, never a stale one. Writes
 are atomic (temp file + rename) under an ``fcntl`` lock, so parallel jobs can share the file.
 """
@@ -26,7 +26,7 @@ from pathlib import Path
 from agent_trainer.paths import cache_dir as default_cache_dir
 from agent_trainer.evaluation.families import family_names, get_family
 from agent_trainer.evaluation.hidden_eval import checkpoint_hash, score_checkpoint
-from agent_trainer.evaluation.salt import hidden_salt
+from agent_trainer.salt import hidden_salt
 from agent_trainer.evaluation.prompts import RAW, PromptFormat, for_family
 
 BASELINES_FILE = "baselines.json"

@@ -288,7 +288,7 @@ class HiddenIndex:
 
 
 def _index(family: str, n: int) -> HiddenIndex:
-    from agent_trainer.evaluation.salt import hidden_salt
+    from agent_trainer.salt import hidden_salt
 
     return _salted_index(family, n, hidden_salt().setting)
 

@@ -53,8 +53,8 @@ class EvalResult:
 def hidden_set(family_name: str, n: int, salt: str | None = None) -> list[Example]:
     """The first ``n`` items of the family's hidden set (fixed for a family version and salt).
 
-    ``salt``: a salt setting (``agent_trainer.evaluation.salt``); default ``$AT_HIDDEN_SALT``, else public."""
-    from agent_trainer.evaluation.salt import hidden_salt
+    ``salt``: a salt setting (``agent_trainer.salt``); default ``$AT_HIDDEN_SALT``, else public."""
+    from agent_trainer.salt import hidden_salt
 
     fam = get_family(family_name)
     if not isinstance(n, int) or not 1 <= n <= 5000:

@@ -13,7 +13,7 @@ from agent_trainer.config import compose_config, validate
 
 def test_the_recipe_is_what_the_docs_say():
     c = validate(compose_config(["experiment=smollm2_cpu"], "train"))
-    assert c.agent.model == "smollm2-agent" and c.agent.backend.value == "local"
+    assert c.agent.model == "smollm2-agent" and c.agent.backend == "local"
     assert c.outer.tasks_per_step * c.outer.group_size >= 8 and c.outer.tasks_per_step >= 2
     assert c.outer.group_size >= 4 and c.outer.steps >= 12
     assert list(c.task.train_families) == ["calc_chain", "reverse_text", "sort_numbers", "unit_convert", "count_char"]

@@ -99,8 +99,7 @@ def test_mistyped_key_fails_naming_the_key(composer, override, name):
     assert name in line and "\n" not in line
 
 
-@pytest.mark.parametrize("override,text", [("outer.lr=fast", "outer.lr"), ("hardware.executor=cluster", "sequential"),
-                                           ("model=qwen9", "qwen3-0.6b")])
+@pytest.mark.parametrize("override,text", [("outer.lr=fast", "outer.lr"), ("model=qwen9", "qwen3-0.6b")])
 def test_bad_values_fail_with_the_choices(composer, override, text):
     with pytest.raises((HydraException, OmegaConfBaseException)) as err:
         composer([override])
@@ -110,6 +109,10 @@ def test_bad_values_fail_with_the_choices(composer, override, text):
 
 @pytest.mark.parametrize("overrides,text", [
     (["hardware.max_parallel_jobs=2"], "hardware.executor=sequential"),
+    # executors and backends: checked against the registries the code builds them from (one list of names)
+    (["hardware.executor=cluster"], "hardware.executor: unknown executor 'cluster'; known: local_parallel, ray,"),
+    (["agent.backend=llamacpp"], "agent.backend: unknown agent backend 'llamacpp'; known: local, openai, vllm"),
+    (["strategy.evaluator.backend=x"], "strategy.evaluator.backend: unknown agent backend 'x'"),
     (["agent=openai", "agent.api_key_env=sk-proj-abcdefghijklmnop"], "NAME of an environment variable"),
     (["agent=openai", "agent.api_key_env=null"], "api_key_env"),
     (["outer.group_size=1"], "group_size"),
@@ -126,6 +129,16 @@ def test_bad_values_fail_with_the_choices(composer, override, text):
 def test_impossible_combinations_are_rejected(composer, overrides, text):
     with pytest.raises(ConfigError, match=text.replace(".", r"\.").replace("(", r"\(")):
         validate(composer(overrides))
+
+
+def test_a_registered_executor_is_a_valid_setting_with_no_other_edit(composer):
+    from agent_trainer.inner_loop.run.executor import EXECUTORS, SequentialExecutor
+
+    EXECUTORS.register("mine", lambda **o: (SequentialExecutor, o))
+    try:
+        assert validate(composer(["hardware.executor=mine"])).hardware.executor == "mine"
+    finally:
+        EXECUTORS.unregister("mine")
 
 
 def test_every_schema_field_is_documented():

@@ -16,7 +16,7 @@ from agent_trainer.evaluation import baselines
 from agent_trainer.evaluation.contamination import find_overlap
 from agent_trainer.evaluation.families import FAMILIES, HIDDEN_SEED_BASE, get_family
 from agent_trainer.evaluation.hidden_eval import hidden_set
-from agent_trainer.evaluation.salt import SALT_ENV, SECRET_FILE, SaltError, hidden_salt
+from agent_trainer.salt import SALT_ENV, SECRET_FILE, SaltError, hidden_salt
 
 N = 200
 

@@ -96,7 +96,7 @@ class TaskFamily:
                 yield ex
 
     def _draw(self, seed: int, n: int, hidden: bool, salt: str = "") -> list[Example]:
-        # ``salt`` (``agent_trainer.evaluation.salt``; hidden draws only) picks other items of the same pool.
+        # ``salt`` (``agent_trainer.salt``; hidden draws only) picks other items of the same pool.
         rng = random.Random(f"{self.name}/v{self.version}/{seed}" + (f"/{salt}" if salt else ""))
         out: list[Example] = []
         seen: set[str] = set()

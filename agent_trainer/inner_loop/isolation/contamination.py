@@ -101,7 +101,7 @@ def parse_in_child(spec, job_dir: str | Path, family: str, *, limits: dict[str, 
 
 def _in_child(mode, spec, job_dir, output_dir, family, hidden_n, stages_run, limits, deadline_s):
     """``(the child's JSON answer, "")``, or ``(None, why it gave none)``."""
-    from agent_trainer.evaluation.salt import hidden_salt
+    from agent_trainer.salt import hidden_salt
     from agent_trainer.inner_loop.isolation.launcher import STDOUT, TimeoutExpired, kill_group, python_module, start
 
     agent_dirs = [d for d in (job_dir, output_dir) if d is not None]
@@ -192,7 +192,7 @@ def check_trained(spec, job_dir: str | Path, output_dir: str | Path, family: str
 def _main(argv: list[str]) -> int:
     from agent_trainer.inner_loop.spec.jobspec import parse_job
 
-    from agent_trainer.evaluation.salt import SALT_ENV
+    from agent_trainer.salt import SALT_ENV
 
     mode, spec_path, job_dir, output_dir, family, n, report_path, stages_run, salt = argv
     os.environ[SALT_ENV] = salt  # the harness's salt setting (a file's path for a secret, never the secret)

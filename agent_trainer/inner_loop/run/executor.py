@@ -14,11 +14,13 @@ from __future__ import annotations
 import os
 import queue
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from agent_trainer.registry import Registry
 from agent_trainer.inner_loop.run.job_env import gpu_ids
-from agent_trainer.inner_loop.run.request import JobRequest, with_threads
+
+if TYPE_CHECKING:
+    from agent_trainer.inner_loop.run.request import JobRequest
 
 
 def visible_gpus() -> list[str]:
@@ -59,6 +61,7 @@ class SequentialExecutor:
 
     def run(self, requests: list[JobRequest]) -> list:
         from agent_trainer.inner_loop.run.job import run_request
+        from agent_trainer.inner_loop.run.request import with_threads
 
         return [run_request(r) for r in with_threads(requests, self.threads)]
 
@@ -91,6 +94,7 @@ class LocalParallelExecutor:
 
     def run(self, requests: list[JobRequest]) -> list:
         from agent_trainer.inner_loop.run.job import run_request
+        from agent_trainer.inner_loop.run.request import with_threads
 
         reqs = with_threads(requests, self.threads or max(1, (os.cpu_count() or 1) // self.max_parallel))
         if not (self.gpus_per_job > 0 and self._on_gpu(reqs)):

@@ -341,7 +341,7 @@ def prestart_warm_worker(job_dir: Path, task_family: str | None = None) -> None:
 
 
 def _salt_label() -> str:
-    from agent_trainer.evaluation.salt import hidden_salt
+    from agent_trainer.salt import hidden_salt
 
     return hidden_salt().label
 

@@ -71,7 +71,7 @@ class JobResult:
     flagged: bool = False
     contamination: dict = field(default_factory=dict)
     sandbox: str = "none"
-    # The salt of the hidden set it was scored on (agent_trainer.evaluation.salt): "public", "public:NAME" or
+    # The salt of the hidden set it was scored on (agent_trainer.salt): "public", "public:NAME" or
     # "secret:<digest prefix>" (never the secret).
     hidden_salt: str = "public"
     # Where the job's process trained (``cpu`` or ``cuda``; None when nothing was trained).

@@ -12,7 +12,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from agent_trainer.config import Backend, Config, Executor, settings_from, typed
+from agent_trainer.config import Config, settings_from, typed
 from agent_trainer.evaluation.staged_reward import RewardWeights
 from agent_trainer.inner_loop.run.request import JobRequest, JobSettings
 from agent_trainer.outer_loop.episode.episode import EpisodeSettings
@@ -104,7 +104,7 @@ def make_executor(cfg: Conf):
     from agent_trainer.inner_loop.run.executor import make_executor as make
 
     h = typed(cfg).hardware
-    return make(h.executor.value, max_parallel=h.max_parallel_jobs, threads=h.threads_per_job,
+    return make(h.executor, max_parallel=h.max_parallel_jobs, threads=h.threads_per_job,
                 folder=h.launcher_dir, partition=h.slurm_partition, gpus_per_job=h.gpus_per_job,
                 cpus_per_job=h.cpus_per_job, mem_gb=h.mem_gb, time_limit_min=h.time_limit_min,
                 additional=h.slurm_additional, address=h.ray_address)
@@ -143,7 +143,7 @@ def agent_threads(cfg: Conf, cores: int | None = None) -> int:
     if h.agent_threads is not None:
         return h.agent_threads
     cores = cores or os.cpu_count() or 1
-    if h.executor not in (Executor.sequential, Executor.local_parallel):
+    if h.executor not in ("sequential", "local_parallel"):
         return cores   # jobs run elsewhere (SLURM, Ray, submitit)
     per_job = h.threads_per_job or max(1, cores // h.max_parallel_jobs)
     return max(1, cores - h.max_parallel_jobs * per_job)
@@ -161,7 +161,7 @@ def set_agent_threads(cfg: Conf) -> int:
 def build_trainer(cfg: Conf, run_dir: Path, *, tracker=None, resume: bool = False) -> Trainer:
     """The ``Trainer`` that ``at-train`` runs."""
     c = typed(cfg)
-    if c.agent.backend not in (Backend.local, Backend.vllm):
+    if c.agent.backend not in ("local", "vllm"):
         raise ValueError(f"at-train updates the LoRA of an agent whose weights it holds; agent.backend="
                          f"{c.agent.backend} serves someone else's (use agent=tiny_local, agent=vllm, or a local "
                          f"model_path)")
@@ -210,7 +210,7 @@ def make_sampler(cfg: DictConfig | Config, agent: Path):
         from agent_trainer.outer_loop.agents.served_sampler import served_sampler
 
         return served_sampler(a, agent)
-    if a.backend != Backend.vllm:
+    if a.backend != "vllm":
         return None
     from agent_trainer.outer_loop.agents import make_backend
 

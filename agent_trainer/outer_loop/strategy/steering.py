@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 
 from agent_trainer.config import (
-    Backend, EvaluatorConfig, EvaluatorKind, StrategyConfig, StrategyMode, settings_from,
+    EvaluatorConfig, EvaluatorKind, StrategyConfig, StrategyMode, settings_from,
 )
 from agent_trainer.evaluation.prompts import for_task
 from agent_trainer.outer_loop.strategy import protocol, strategy
@@ -70,7 +70,7 @@ def make_evaluator(e: EvaluatorConfig, *, ledger=None, cache_dir=None):
         return RuleEvaluator()
     from agent_trainer.outer_loop.agents import make_backend
 
-    if e.backend == Backend.local and not e.model_path:
+    if e.backend == "local" and not e.model_path:
         from agent_trainer.inner_loop.models import resolve_model
         from agent_trainer.outer_loop.agents.agent_model import register
 
@@ -78,7 +78,7 @@ def make_evaluator(e: EvaluatorConfig, *, ledger=None, cache_dir=None):
         backend = make_backend({"kind": "local", "model_path": str(resolve_model(e.model, cache_dir=cache_dir)),
                                 "model_name": e.model})
     else:
-        backend = make_backend({"kind": e.backend.value, "model": e.model, "base_url": e.base_url,
+        backend = make_backend({"kind": e.backend, "model": e.model, "base_url": e.base_url,
                                 "api_key_env": e.api_key_env, **({"model_path": e.model_path} if e.model_path else {})})
     if ledger is not None:
         ledger.prices.llm.setdefault(e.model, (e.usd_per_1m_tokens_in, e.usd_per_1m_tokens_out))
