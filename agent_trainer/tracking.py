@@ -102,6 +102,15 @@ _GROUP_OF = (("heldout_", "heldout"), ("reward_", "reward"), ("uplift_", "reward
              ("update_", "update"), ("seconds_", "time"), ("usd", "cost"), ("tokens", "cost"), ("cache_", "cost"))
 
 
+_NOT_IN_NAMES = re.compile(r"[^A-Za-z0-9_\-. :/]")
+
+
+def metric_name(key: str) -> str:
+    """``key`` with the characters MLflow refuses in a metric name replaced by ``_`` (a refused name would end
+    the run that logs it)."""
+    return _NOT_IN_NAMES.sub("_", str(key))[:250]
+
+
 def metric_key(name: str) -> str:
     """The grouped MLflow key of an at-train step metric (``share_peft_lora`` -> ``choice/share_peft_lora``)."""
     if "/" in name:
@@ -337,7 +346,7 @@ class Tracker:
                 number = float(value)
             except (TypeError, ValueError):
                 raise TrackingError(f"metric {key!r} must be a number, got {value!r}") from None
-            items.append(Metric(key, number, now, int(step or 0)))
+            items.append(Metric(metric_name(key), number, now, int(step or 0)))
         for i in range(0, len(items), MAX_METRICS_PER_BATCH):
             self.client.log_batch(self.run_id, metrics=items[i : i + MAX_METRICS_PER_BATCH])
 

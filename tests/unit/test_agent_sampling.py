@@ -167,38 +167,3 @@ def test_a_step_shares_its_common_prompt_once(backend):
     assert shared > 20
     assert sum(fed) <= shared + sum(len(p) - shared for p in prompts) + sampled
 
-
-def test_the_in_place_cache_samples_what_transformers_cache_samples(backend):
-    """Keys and values written into spare room (``kv_cache.GrowingLayer``) give the tokens and log-probs of
-    transformers' ``DynamicCache``, with stored prefixes and rows leaving the batch."""
-    requests = _requests()
-    runs = []
-    for in_place in (False, True):
-        backend.in_place_cache = in_place
-        backend.forget()
-        first = backend.generate_batch(requests)   # from nothing, then from the stored prefixes
-        second = backend.generate_batch(requests)
-        runs.append(first + second)
-    backend.in_place_cache = True
-    for a, b in zip(*runs):
-        assert a.token_ids == b.token_ids
-        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
-
-
-def test_a_growing_layer_grows_and_selects_rows_like_a_dynamic_layer():
-    from transformers.cache_utils import DynamicLayer
-
-    from agent_trainer.outer_loop.agents.kv_cache import GrowingLayer
-
-    torch.manual_seed(0)
-    grow, plain = GrowingLayer(spare=2), DynamicLayer()
-    for n in (3, 1, 1, 4, 1):  # past the room it started with, twice
-        k, v = torch.randn(3, 2, n, 4), torch.randn(3, 2, n, 4)
-        for layer in (grow, plain):
-            keys, values = layer.update(k, v)
-        assert torch.equal(keys, plain.keys) and torch.equal(grow.values, plain.values)
-    assert grow.get_seq_length() == plain.get_seq_length() == 10
-    for layer in (grow, plain):
-        layer.batch_select_indices(torch.tensor([2, 0]))
-        layer.update(torch.ones(2, 2, 1, 4), torch.ones(2, 2, 1, 4))
-    assert torch.equal(grow.keys, plain.keys) and grow.keys.shape == (2, 2, 11, 4)

@@ -112,3 +112,26 @@ def test_disabled_tracker_logs_nothing(tmp_path):
         with tr.child("c") as c:
             c.log_artifact(tmp_path / "missing")
     assert tr.run_id is None and not (tmp_path / "mlflow.db").exists()
+
+
+def test_a_job_choice_of_any_shape_gives_metric_names_mlflow_accepts(tmp_path):
+    """An agent may write anything as base_model (seed 1 wrote {'r': 16, 'alpha': 2}): its share is logged under
+    ``other``, and no metric name ever ends the run."""
+    from agent_trainer.outer_loop.episode.episode import EpisodeResult
+    from agent_trainer.outer_loop.rl.train import step_metrics
+    from agent_trainer.tracking import metric_key
+
+    def result(base_model):
+        return EpisodeResult("e", "t", "calc_chain", "finished", {k: 0.0 for k in (
+            "total", "validation", "job_success", "quality", "speed")}, [], 1, [],
+            {"base_model": base_model, "algorithm": "sft", "peft": "full"}, 0, 0, 0.0, 1.0)
+
+    m = step_metrics([result({"r": 16, "alpha": 2}), result("tiny-m"), result("x" * 80), result("a/b")], {}, {}, None)
+    assert m["share_base_model_other"] == 0.75 and m["share_base_model_tiny-m"] == 0.25
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    with Tracker(uri, experiment="names") as tr:
+        tr.log_metrics({metric_key(k): v for k, v in m.items()}, step=0)
+        tr.log_metrics({"choice/share_base_model_{'r': 16}": 1.0}, step=1)  # the tracker's own guard
+        run_id = tr.run_id
+    keys = set(MlflowClient(tracking_uri=uri).get_run(run_id).data.metrics)
+    assert "choice/share_base_model_other" in keys and "choice/share_base_model___r_: 16_" in keys

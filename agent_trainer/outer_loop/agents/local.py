@@ -74,9 +74,6 @@ class LocalBackend(AgentBackend):
         # None: every turn runs its whole prompt.
         self.prefixes = (PrefixCache(prefix_cache_tokens)
                          if prefix_cache_tokens > 0 and supports_prefix_cache(model.config) else None)
-        # Keys and values written in place (agent_trainer.outer_loop.agents.kv_cache); False: transformers'
-        # DynamicCache, which copies the whole cache at every decode step (bench/kv_cache.py compares them).
-        self.in_place_cache = True
 
     @classmethod
     def from_path(cls, model_path: str | Path, *, device: str = "auto", dtype: str = "float32",
@@ -188,12 +185,9 @@ class LocalBackend(AgentBackend):
         kv = [(k[0].clone(), v[0].clone()) for k, v, *_ in getattr(out, _cache_kw())]
         self.prefixes.add(list(tokens), kv)
 
-    def _cache_of(self, found: list[tuple[Prefix | None, int]], width: int, spare: int = 0):
-        """A KV cache of ``width`` positions a row holding each row's stored prefix, right-aligned (left padding),
-        with room for ``spare`` more positions."""
+    def _cache_of(self, found: list[tuple[Prefix | None, int]], width: int):
+        """A KV cache of ``width`` positions a row holding each row's stored prefix, right-aligned (left padding)."""
         from transformers import DynamicCache
-
-        from agent_trainer.outer_loop.agents.kv_cache import growing_cache
 
         first = next(e for e, n in found if n)
         layers = []
@@ -206,7 +200,7 @@ class LocalBackend(AgentBackend):
                     keys[r, :, width - n:] = e.kv[layer][0][:, :n]
                     values[r, :, width - n:] = e.kv[layer][1][:, :n]
             layers.append((keys, values))
-        return growing_cache(layers, spare=spare) if self.in_place_cache else DynamicCache(layers)
+        return DynamicCache(layers)
 
     def _store_row(self, cache, row: int, mask: torch.Tensor, tokens: list[int]) -> None:
         """Keep row ``row``'s keys and values (its real positions, ``mask``) as the prefix ``tokens``."""
@@ -247,17 +241,10 @@ class LocalBackend(AgentBackend):
         ids: list[list[int]] = [[] for _ in range(n)]
         lps: list[list[float]] = [[] for _ in range(n)]
         active = list(range(n))          # rows still sampling, in cache order
-        spare = width + max(budgets)
-        if cached:
-            cache = self._cache_of(found, cached, spare)
-        else:
-            from agent_trainer.outer_loop.agents.kv_cache import growing_cache
-
-            cache = growing_cache(spare=spare) if self.in_place_cache else None
-        cache_kw = _cache_kw()
+        cache, cache_kw = (self._cache_of(found, cached) if cached else None), _cache_kw()
         while active:
             out = self.model(input_ids=inp, attention_mask=attn, position_ids=pos, use_cache=True,
-                             logits_to_keep=1, **({cache_kw: cache} if cache is not None else {}))
+                             logits_to_keep=1, **{cache_kw: cache})
             cache = getattr(out, cache_kw)
             logits = out.logits[:, -1].float()
             keep: list[int] = []

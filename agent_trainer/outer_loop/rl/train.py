@@ -14,6 +14,7 @@ Run folder, checkpoints and ``resume=True``: docs/outer_loop.md, "Outer training
 from __future__ import annotations
 
 import json
+import re
 import os
 import random
 import shutil
@@ -127,6 +128,15 @@ def read_metrics_file(run_dir: Path) -> list[dict]:
     return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
 
 
+_LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,39}")
+
+
+def choice_label(value: object) -> str:
+    """A job's choice as part of a metric name: the value when it is a short name, else ``other`` (an agent may
+    write anything in job.yaml; a metric name it shapes must stay one MLflow accepts)."""
+    return value if isinstance(value, str) and _LABEL.fullmatch(value) else "other"
+
+
 def step_metrics(results: list[EpisodeResult], update: dict, seconds: dict, ledger,
                  prefix: str = "") -> dict[str, float]:
     """Reward, stages, choices and cost of one step's episodes."""
@@ -150,7 +160,7 @@ def step_metrics(results: list[EpisodeResult], update: dict, seconds: dict, ledg
     ups = [r.reward["uplift"] for r in results if r.reward.get("uplift") is not None]
     m["uplift_mean"] = sum(ups) / len(ups) if ups else 0.0
     for key in ("base_model", "algorithm", "peft"):
-        values = [r.choices.get(key) for r in results if r.choices]
+        values = [choice_label(r.choices.get(key)) for r in results if r.choices]
         for v in sorted(set(values)):
             m[f"share_{key}_{v}"] = values.count(v) / n
     m = {prefix + k: v for k, v in m.items()}
