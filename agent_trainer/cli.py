@@ -169,7 +169,12 @@ def _call(run: Callable[[DictConfig], Any], cfg: DictConfig, info: sweeps.JobInf
           user_errors: ErrorClasses | Callable[[], ErrorClasses], value_name: str) -> Any:
     full = os.environ.get("HYDRA_FULL_ERROR") == "1"
     try:
-        value = run(cfg)
+        try:
+            value = run(cfg)
+        except SystemExit as e:
+            if type(e).__name__ == "SIGTERMException":  # Lightning's own SIGTERM handler, during a fit
+                raise Terminated() from None
+            raise
     except KeyboardInterrupt as e:
         why = "terminated (SIGTERM)" if isinstance(e, Terminated) else "interrupted"
         _record(cfg, info, "killed", why)
