@@ -142,6 +142,9 @@ def call(run: Callable[[DictConfig], Any], cfg: DictConfig,
             _drop_stub(info)
 
 
+_sigterm_seen = [False]  # set by the SIGTERM handler of the current call
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM (``kill``, a scheduler's cancel), handled as Ctrl-C: the run is recorded as killed, not left running."""
 
@@ -156,8 +159,10 @@ def _sigterm_as_interrupt():
         return
 
     def terminated(signum, frame):
+        _sigterm_seen[0] = True
         raise Terminated()
 
+    _sigterm_seen[0] = False
     before = signal.signal(signal.SIGTERM, terminated)
     try:
         yield
@@ -172,7 +177,9 @@ def _call(run: Callable[[DictConfig], Any], cfg: DictConfig, info: sweeps.JobInf
         try:
             value = run(cfg)
         except SystemExit as e:
-            if type(e).__name__ == "SIGTERMException":  # Lightning's own SIGTERM handler, during a fit
+            # During a fit Lightning chains to our handler, catches its Terminated as a KeyboardInterrupt and
+            # exits 1 (or raises its own SIGTERMException): still a kill
+            if _sigterm_seen[0] or type(e).__name__ == "SIGTERMException":
                 raise Terminated() from None
             raise
     except KeyboardInterrupt as e:
