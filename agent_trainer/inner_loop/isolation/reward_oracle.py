@@ -21,7 +21,6 @@ agent (``JobResult.visible()``). What it covers and what not: docs/security.md.
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -50,22 +49,14 @@ class OracleReport:
 
 
 def _file_rows(job_dir: Path, name: str) -> list[dict]:
-    """Rows of an agent data file that have a text prompt and a text answer (the first ``MAX_ROWS_SCANNED``)."""
-    rows = []
+    """The first ``MAX_ROWS_SCANNED`` rows of an agent data file, read as the trainer reads them (none when the
+    file does not read: the validation has refused the job then)."""
+    from agent_trainer.inner_loop.train.data import DataFileError, read_data_file
+
     try:
-        with open(job_dir / name, encoding="utf-8", errors="replace") as f:
-            for n, line in enumerate(f):
-                if n >= MAX_ROWS_SCANNED:
-                    break
-                try:
-                    row = json.loads(line)
-                except (ValueError, RecursionError):
-                    continue
-                if isinstance(row, dict) and isinstance(row.get("prompt"), str) and isinstance(row.get("answer"), str):
-                    rows.append(row)
-    except OSError:
-        pass
-    return rows
+        return read_data_file(job_dir / name)[:MAX_ROWS_SCANNED]
+    except (DataFileError, OSError):
+        return []
 
 
 def nearest_hidden(prompts: list[str], hidden: list[str], k: int = NEAREST) -> list[list[tuple[float, int]]]:

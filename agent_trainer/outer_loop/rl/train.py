@@ -14,9 +14,9 @@ Run folder, checkpoints and ``resume=True``: docs/outer_loop.md, "Outer training
 from __future__ import annotations
 
 import json
-import re
 import os
 import random
+import re
 import shutil
 import threading
 import time
