@@ -55,7 +55,7 @@ def run(cfg: DictConfig) -> list[dict] | None:
     src_dir = source_dir(cfg)
     adopt_source_settings(cfg, src_dir)
     # Everything a user can get wrong is checked before the run folder is made.
-    src = fork.load_source(src_dir, cfg.episode, cfg.at, max_jobs=cfg.budget.max_jobs_per_episode)
+    src = fork.load_source(src_dir, cfg.episode, cfg.at, max_jobs_per_episode=cfg.budget.max_jobs_per_episode)
     branches = [fork.make_branch(b, src) for b in cfg.branches]
     slugs = [b.slug for b in branches]
     if not branches or len(set(slugs)) != len(slugs):

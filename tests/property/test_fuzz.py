@@ -323,7 +323,7 @@ def test_bad_tool_calls_answer_with_messages_and_stay_in_the_workspace(tmp_path,
     @given(calls=st.lists(TOOL_CALL, min_size=1, max_size=4))
     def check(calls):
         ran.append(1)
-        box = ToolBox(ws, TASK, limits=ToolLimits(max_turns=8, max_jobs=2), jobs_dir=jobs, defer_jobs=True,
+        box = ToolBox(ws, TASK, limits=ToolLimits(max_turns=8, max_jobs_per_episode=2), jobs_dir=jobs, defer_jobs=True,
                       validate_kwargs={"dry_run": False}, compute_missing_baselines=False)
         for name, arguments in calls:
             res = box.call(name, arguments)
@@ -387,7 +387,7 @@ def test_tool_call_text_parses_to_calls_or_content_never_an_exception(tmp_path, 
         json.dumps(msg).encode("utf-8")
         for tc in msg.get("tool_calls", []):
             assert isinstance(json.loads(tc["function"]["arguments"].encode("utf-8")), dict)
-        box = ToolBox(ws, TASK, limits=ToolLimits(max_turns=8, max_jobs=1), jobs_dir=jobs, defer_jobs=True,
+        box = ToolBox(ws, TASK, limits=ToolLimits(max_turns=8, max_jobs_per_episode=1), jobs_dir=jobs, defer_jobs=True,
                       validate_kwargs={"dry_run": False}, compute_missing_baselines=False)
         for c in calls:
             res = box.call(c["name"], c["arguments"])

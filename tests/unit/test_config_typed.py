@@ -98,8 +98,7 @@ def test_settings_carry_the_schema_values(typed, which, tmp_path):
     if c.task.train_families:
         assert s.train_tasks == [c.task.spec_pattern.format(family=f) for f in c.task.train_families]
 
-    assert_carries(s.episode, {**same_names(EpisodeSettings, c.agent),
-                               "max_jobs": (c.budget, "max_jobs_per_episode"),
+    assert_carries(s.episode, {**same_names(EpisodeSettings, c.agent, c.budget),
                                "reward_pick": (c.strategy, "episode_reward")}, not_config={"reward"})
     assert run_config.episode_settings(c) == s.episode
 
@@ -136,7 +135,7 @@ def test_tool_limits_come_from_the_episode_settings(typed, tmp_path):
 
     ep = Episode(backend=None, task=load_task(ROOT / "examples/tasks/calc_chain_v1_tiny.json"),
                  episode_dir=tmp_path / "ep", settings=settings)
-    assert (ep.box.limits.max_turns, ep.box.limits.max_jobs) == (c.agent.max_turns, c.budget.max_jobs_per_episode)
+    assert (ep.box.limits.max_turns, ep.box.limits.max_jobs_per_episode) == (c.agent.max_turns, c.budget.max_jobs_per_episode)
 
 
 def test_defaults_are_the_schema_defaults():
@@ -145,11 +144,11 @@ def test_defaults_are_the_schema_defaults():
     assert_carries(PolicyConfig(), same_names(PolicyConfig, o), not_config={"lora_dropout", "weight_decay"})
     assert_carries(TrainSettings(), {**same_names(TrainSettings, o), "seed": (Config(), "seed")},
                    not_config={"train_tasks", "heldout_tasks", "policy", "episode", "job"})
-    assert_carries(EpisodeSettings(), {**same_names(EpisodeSettings, a), "max_jobs": (b, "max_jobs_per_episode"),
+    assert_carries(EpisodeSettings(), {**same_names(EpisodeSettings, a, b),
                                        "reward_pick": (s, "episode_reward")}, not_config={"reward"})
     assert_carries(SteeringSettings(), {**same_names(SteeringSettings, s),
                                         "show_evaluation": (EvaluatorConfig(), "show_to_agent")}, not_config=set())
-    assert_carries(ToolLimits(), {"max_turns": (a, "max_turns"), "max_jobs": (b, "max_jobs_per_episode")},
+    assert_carries(ToolLimits(), same_names(ToolLimits, a, b),
                    not_config={"max_read_chars", "max_result_chars"})
     assert_carries(SandboxPolicy(), same_names(SandboxPolicy, InnerConfig()), not_config=SANDBOX_NOT_CONFIG)
     sources = job_sources(Config(inner=InnerConfig(), hardware=HardwareConfig()))

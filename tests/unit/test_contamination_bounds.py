@@ -50,9 +50,9 @@ def test_an_expansion_job_at_the_size_cap_ends_invalid_at_once_in_a_small_harnes
     pad = (MAX_FILE_BYTES - 200) // len(EXPANDS.encode())
     job = _job(tmp_path / "job", [{"prompt": "calc: 1+2=", "answer": "3", "note": EXPANDS * pad}])
     assert MAX_FILE_BYTES - 1024 < (job / "data.jsonl").stat().st_size <= MAX_FILE_BYTES
-    before, t0 = _peak_rss_mb(), time.monotonic()
+    before, t0 = _peak_rss_mb(), time.process_time()   # CPU time of this process: the bound holds under load
     res = run_job(job, TASK, output_dir=tmp_path / "out", threads=1, cache=False, warm_workers=False)
-    seconds = time.monotonic() - t0
+    seconds = time.process_time() - t0
     assert res.status == "invalid", res.findings
     assert any(f"under {MAX_FIELD_CHARS}" in f["message"] for f in res.findings), res.findings
     assert seconds < 10, f"{seconds:.1f} s"
@@ -60,10 +60,10 @@ def test_an_expansion_job_at_the_size_cap_ends_invalid_at_once_in_a_small_harnes
 
 
 def test_folding_refuses_an_expansion_chunk_by_chunk():
-    t0 = time.monotonic()
+    t0 = time.process_time()
     with pytest.raises(FoldTooLarge):
         fold(EXPANDS * (MAX_FOLDED_CHARS // 17))
-    assert time.monotonic() - t0 < 5
+    assert time.process_time() - t0 < 5
     assert fold("CALC\u00a0١") == "calc 1"
 
 

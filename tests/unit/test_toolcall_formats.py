@@ -340,10 +340,10 @@ def test_openai_parser_survives_600_generated_lists():
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_pathological_text_is_quick_and_no_call(fmt):
-    t0 = time.monotonic()
+    t0 = time.process_time()      # CPU time: the bound holds however loaded the machine is
     for text in ("<tool_call>" + "[" * 200_000, "[\n" * 50_000, "[TOOL_CALLS]" * 20_000 + "[",
                  '{"name": "a", "parameters": "' + "[" * 100_000 + '"}', "<tool_call><function=" * 20_000):
         p = parse(fmt, text)
         check_shape(p, text)
         assert p.calls == []
-    assert time.monotonic() - t0 < 5.0
+    assert time.process_time() - t0 < 5.0

@@ -37,7 +37,7 @@ def ws(tmp_path, task):
 
 @pytest.fixture
 def box(ws, task, tmp_path):
-    return ToolBox(ws, task, limits=ToolLimits(max_turns=3, max_jobs=2, max_read_chars=100),
+    return ToolBox(ws, task, limits=ToolLimits(max_turns=3, max_jobs_per_episode=2, max_read_chars=100),
                    jobs_dir=tmp_path / "episode" / "jobs", validate_kwargs={"dry_run": False},
                    job_settings=JobSettings(dry_run=False, progress=False, cache=False))
 
@@ -138,9 +138,9 @@ def test_validate_then_submit_counts_retries_and_hides_results(box, task, tmp_pa
 
 def test_limits_and_budget(box, tmp_path):
     box.call("write_file", {"path": "job.yaml", "content": VALID_JOB})
-    box.limits.max_jobs = 0
+    box.limits.max_jobs_per_episode = 0
     assert "job limit reached" in box.call("submit_job", {}).text
-    box.limits.max_jobs = 2
+    box.limits.max_jobs_per_episode = 2
     box.ledger = Ledger.open(tmp_path / "run", budget=BudgetConfig(max_jobs_per_episode=0))
     res = box.call("submit_job", {})
     assert not res.ok and "not submitted" in res.text and "budget.max_jobs_per_episode" in res.text and not box.state.jobs

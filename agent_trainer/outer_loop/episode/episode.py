@@ -42,7 +42,7 @@ class EpisodeSettings:
     ``strategy.episode_reward``, with the schema's defaults (``agent_trainer.config``)."""
 
     max_turns: int = AgentConfig.max_turns
-    max_jobs: int = BudgetConfig.max_jobs_per_episode
+    max_jobs_per_episode: int = BudgetConfig.max_jobs_per_episode
     temperature: float = AgentConfig.temperature
     max_new_tokens: int = AgentConfig.max_new_tokens
     validate_dry_run: bool = AgentConfig.validate_dry_run   # the dry run costs seconds per validate_job
@@ -149,7 +149,7 @@ class Episode:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.ws = Workspace.create(self.dir / "workspace", task)
         self.box = ToolBox(self.ws, task, limits=ToolLimits(max_turns=self.settings.max_turns,
-                                                             max_jobs=self.settings.max_jobs),
+                                                             max_jobs_per_episode=self.settings.max_jobs_per_episode),
                            jobs_dir=self.dir / "jobs", ledger=ledger, episode=self.id, defer_jobs=defer_jobs,
                            job_settings=job_settings, validate_kwargs={"dry_run": self.settings.validate_dry_run})
         self.steering = steering
@@ -245,7 +245,7 @@ class Episode:
         otherwise or waiting for a job)."""
         if self.status == "running" and not self.waiting:
             st = self.box.state
-            self.status = ("finished" if st.finished else "max_jobs" if st.submitted >= self.box.limits.max_jobs
+            self.status = ("finished" if st.finished else "max_jobs" if st.submitted >= self.box.limits.max_jobs_per_episode
                            else "max_turns")
         return self.status
 

@@ -1,7 +1,7 @@
 """The agent's tools: JSON schemas (OpenAI function format) and a ``ToolBox`` that never raises.
 
     >>> from agent_trainer.outer_loop.episode.tools import ToolBox, ToolLimits
-    >>> box = ToolBox(workspace, task, limits=ToolLimits(max_turns=8, max_jobs=2),
+    >>> box = ToolBox(workspace, task, limits=ToolLimits(max_turns=8, max_jobs_per_episode=2),
     ...               jobs_dir="runs/r1/episodes/0/jobs", ledger=ledger, episode="0")
     >>> tools = box.schemas()                          # give these to AgentBackend.generate
     >>> box.call("write_file", {"path": "job.yaml", "content": "..."})   # ToolResult(text, ok, data)
@@ -39,7 +39,7 @@ class ToolLimits:
     """Per-episode limits (``agent.max_turns``, ``budget.max_jobs_per_episode``; the schema's defaults)."""
 
     max_turns: int = AgentConfig.max_turns
-    max_jobs: int = BudgetConfig.max_jobs_per_episode
+    max_jobs_per_episode: int = BudgetConfig.max_jobs_per_episode
     max_read_chars: int = 8000
     max_result_chars: int = 6000
 
@@ -209,7 +209,7 @@ class ToolBox:
     def done(self) -> bool:
         """No more agent turns: finished, out of turns, or every allowed job submitted."""
         return (self.state.finished or self.state.turns >= self.limits.max_turns
-                or self.state.submitted >= self.limits.max_jobs)
+                or self.state.submitted >= self.limits.max_jobs_per_episode)
 
     def call(self, name: str, arguments: Any = None) -> ToolResult:
         """Run one tool call; every failure is a ``ToolResult(ok=False)`` with a message, never an exception."""
@@ -299,8 +299,8 @@ class ToolBox:
                           data=report.to_dict())
 
     def _submit_job(self, path: str = ".") -> ToolResult:
-        if self.state.submitted >= self.limits.max_jobs:
-            return ToolResult(f"job limit reached ({self.limits.max_jobs} per episode); call finish", ok=False)
+        if self.state.submitted >= self.limits.max_jobs_per_episode:
+            return ToolResult(f"job limit reached ({self.limits.max_jobs_per_episode} per episode); call finish", ok=False)
         job_dir = self._job_dir(path)
         if self.ledger is not None:
             from agent_trainer.outer_loop.episode.ledger import BudgetExhausted
@@ -322,7 +322,7 @@ class ToolBox:
             # The episode runner runs every pending job of a batch in parallel, then calls complete().
             self.state.pending.append(pending)
             # With jobs left the episode waits for the result (Episode.waiting) before the agent's next turn.
-            when = ("its result follows when it has run" if self.state.submitted < self.limits.max_jobs
+            when = ("its result follows when it has run" if self.state.submitted < self.limits.max_jobs_per_episode
                     else "it runs when this episode's turns are over")
             return ToolResult(f"job {pending.agent_path} submitted; {when}", data={"pending": k})
         from agent_trainer.inner_loop.run.job import run_request
@@ -344,7 +344,7 @@ class ToolBox:
                                    job_hash=result.job_hash, job_usd=result.usd)
         visible = result.visible()
         # The copy's location is the harness's business; the agent knows the job by its own path.
-        text = _job_text(visible, self.limits.max_jobs - self.state.submitted)
+        text = _job_text(visible, self.limits.max_jobs_per_episode - self.state.submitted)
         text = text.replace(str(pending.job_dir), pending.agent_path).replace(str(self.jobs_dir), "<jobs>")
         return ToolResult(text, ok=result.status == "ok", data=visible)
 

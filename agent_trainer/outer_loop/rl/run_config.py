@@ -40,7 +40,7 @@ def spec_paths(cfg: Conf, families) -> list[str]:
 def episode_settings(cfg: Conf) -> EpisodeSettings:
     """``EpisodeSettings`` from the agent, budget and strategy groups."""
     c = typed(cfg)
-    return settings_from(EpisodeSettings, c.agent, max_jobs=c.budget.max_jobs_per_episode,
+    return settings_from(EpisodeSettings, c.agent, max_jobs_per_episode=c.budget.max_jobs_per_episode,
                          reward=RewardWeights(), reward_pick=c.strategy.episode_reward)
 
 

@@ -242,7 +242,7 @@ class Steering:
         self._resolve(ep, rec)
         self.records.append(rec)
         ep.log({"event": "strategy_job", **rec.brief(), "ran": ran, "base_dev": self.base_dev})
-        jobs_left = ep.box.limits.max_jobs - ep.box.state.submitted
+        jobs_left = ep.box.limits.max_jobs_per_episode - ep.box.state.submitted
         if not live or jobs_left <= 0 or ep.box.state.finished:
             return []
         msgs = []
