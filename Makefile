@@ -27,6 +27,6 @@ test: setup
 	$(BIN)/pytest -p no:cacheprovider --timeout=$(TEST_TIMEOUT) -n $(TEST_WORKERS) --dist worksteal tests
 
 # Unit tests only, for a quick check while editing: no model is built or imported (tests that need one the
-# cache lacks are skipped with the reason; tests/helpers/run_if.py).
+# cache lacks are skipped with the reason; tests/helpers/run_if.py). About 2 minutes of CPU, on both cores.
 test-fast: setup
-	$(BIN)/pytest -p no:cacheprovider --timeout=$(TEST_TIMEOUT) -m "not slow" --no-model-builds tests/unit
+	$(BIN)/pytest -p no:cacheprovider --timeout=$(TEST_TIMEOUT) -n $(TEST_WORKERS) -m "not slow" --no-model-builds tests/unit

@@ -104,6 +104,10 @@ def test_seed_report_rows_and_mean(store, capsys):
     # seed 0 gains 0.170, seed 1 0.060, seed 2 0.213: two above 0.10; held-out intervals above 0: seeds 0 and 2
     assert "training gain above 0.10: **2 of 3**" in md and "held-out gain interval lies above 0: **2 of 3**" in md
     assert "training gain interval lies above 0: **2 of 3**" in md   # seeds 0 and 2
+    # the mean over seeds with Student's t (2 df: 4.303): 0.1478 ± 4.303 * sd / sqrt(3)
+    m, sd = statistics.fmean(gains), statistics.stdev(gains)
+    assert (f"training gain **{m:+.3f} [{m - 4.303 * sd / 3 ** 0.5:+.3f}, {m + 4.303 * sd / 3 ** 0.5:+.3f}]**"
+            in md), md
     assert md in capsys.readouterr().out, "at-compare prints the seed report"
 
 

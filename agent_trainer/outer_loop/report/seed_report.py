@@ -18,6 +18,9 @@ from agent_trainer.outer_loop.report.compare import RunData, differing_keys, sho
 
 K = 3            # first / last steps, as at-train's summary
 GAIN_BAR = 0.10  # the training gain a seed should clear
+# Student's t, 97.5% quantile, by degrees of freedom 1-30 (seeds - 1); beyond, 1.96 + 2.5 / df is within 0.002.
+T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+        2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
 NUMBERS = ("reward_first3", "reward_last3", "reward_gain", "heldout_start", "heldout_end", "heldout_gain",
            "share_algorithm_sft_first3", "share_algorithm_sft_last3", "valid_first_try_first3",
            "valid_first_try_last3")
@@ -70,13 +73,28 @@ def seed_row(run: RunData) -> dict[str, Any]:
     return row
 
 
+def t_interval(values: Sequence[float]) -> tuple[float, float] | None:
+    """The 95% Student-t interval of the mean of ``values`` (each seed one observation; None under 2)."""
+    if len(values) < 2:
+        return None
+    df = len(values) - 1
+    t = T975[df - 1] if df <= len(T975) else 1.96 + 2.5 / df
+    mean, half = statistics.fmean(values), t * statistics.stdev(values) / len(values) ** 0.5
+    return mean - half, mean + half
+
+
 def summary_row(rows: Sequence[dict]) -> dict[str, Any]:
-    """Mean and sd (n - 1) over the rows of each of ``NUMBERS``, and the counts of clear gains."""
+    """Mean and sd (n - 1) over the rows of each of ``NUMBERS``, the 95% t interval of the mean training and
+    held-out gains (seeds as the unit: what a fresh seed of the recipe can be expected to gain), and the counts
+    of clear gains."""
     out: dict[str, Any] = {"seeds": len(rows)}
     for key in NUMBERS:
         vals = [r[key] for r in rows if r.get(key) is not None]
         out[f"{key}_mean"] = statistics.fmean(vals) if vals else None
         out[f"{key}_sd"] = statistics.stdev(vals) if len(vals) > 1 else None
+    for key in ("reward_gain", "heldout_gain"):
+        ci = t_interval([r[key] for r in rows if r.get(key) is not None])
+        out[f"{key}_mean_lo"], out[f"{key}_mean_hi"] = ci if ci else (None, None)
     out["gain_above_bar"] = sum(1 for r in rows if r.get("reward_gain") is not None and r["reward_gain"] > GAIN_BAR)
     out["gain_above_0"] = sum(1 for r in rows if r.get("reward_gain_lo") is not None and r["reward_gain_lo"] > 0)
     known = [r["heldout_gain_lo"] for r in rows if r.get("heldout_gain_lo") is not None]
@@ -118,6 +136,10 @@ def _pm(s: dict, key: str, signed: bool = False) -> str:
     return "-" if mean is None else _num(mean, signed) + ("" if sd is None else f" ± {sd:.3f}")
 
 
+def _mean_ci(s: dict, key: str) -> str:
+    return _ci(s[f"{key}_mean"], s[f"{key}_mean_lo"], s[f"{key}_mean_hi"], True)
+
+
 MD_HEADER = ("seed", "reward first3 -> last3", "training gain", "held-out start [95% CI]", "held-out end [95% CI]",
              "held-out gain, paired [95% CI]", "SFT share first3 -> last3", "valid first try first3 -> last3", "run")
 
@@ -151,7 +173,9 @@ def markdown(groups: Sequence[tuple[str, list[dict], dict]]) -> str:
                   f"Seeds with a training gain above {GAIN_BAR:.2f}: **{s['gain_above_bar']} of {s['seeds']}**; "
                   f"whose training gain interval lies above 0: **{s['gain_above_0']} of {s['seeds']}**. "
                   f"Seeds whose held-out gain interval lies above 0: **{s['heldout_gain_above_0']} of "
-                  f"{s['heldout_gain_known']}** with a held-out gain.", ""]
+                  f"{s['heldout_gain_known']}** with a held-out gain. Mean over seeds, 95% t interval (seeds as "
+                  f"the unit): training gain **{_mean_ci(s, 'reward_gain')}**, held-out gain "
+                  f"**{_mean_ci(s, 'heldout_gain')}**.", ""]
     return "\n".join(lines)
 
 
