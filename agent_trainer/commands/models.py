@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import hydra
@@ -20,6 +21,8 @@ from omegaconf import DictConfig
 from agent_trainer import cli
 from agent_trainer.config import CONFIG_DIR
 from agent_trainer.commands._errors import user_errors
+
+log = logging.getLogger(__name__)
 
 
 def run(cfg: DictConfig) -> dict[str, Path] | None:
@@ -39,6 +42,8 @@ def run(cfg: DictConfig) -> dict[str, Path] | None:
             f"{a} factor": f"{f:g}" + (f"  ({m['seconds_per_step']:.3f} s a step at batch {m['batch_size']})"
                                        if (m := profile["measured"].get(a)) else "  (as sft)")
             for a, f in profile["factors"].items()}})
+        if profile["busy"]:
+            log.warning(profile["busy"])
         return None
     from agent_trainer.inner_loop.models import build_all
     from agent_trainer.outer_loop.agents.agent_model import register

@@ -53,6 +53,7 @@ def test_calibration_measures_a_model_and_predicts_its_steps(built_models, tmp_p
     # machine's load moves a timing, so only a band is asserted (a factor off by an order is a bug).
     assert all(f > 0 for f in factors.values()), factors
     assert 0.25 < factors["sft:chat"] / factors["sft"] < 4 and 0.25 < factors["grpo:chat"] / factors["grpo"] < 4, factors
+    assert all(m["cpu_share"] > 0 for m in profile["measured"].values()), profile["measured"]
     stored = json.loads((tmp_path / "cache" / "cost_profiles.json").read_text())[machine_key("cpu")]["tiny-s"]
     assert stored["factors"] == factors and stored["measured"]["sft"]["steps_timed"] >= 10
     # The profile gives back the measured seconds per step for the job it timed.

@@ -92,3 +92,16 @@ def test_rows_are_priced_per_token_and_reference_rows_as_before():
     assert ref == estimate_cost(spec, tokens=RowTokens()).step_seconds == pytest.approx(0.008 + 64 * 0.0005)
     # measured (CPU seconds, one thread): word_math rows (38 tokens) cost 2.2x calc_chain's (10) a step
     assert 1.5 < longer / ref < 3.0 and estimate_cost(spec, tokens=short).step_seconds < ref
+
+
+def test_a_calibration_on_a_busy_machine_says_so():
+    """Calibration times the wall clock (it prices the safety cap and dollars); a job that got a fraction of
+    the CPU measured the machine's load, and at-models says so instead of storing it silently."""
+    from agent_trainer.inner_loop.spec.calibrate import busy_warning
+
+    alone = {"sft": {"cpu_share": 1.9}, "grpo": {"cpu_share": 1.2}}
+    assert busy_warning(alone) is None
+    shared = {"sft": {"cpu_share": 0.12}, "grpo": {"cpu_share": 1.2}, "sft:chat": {"cpu_share": 0.3}}
+    line = busy_warning(shared)
+    assert line and "busy" in line and "sft 0.12" in line and "sft:chat 0.30" in line and "grpo" not in line
+    assert busy_warning(shared, device="cuda") is None, "a GPU job's CPU time says nothing of its speed"

@@ -31,8 +31,9 @@ JOBS = {
 
 
 def _timed_job(name: str, model_dir: Path, job: dict, device: str, folder: Path, fmt=None,
-               threads: int | None = None, family: str = "calc_chain") -> tuple[float, int]:
-    """(seconds per step after the first, steps timed) of one calibration job, run as jobs run (its own process)."""
+               threads: int | None = None, family: str = "calc_chain") -> tuple[float, int, float]:
+    """(seconds per step after the first, steps timed, CPU seconds per wall second over those steps) of one
+    calibration job, run as jobs run (its own process)."""
     from agent_trainer.inner_loop.run.worker import Training, run_worker
     from agent_trainer.inner_loop.train.train import TRAIN_LOG
 
@@ -47,9 +48,10 @@ def _timed_job(name: str, model_dir: Path, job: dict, device: str, folder: Path,
         raise RuntimeError(f"the calibration job ({job['algorithm']}) ended {run.status.get('status')}: "
                            f"{run.status.get('detail')} {run.status.get('error', '')[-500:]}")
     log = [json.loads(line) for line in (folder / "out" / TRAIN_LOG).read_text().splitlines() if line.strip()]
-    times = {r["step"]: r["seconds"] for r in log if "seconds" in r}
+    times = {r["step"]: (r["seconds"], r.get("cpu_seconds", 0.0)) for r in log if "seconds" in r}
     first, last = min(times), max(times)
-    return (times[last] - times[first]) / max(1, last - first), last - first
+    wall, cpu = times[last][0] - times[first][0], times[last][1] - times[first][1]
+    return wall / max(1, last - first), last - first, cpu / wall if wall > 0 else 0.0
 
 
 def calibrate(name: str, cache_dir=None, device: str = "cpu", progress: bool = True,
@@ -73,8 +75,8 @@ def calibrate(name: str, cache_dir=None, device: str = "cpu", progress: bool = T
         for algorithm, job in JOBS.items():
             key = algorithm if kind == "raw" else f"{algorithm}:{kind}"
             with tempfile.TemporaryDirectory(prefix=f"calibrate-{algorithm}-") as tmp:
-                step_s, timed = _timed_job(name, model_dir, job, device, Path(tmp), for_family(family, kind),
-                                           threads, family)
+                step_s, timed, cpu_share = _timed_job(name, model_dir, job, device, Path(tmp),
+                                                      for_family(family, kind), threads, family)
             spec = JobSpec.model_validate({"base_model": "tiny-s", "seed": 0,
                                            "data": {"sources": [{"family": family, "seed": 1, "size": 400}]}, **job},
                                           context={"task_family": family})
@@ -82,8 +84,26 @@ def calibrate(name: str, cache_dir=None, device: str = "cpu", progress: bool = T
             tiny_step = estimate_cost(spec, base, tokens=tokens).step_seconds  # tiny-s's, by the coefficients
             factors[key] = round(step_s / tiny_step, 2)
             measured[key] = {"seconds_per_step": round(step_s, 4), "steps_timed": timed,
-                             "batch_size": job["hyperparameters"]["batch_size"]}
+                             "batch_size": job["hyperparameters"]["batch_size"], "cpu_share": round(cpu_share, 2)}
         suffix = "" if kind == "raw" else f":{kind}"
         factors["dpo" + suffix] = factors["sft" + suffix]
     save_profile(machine_key(device), name, factors, measured, cache_dir)
-    return {"machine": machine_key(device), "factors": factors, "measured": measured}
+    return {"machine": machine_key(device), "factors": factors, "measured": measured,
+            "busy": busy_warning(measured, device)}
+
+
+BUSY_SHARE = 0.5   # CPU seconds per wall second under which a CPU job shared its cores with other work
+
+
+def busy_warning(measured: dict, device: str = "cpu") -> str | None:
+    """A line when a CPU calibration job ran less than ``BUSY_SHARE`` of the wall clock on the CPU: other work
+    took its cores, so its seconds (and the factors from them) are too high for this machine."""
+    if device != "cpu":
+        return None
+    busy = {k: m["cpu_share"] for k, m in measured.items() if m.get("cpu_share", 1.0) < BUSY_SHARE}
+    if not busy:
+        return None
+    shares = ", ".join(f"{k} {v:.2f}" for k, v in busy.items())
+    return (f"the machine was busy: the calibration jobs ran on the CPU only part of the time (CPU seconds per "
+            f"wall second: {shares}; a job alone runs at 1 or more), so these factors price this machine too "
+            f"high; rerun at-models calibrate when nothing else runs")
