@@ -136,6 +136,21 @@ def test_validate_then_submit_counts_retries_and_hides_results(box, task, tmp_pa
     assert outcome.status == "invalid" and outcome.budget_seconds == 30
 
 
+def test_a_job_submitted_unchanged_after_an_invalid_validation_is_counted(ws, task, tmp_path):
+    """The habit the SmolLM2 agent learned (docs/real_models.md): validate, read INVALID, submit the same file."""
+    box = ToolBox(ws, task, limits=ToolLimits(max_turns=9, max_jobs_per_episode=3), jobs_dir=tmp_path / "jobs",
+                  validate_kwargs={"dry_run": False}, defer_jobs=True,
+                  job_settings=JobSettings(dry_run=False, progress=False, cache=False))
+    box.call("write_file", {"path": "job.yaml", "content": INVALID_JOB})
+    assert not box.call("validate_job", {}).ok
+    assert box.call("submit_job", {}).ok and box.state.submitted_unfixed == 1     # unchanged: counted
+    box.call("write_file", {"path": "job.yaml", "content": INVALID_JOB + "# edited\n"})
+    assert box.call("submit_job", {}).ok and box.state.submitted_unfixed == 1     # changed since: not counted
+    box.call("write_file", {"path": "job.yaml", "content": VALID_JOB})
+    assert box.call("validate_job", {}).ok
+    assert box.call("submit_job", {}).ok and box.state.submitted_unfixed == 1     # valid: not counted
+
+
 def test_limits_and_budget(box, tmp_path):
     box.call("write_file", {"path": "job.yaml", "content": VALID_JOB})
     box.limits.max_jobs_per_episode = 0

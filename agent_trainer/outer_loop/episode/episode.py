@@ -125,6 +125,7 @@ class EpisodeResult:
     seconds: float
     strategy: dict[str, Any] = field(default_factory=dict)   # labels, switches, steering
                                                              # (agent_trainer.outer_loop.strategy.strategy)
+    submitted_unfixed: int = 0   # jobs submitted unchanged after validate_job called them INVALID
 
     def summary(self) -> dict[str, Any]:
         """Everything but the token-level turns (for summary.json and MLflow)."""
@@ -309,6 +310,7 @@ class Episode:
             reward=stages.to_dict(), turns=self.turns, n_turns=st.turns, jobs=jobs,
             choices=submitted_choices(self.dir / "jobs"), tokens_in=self.tokens_in, tokens_out=self.tokens_out,
             usd=usd, seconds=time.time() - self._t0, strategy=self.strategy_summary(),
+            submitted_unfixed=st.submitted_unfixed,
         )
         self.log({"event": "reward", **stages.to_dict()})
         self._traj.close()

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from agent_trainer.config import AgentConfig, BudgetConfig
+from agent_trainer.inner_loop.run.cache import folder_digest
 from agent_trainer.inner_loop.run.request import JobRequest, JobSettings
 from agent_trainer.outer_loop.episode.workspace import Workspace, WorkspaceError
 
@@ -64,6 +65,9 @@ class EpisodeState:
     finished: bool = False
     summary: str = ""
     pending: list["PendingJob"] = field(default_factory=list)  # submitted, not yet run (deferred mode)
+    # Jobs submitted unchanged after validate_job called them INVALID (a habit to watch in RL: docs/real_models.md)
+    submitted_unfixed: int = 0
+    invalid_seen: dict[str, str] = field(default_factory=dict)  # job folder -> digest of what validation refused
 
     @property
     def submitted(self) -> int:
@@ -295,6 +299,10 @@ class ToolBox:
         job_dir = self._job_dir(path)
         report = validate_job(job_dir, self.task, **self.validate_kwargs)
         self.state.validations.append(bool(report.ok))
+        if report.ok:
+            self.state.invalid_seen.pop(str(job_dir), None)
+        else:
+            self.state.invalid_seen[str(job_dir)] = folder_digest(job_dir)
         return ToolResult(report.to_text().replace(str(job_dir), self.ws.relative(job_dir)), ok=report.ok,
                           data=report.to_dict())
 
@@ -310,6 +318,8 @@ class ToolBox:
                                   episode=self.episode)
             except BudgetExhausted as e:
                 return ToolResult(f"not submitted: {e}", ok=False)
+        if self.state.invalid_seen.get(str(job_dir)) == folder_digest(job_dir):
+            self.state.submitted_unfixed += 1
         k = self.state.submitted
         snapshot, output = self.jobs_dir / f"{k:02d}" / "job", self.jobs_dir / f"{k:02d}" / "output"
         if snapshot.parent.exists():

@@ -150,6 +150,8 @@ def step_metrics(results: list[EpisodeResult], update: dict, seconds: dict, ledg
         "validation_mean": sum(r.reward["validation"] for r in results) / n,
         "valid_first_try": sum(r.reward["validation"] == 1.0 for r in results) / n,
         "submitted_rate": sum(bool(r.jobs) for r in results) / n,
+        # episodes that submitted a job unchanged after validate_job called it INVALID (docs/real_models.md)
+        "submitted_unfixed_rate": sum(r.submitted_unfixed > 0 for r in results) / n,
         "job_success_rate": sum(r.reward["job_success"] for r in results) / n,
         "quality_mean": sum(r.reward["quality"] for r in results) / n,
         "speed_mean": sum(r.reward["speed"] for r in results) / n,
@@ -574,7 +576,8 @@ def summarize(rows: list[dict], k: int = 3) -> dict[str, Any]:
     if "reward_gain_lo" in rows[-1]:
         out["reward_gain_ci"] = [rows[-1]["reward_gain_lo"], rows[-1]["reward_gain_hi"]]
     out.update(heldout.summary(rows))
-    for key in sorted({k2 for r in rows for k2 in r if k2.startswith("share_") or k2 == "valid_first_try"}):
+    for key in sorted({k2 for r in rows for k2 in r
+                       if k2.startswith("share_") or k2 in ("valid_first_try", "submitted_unfixed_rate")}):
         out[f"{key}_first{k}"] = mean(first, key)
         out[f"{key}_last{k}"] = mean(last, key)
     out["usd_total"] = rows[-1].get("usd_cumulative", 0.0)
