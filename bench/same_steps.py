@@ -1,6 +1,8 @@
 """Whether two runs made the same numbers step by step: ``metrics.jsonl`` compared key by key, clocks excluded.
 
     python bench/same_steps.py runs/before/metrics.jsonl runs/after/metrics.jsonl
+    python bench/same_steps.py OLD NEW --common     # across a change that adds or drops metrics: keys in one
+                                                    # run only are listed, the rest compared
 
 For refactors that must not change behaviour: the outer loop is deterministic for a seed, so every key
 that is not wall-clock time or money (dollars follow seconds), or a job-cache count, must be equal at
@@ -24,22 +26,37 @@ def compared(key: str) -> bool:
     return not any(word in key for word in CLOCK_WORDS)
 
 
-def differences(a: list[dict], b: list[dict]) -> list[str]:
+def one_sided(a: list[dict], b: list[dict]) -> tuple[set[str], set[str]]:
+    """Keys only the first run has, and keys only the second has (any step)."""
+    ka, kb = {k for r in a for k in r}, {k for r in b for k in r}
+    return ka - kb, kb - ka
+
+
+def differences(a: list[dict], b: list[dict], skip: set[str] = frozenset()) -> list[str]:
     out = [] if len(a) == len(b) else [f"{len(a)} steps vs {len(b)}"]
     for x, y in zip(a, b):
-        for key in sorted(k for k in set(x) | set(y) if compared(k)):
+        for key in sorted(k for k in set(x) | set(y) if compared(k) and k not in skip):
             if x.get(key) != y.get(key):
                 out.append(f"step {x.get('step')}: {key} {x.get(key)!r} != {y.get(key)!r}")
     return out
 
 
 def main(argv: list[str]) -> int:
+    common = "--common" in argv
+    argv = [x for x in argv if x != "--common"]
     if len(argv) != 2:
         print(__doc__.strip().splitlines()[2].strip(), file=sys.stderr)
         return 2
     a, b = rows(argv[0]), rows(argv[1])
-    diff = differences(a, b)
-    keys = sorted(k for k in a[0] if compared(k)) if a else []
+    skip: set[str] = set()
+    if common:
+        only_a, only_b = one_sided(a, b)
+        skip = only_a | only_b
+        for label, keys in (("first", only_a), ("second", only_b)):
+            if keys:
+                print(f"only in the {label} run (not compared): {', '.join(sorted(keys))}")
+    diff = differences(a, b, skip)
+    keys = sorted(k for k in a[0] if compared(k) and k not in skip) if a else []
     if diff:
         print(f"different: {len(diff)} value(s)\n" + "\n".join(diff[:20]))
         return 1

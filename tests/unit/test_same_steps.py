@@ -26,3 +26,17 @@ def test_clocks_may_differ_and_nothing_else(tmp_path, capsys):
     assert same_steps.main([write(tmp_path / "a", a), write(tmp_path / "b", b)]) == 1
     assert "step 0: reward_mean" in capsys.readouterr().out
     assert same_steps.main([write(tmp_path / "a", a), write(tmp_path / "c", a * 2)]) == 1, "a missing step differs"
+
+
+def test_common_compares_the_shared_keys_and_names_the_others(tmp_path, capsys):
+    a = [{"step": 0, "reward_mean": 0.25, "old_metric": 1.0}]
+    b = [{"step": 0, "reward_mean": 0.25, "new_metric": 0.5}]
+    pa, pb = write(tmp_path / "a", a), write(tmp_path / "b", b)
+    assert same_steps.main([pa, pb]) == 1, "without --common a key in one run only is a difference"
+    capsys.readouterr()
+    assert same_steps.main([pa, pb, "--common"]) == 0
+    out = capsys.readouterr().out
+    assert "only in the first run (not compared): old_metric" in out and "only in the second run" in out
+    assert "new_metric" in out and "same: 1 steps x 2 keys" in out
+    b[0]["reward_mean"] = 0.3
+    assert same_steps.main([pa, write(tmp_path / "b", b), "--common"]) == 1, "shared keys still compared"
