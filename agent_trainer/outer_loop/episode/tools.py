@@ -318,7 +318,8 @@ class ToolBox:
                                   episode=self.episode)
             except BudgetExhausted as e:
                 return ToolResult(f"not submitted: {e}", ok=False)
-        if self.state.invalid_seen.get(str(job_dir)) == folder_digest(job_dir):
+        refused = self.state.invalid_seen.get(str(job_dir))   # hash the folder only when validation refused it
+        if refused is not None and refused == folder_digest(job_dir):
             self.state.submitted_unfixed += 1
         k = self.state.submitted
         snapshot, output = self.jobs_dir / f"{k:02d}" / "job", self.jobs_dir / f"{k:02d}" / "output"
