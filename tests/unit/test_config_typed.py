@@ -135,7 +135,8 @@ def test_tool_limits_come_from_the_episode_settings(typed, tmp_path):
 
     ep = Episode(backend=None, task=load_task(ROOT / "examples/tasks/calc_chain_v1_tiny.json"),
                  episode_dir=tmp_path / "ep", settings=settings)
-    assert (ep.box.limits.max_turns, ep.box.limits.max_jobs_per_episode) == (c.agent.max_turns, c.budget.max_jobs_per_episode)
+    limits = ep.box.limits
+    assert (limits.max_turns, limits.max_jobs_per_episode) == (c.agent.max_turns, c.budget.max_jobs_per_episode)
 
 
 def test_defaults_are_the_schema_defaults():

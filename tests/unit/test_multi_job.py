@@ -49,8 +49,8 @@ def test_in_turn_jobs(tmp_path):
 
 def test_deferred_jobs_pause_until_their_result(tmp_path):
     backend = script()
-    ep = Episode(backend, TASK, tmp_path / "ep", settings=EpisodeSettings(max_jobs_per_episode=2, max_turns=6), defer_jobs=True,
-                 job_settings=JobSettings(dry_run=False, cache=False))
+    ep = Episode(backend, TASK, tmp_path / "ep", settings=EpisodeSettings(max_jobs_per_episode=2, max_turns=6),
+                 defer_jobs=True, job_settings=JobSettings(dry_run=False, cache=False))
     assert ep.play() == "running" and ep.waiting and len(ep.pending) == 1
     assert "its result follows" in ep.messages[-1]["content"]
     ran = []
@@ -70,8 +70,8 @@ def test_deferred_jobs_pause_until_their_result(tmp_path):
 
 def test_one_job_episodes_are_unchanged(tmp_path):
     backend = script()
-    ep = Episode(backend, TASK, tmp_path / "ep", settings=EpisodeSettings(max_jobs_per_episode=1, max_turns=6), defer_jobs=True,
-                 job_settings=JobSettings(dry_run=False, cache=False))
+    ep = Episode(backend, TASK, tmp_path / "ep", settings=EpisodeSettings(max_jobs_per_episode=1, max_turns=6),
+                 defer_jobs=True, job_settings=JobSettings(dry_run=False, cache=False))
     assert ep.play() == "max_jobs" and not ep.waiting
     assert ep.messages[-1]["content"].endswith("it runs when this episode's turns are over")
     ep.run_pending()

@@ -93,8 +93,8 @@ def play_novice(task, rng: random.Random, work: Path, tool_style: str = TOOL_STY
     from agent_trainer.outer_loop.episode.workspace import Workspace
 
     ws = Workspace.create(work / "workspace", task)
-    box = ToolBox(ws, task, limits=ToolLimits(max_turns=12, max_jobs_per_episode=1), jobs_dir=work / "jobs", defer_jobs=True,
-                  validate_kwargs={"dry_run": False}, compute_missing_baselines=True)
+    box = ToolBox(ws, task, limits=ToolLimits(max_turns=12, max_jobs_per_episode=1), jobs_dir=work / "jobs",
+                  defer_jobs=True, validate_kwargs={"dry_run": False}, compute_missing_baselines=True)
     messages = opening_messages(task, tool_style)
     script = novice_episode(task, rng)
     result = None

@@ -246,8 +246,8 @@ class Episode:
         otherwise or waiting for a job)."""
         if self.status == "running" and not self.waiting:
             st = self.box.state
-            self.status = ("finished" if st.finished else "max_jobs" if st.submitted >= self.box.limits.max_jobs_per_episode
-                           else "max_turns")
+            at_limit = st.submitted >= self.box.limits.max_jobs_per_episode
+            self.status = "finished" if st.finished else "max_jobs" if at_limit else "max_turns"
         return self.status
 
     def tool_schemas(self) -> list[dict[str, Any]] | None:

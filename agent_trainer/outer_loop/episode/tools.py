@@ -308,7 +308,8 @@ class ToolBox:
 
     def _submit_job(self, path: str = ".") -> ToolResult:
         if self.state.submitted >= self.limits.max_jobs_per_episode:
-            return ToolResult(f"job limit reached ({self.limits.max_jobs_per_episode} per episode); call finish", ok=False)
+            return ToolResult(f"job limit reached ({self.limits.max_jobs_per_episode} per episode); call finish",
+                              ok=False)
         job_dir = self._job_dir(path)
         if self.ledger is not None:
             from agent_trainer.outer_loop.episode.ledger import BudgetExhausted

@@ -77,7 +77,8 @@ def _job_marks(events: list[dict[str, Any]]) -> list[int]:
             and e.get("name") == "submit_job" and str(e.get("content", "")).startswith("job status")]
 
 
-def load_source(run_dir: str | Path, episode: str = "0", at: int = 1, max_jobs_per_episode: int | None = None) -> Source:
+def load_source(run_dir: str | Path, episode: str = "0", at: int = 1,
+                max_jobs_per_episode: int | None = None) -> Source:
     """The source episode cut after job ``at``; ``ForkError`` when that point does not exist or leaves nothing to do."""
     run_dir = Path(run_dir)
     ep_dir = run_dir / "episodes" / str(episode)
@@ -97,8 +98,8 @@ def load_source(run_dir: str | Path, episode: str = "0", at: int = 1, max_jobs_p
         raise ForkError(f"job {at}'s result never reached the agent's conversation (its jobs ran after its turns, "
                         f"as at-train runs them); fork an at-episode run")
     if max_jobs_per_episode is not None and max_jobs_per_episode <= at:
-        raise ForkError(f"the source allowed {max_jobs_per_episode} job(s) per episode: after job {at} the branches would have "
-                        f"none left; make the source with budget.max_jobs_per_episode > {at}")
+        raise ForkError(f"the source allowed {max_jobs_per_episode} job(s) per episode: after job {at} the branches "
+                        f"would have none left; make the source with budget.max_jobs_per_episode > {at}")
     labels = [j for j in strategy.job_labels(ep_dir / "jobs") if j["job"] <= at]
     last = next((j for j in reversed(labels) if j["label"]), None)
     current = protocol.current_of(last["ran"] if last else None)
