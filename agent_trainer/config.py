@@ -193,6 +193,24 @@ class HardwareConfig:
 
 
 @dataclass
+class RewardConfig:
+    """Weights of the staged reward (``agent_trainer.evaluation.staged_reward.RewardWeights``; docs/outer_loop.md,
+    "Staged reward"): total = validation x v + success x s + quality x q + speed x sp (- invalid_job)."""
+
+    validation: float = doc(0.35, "weight of validation (1 valid at the first try, halved per retry)")
+    success: float = doc(0.0, "weight of job success (1 when the job ended ok)")
+    quality: float = doc(0.60, "weight of quality (post x post-weight + normalised uplift x uplift-weight)")
+    speed: float = doc(0.05, "weight of speed (1 - the job's estimated compute / the task's compute budget)")
+    post: float = doc(0.25, "share of quality from the trained model's hidden score")
+    uplift: float = doc(0.75, "share of quality from the normalised uplift over the base model")
+    validation_decay: float = doc(0.5, "factor of validation per invalid validation before the first valid one")
+    timeout_quality_factor: float = doc(0.5, "share of a positive quality a timed-out (still scored) job keeps")
+    validation_needs_job: bool = doc(True, "no validation credit to an episode that submitted no job")
+    invalid_job: float = doc(0.0, "subtracted from the total when the judged job was refused (invalid, "
+                                  "over_budget): > 0 ranks submitting an invalid job below submitting none")
+
+
+@dataclass
 class OuterConfig:
     """The outer RL loop: group-relative policy gradient on the agent's LoRA."""
 
@@ -234,6 +252,7 @@ class OuterConfig:
                                           "points, which the update's own drift cannot move)")
     overlap_jobs: bool = doc(True, "start an episode's last inner job as soon as the episode ends, while the "
                                    "next episodes are sampled (local executors; same results, less wall time)")
+    reward: RewardConfig = doc(RewardConfig, "weights of the episode's staged reward")
 
 
 @dataclass

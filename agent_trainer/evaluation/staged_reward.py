@@ -9,12 +9,15 @@
 and the task's compute budget), never measured seconds: the same job earns the same speed on any machine
 under any load. A job the wall-clock safety cap killed (``infra_timeout``) is the machine's fault: its reward
 is ``excluded`` (zero, and marked so that an update can leave the episode out).
-All weights live in ``RewardWeights``. Each stage's formula and why: docs/outer_loop.md, "Staged reward".
+All weights live in ``RewardWeights`` (set from the config's ``outer.reward``). Each stage's formula and why: docs/outer_loop.md, "Staged reward".
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+
+
+REFUSED = ("invalid", "over_budget")   # job statuses of a submission the harness did not run
 
 
 @dataclass(frozen=True)
@@ -30,6 +33,7 @@ class RewardWeights:
     validation_decay: float = 0.5
     timeout_quality_factor: float = 0.5
     validation_needs_job: bool = True    # no submitted job: no validation credit either
+    invalid_job: float = 0.0             # subtracted when the judged job was refused (invalid, over_budget)
 
     def __post_init__(self) -> None:
         for name, v in asdict(self).items():
@@ -127,5 +131,7 @@ def staged_reward(validation_failures: int | None, job: JobOutcome | None,
         if job.status == "ok":
             speed = _clip(1.0 - job.train_seconds / max(1e-9, job.budget_seconds), 0.0, 1.0)
     total = w.validation * validation + w.success * success + w.quality * quality + w.speed * speed
+    if job is not None and job.status in REFUSED:
+        total -= w.invalid_job
     return StagedReward(validation=validation, job_success=success, quality=quality, speed=speed, total=total,
                         post_score=post, baseline=base, uplift=up, normalized_uplift=nup, flagged=flagged, weights=w)

@@ -11,8 +11,9 @@ import pytest
 from agent_trainer.config import compose_config, validate
 
 
-def test_the_recipe_is_what_the_docs_say():
-    c = validate(compose_config(["experiment=smollm2_cpu"], "train"))
+@pytest.mark.parametrize("recipe", ["smollm2_cpu", "smollm2_cpu_v3"])
+def test_the_recipe_is_what_the_docs_say(recipe):
+    c = validate(compose_config([f"experiment={recipe}"], "train"))
     assert c.agent.model == "smollm2-agent" and c.agent.backend == "local"
     assert c.outer.tasks_per_step * c.outer.group_size >= 8 and c.outer.tasks_per_step >= 2
     assert c.outer.group_size >= 4 and c.outer.steps >= 12
@@ -20,6 +21,11 @@ def test_the_recipe_is_what_the_docs_say():
     assert list(c.task.held_out_families) == ["triage"]
     assert c.outer.heldout_at_start and c.outer.heldout_every > c.outer.steps and c.outer.heldout_episodes >= 8
     assert c.outer.gradient_checkpointing and c.outer.micro_batch_tokens > 0
+    if recipe == "smollm2_cpu_v3":     # the two changes docs/real_models.md names, nothing else
+        base = compose_config(["experiment=smollm2_cpu"], "train")
+        assert (c.agent.max_turns, c.outer.reward.invalid_job) == (6, 0.2)
+        c.agent.max_turns, c.outer.reward.invalid_job = base.agent.max_turns, base.outer.reward.invalid_job
+        assert c == base
 
 
 @pytest.mark.slow

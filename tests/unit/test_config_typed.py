@@ -22,6 +22,7 @@ from agent_trainer.config import (
     InnerConfig, OuterConfig, StrategyConfig, validate,
 )
 from agent_trainer.inner_loop.isolation.sandbox import SandboxPolicy
+from agent_trainer.evaluation.staged_reward import RewardWeights
 from agent_trainer.inner_loop.run.request import JobSettings
 from agent_trainer.outer_loop.rl import run_config
 from agent_trainer.outer_loop.episode.episode import Episode, EpisodeSettings
@@ -100,6 +101,7 @@ def test_settings_carry_the_schema_values(typed, which, tmp_path):
 
     assert_carries(s.episode, {**same_names(EpisodeSettings, c.agent, c.budget),
                                "reward_pick": (c.strategy, "episode_reward")}, not_config={"reward"})
+    assert_carries(s.episode.reward, same_names(RewardWeights, c.outer.reward), not_config=set())
     assert run_config.episode_settings(c) == s.episode
 
     assert_carries(settings_from_config(c.strategy),
@@ -147,6 +149,7 @@ def test_defaults_are_the_schema_defaults():
                    not_config={"train_tasks", "heldout_tasks", "policy", "episode", "job"})
     assert_carries(EpisodeSettings(), {**same_names(EpisodeSettings, a, b),
                                        "reward_pick": (s, "episode_reward")}, not_config={"reward"})
+    assert_carries(EpisodeSettings().reward, same_names(RewardWeights, o.reward), not_config=set())
     assert_carries(SteeringSettings(), {**same_names(SteeringSettings, s),
                                         "show_evaluation": (EvaluatorConfig(), "show_to_agent")}, not_config=set())
     assert_carries(ToolLimits(), same_names(ToolLimits, a, b),

@@ -28,6 +28,19 @@ def test_validating_without_submitting_earns_nothing():
     assert crashed.validation == 1.0    # submitted and valid: the stage counts
 
 
+@pytest.mark.parametrize("status", ["invalid", "over_budget"])
+def test_invalid_job_ranks_below_no_job(status):
+    """With ``invalid_job`` > 0 an episode that submits a job the harness refuses ends below one that submits
+    nothing, and both below a valid job that ran; at 0 (the default) the first two tie."""
+    refused = JobOutcome(status=status)
+    w = RewardWeights(invalid_job=0.2)
+    assert staged_reward(None, refused).total == staged_reward(None, None).total == 0.0
+    assert staged_reward(None, refused, w).total == pytest.approx(-0.2)
+    assert staged_reward(None, None, w).total == 0.0
+    assert staged_reward(0, ok_job(post=0.2, base=0.2), w).total > 0.0
+    assert staged_reward(0, JobOutcome(status="crashed"), w).total >= 0.0     # ran: not a refusal
+
+
 def test_normalized_uplift_uses_the_room_it_had():
     assert normalized_uplift(0.6, 0.2) == pytest.approx(0.5)    # half of the headroom 0.8 won
     assert normalized_uplift(1.0, 0.9) == pytest.approx(1.0)

@@ -41,7 +41,7 @@ def episode_settings(cfg: Conf) -> EpisodeSettings:
     """``EpisodeSettings`` from the agent, budget and strategy groups."""
     c = typed(cfg)
     return settings_from(EpisodeSettings, c.agent, max_jobs_per_episode=c.budget.max_jobs_per_episode,
-                         reward=RewardWeights(), reward_pick=c.strategy.episode_reward)
+                         reward=settings_from(RewardWeights, c.outer.reward), reward_pick=c.strategy.episode_reward)
 
 
 def job_settings(cfg: Conf) -> JobSettings:
