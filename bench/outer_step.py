@@ -51,7 +51,7 @@ def main() -> None:
     import agent_trainer.inner_loop.spec.validate as validate_mod
     from agent_trainer.config import compose_config
     from agent_trainer.outer_loop.rl.run_config import build_trainer, quiet_libraries
-    from agent_trainer.outer_loop.rl.train import Trainer
+    from agent_trainer.outer_loop.rl.rollouts import JobRunner
 
     wd = C.workdir(a.workdir, "outer")
     cfg = compose_config([*a.overrides, "hardware=cpu", "hardware.threads_per_job=1", "inner.cache=false",
@@ -62,7 +62,7 @@ def main() -> None:
     # The agent's validate_job calls happen inside sampling; time them (jobs' validations are logged).
     agent_validation = {"now": 0.0}
     in_jobs = {"on": False}
-    original_validate, original_run_jobs = validate_mod.validate_job, Trainer.run_jobs
+    original_validate, original_run_jobs = validate_mod.validate_job, JobRunner.run
 
     def timed_validate(*args, **kwargs):
         t0 = time.perf_counter()
@@ -80,7 +80,7 @@ def main() -> None:
             in_jobs["on"] = False
 
     validate_mod.validate_job = timed_validate
-    Trainer.run_jobs = marked_run_jobs
+    JobRunner.run = marked_run_jobs
     run_dir = wd / "bench"
     trainer = build_trainer(cfg, run_dir)
     per_step, rows = [], []

@@ -51,11 +51,12 @@ def main(argv: list[str]) -> None:
     class NoJobs(Trainer):
         """Jobs are submitted, never run: the reward is the validation stage of the submitted job."""
 
-        def run_jobs(self, episodes):
-            pass
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.jobs.run = lambda episodes: None
 
-        def play(self, tasks, group, step, tag):
-            episodes = super().play(tasks, group, step, tag)
+        def play(self, tasks, step):
+            episodes = super().play(tasks, step)
             self._proxy = {ep.id: proxy(ep) for ep in episodes}
             return episodes
 

@@ -44,7 +44,7 @@ SAFE_CHANGES = ("outer.steps",)
 
 def steps_completed(folder: Path) -> int:
     """How many outer steps a run folder completed (its newest checkpoint's state; 0 when none)."""
-    from agent_trainer.outer_loop.rl.train import last_complete_step
+    from agent_trainer.outer_loop.rl.checkpoints import last_complete_step
 
     ckpt = last_complete_step(Path(folder))
     if ckpt is None:

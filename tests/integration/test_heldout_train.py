@@ -31,7 +31,7 @@ def training_keys(row: dict) -> dict:
 
 
 def test_start_and_end_on_the_same_seeds_without_changing_training(tmp_path, built_agent, monkeypatch):
-    import agent_trainer.outer_loop.rl.train
+    import agent_trainer.outer_loop.rl.rollouts
     from agent_trainer.outer_loop.episode.episode import Episode
 
     seeds: dict[str, int] = {}
@@ -41,7 +41,7 @@ def test_start_and_end_on_the_same_seeds_without_changing_training(tmp_path, bui
             seeds[kwargs["episode_id"]] = kwargs["seed"]
             super().__init__(*args, **kwargs)
 
-    monkeypatch.setattr(agent_trainer.outer_loop.rl.train, "Episode", Recorded)
+    monkeypatch.setattr(agent_trainer.outer_loop.rl.rollouts, "Episode", Recorded)
     on = _run(tmp_path, "on", "outer.heldout_every=1", "outer.heldout_episodes=2", "task.held_out_families=[triage]")
     off = _run(tmp_path, "off", "outer.heldout_every=0", "tracking=off")
 

@@ -70,17 +70,15 @@ def test_a_run_saved_by_an_older_version_resumes_with_its_newer_settings_reporte
 
 def test_a_checkpoint_survives_a_leftover_tmp_and_an_earlier_copy_of_its_step(tmp_path, built_agent):
     from agent_trainer.outer_loop.rl.policy import AgentPolicy, PolicyConfig
-    from agent_trainer.outer_loop.rl.train import CKPT_DIR, StepState, Trainer, last_complete_step
+    from agent_trainer.outer_loop.rl.checkpoints import CKPT_DIR, StepState, last_complete_step, save_step
 
-    trainer = Trainer.__new__(Trainer)   # only what checkpoint() reads: no episodes are played here
-    trainer.run_dir, trainer.replay, trainer.state = tmp_path, [], StepState()
-    trainer.policy = AgentPolicy.from_pretrained(built_agent, PolicyConfig(), seed=0)
+    policy = AgentPolicy.from_pretrained(built_agent, PolicyConfig(), seed=0)
     (tmp_path / "run.json").write_text("{}")
     leftover = tmp_path / CKPT_DIR / "step_0000.tmp"
     (leftover / "adapter").mkdir(parents=True)
     (leftover / "adapter" / "junk").write_text("half-written")
     (tmp_path / CKPT_DIR / "step_0000" / "old").mkdir(parents=True)   # a step written before (non-empty folder)
-    trainer.checkpoint(0, {"reward_mean": 0.5})
+    save_step(tmp_path, 0, policy, [], {"reward_mean": 0.5}, StepState())
     ckpt = last_complete_step(tmp_path)
     assert ckpt.name == "step_0000" and not (ckpt / "old").exists() and (ckpt / "adapter").is_dir()
     assert sorted(p.name for p in (tmp_path / CKPT_DIR).iterdir()) == ["step_0000"]

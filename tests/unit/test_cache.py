@@ -144,18 +144,16 @@ def test_a_job_the_key_cannot_be_computed_for_runs_uncached(base_dir, tmp_path):
 
 
 def test_the_outer_step_counts_hits_misses_and_only_real_job_time():
-    from types import SimpleNamespace
-
-    from agent_trainer.outer_loop.rl.train import Trainer
+    from agent_trainer.outer_loop.rl.rollouts import JobRunner
 
     secs = {"validate": 1.0, "train": 4.0, "process": 9.0, "eval": 2.0, "total": 12.0}
     rs = [JobResult("ok", "t", "f", "j", "o", "h", cache_key="k", cached=True, seconds=dict(secs)),
           JobResult("ok", "t", "f", "j", "o", "h", cache_key="k2", seconds=dict(secs))]
-    trainer = SimpleNamespace(job_stats={})
-    Trainer._count_jobs(trainer, rs)
-    Trainer._count_jobs(trainer, rs[1:])
-    assert trainer.job_stats == {"cache_hits": 1, "cache_misses": 2, "seconds_jobs_validate": 2.0,
-                                 "seconds_jobs_process": 18.0, "seconds_jobs_eval": 4.0}
+    jobs = JobRunner(None, None)
+    jobs.count(rs)
+    jobs.count(rs[1:])
+    assert jobs.stats == {"cache_hits": 1, "cache_misses": 2, "seconds_jobs_validate": 2.0,
+                          "seconds_jobs_process": 18.0, "seconds_jobs_eval": 4.0}
 
 
 @pytest.mark.slow   # a real training process (~30 s): make test runs it, make test-fast does not

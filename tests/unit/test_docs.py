@@ -2,7 +2,7 @@
 
 A dotted name is checked when its first part is ours: ``agent_trainer.…`` (module by module, then a top-level
 name, then a class attribute), a module by the end of its name (``validate.check_spec``), a class
-(``Trainer.run_jobs``), a config key (``outer.lr``, the schema's fields) or a job.yaml / task spec key
+(``JobRunner.run``), a config key (``outer.lr``, the schema's fields) or a job.yaml / task spec key
 (``data.file``, ``budget.max_steps``). Names of other libraries (``torch.…``) and of local variables are not.
 The code's own references to ``docs/*.md`` files resolve too. Read without importing the package's modules.
 """

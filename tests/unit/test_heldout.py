@@ -96,7 +96,7 @@ def test_summary_start_end_and_paired_gain():
 
 
 def test_summarize_puts_held_out_next_to_the_training_gain():
-    from agent_trainer.outer_loop.rl.train import summarize
+    from agent_trainer.outer_loop.rl.metrics import summarize
 
     rows, *_ = _rows()
     keys = list(summarize(rows))
@@ -146,7 +146,7 @@ def test_training_gain_reads_the_episodes_of_the_first_and_last_steps(tmp_path):
     import json
 
     from agent_trainer.outer_loop.report.bootstrap import diff_ci
-    from agent_trainer.outer_loop.rl.train import training_gain
+    from agent_trainer.outer_loop.rl.metrics import training_gain
 
     def episode(name, total, excluded=False):
         (tmp_path / "episodes" / name).mkdir(parents=True)

@@ -100,3 +100,16 @@ def test_module_respects_the_import_rule(module, path):
 ])
 def test_the_checker_catches_violations(source, module, expected):
     assert violations(source, module) == expected
+
+
+@pytest.mark.parametrize("room", ["agent_trainer/inner_loop/run", "agent_trainer/outer_loop/rl"])
+def test_functions_of_the_job_runner_and_the_trainer_fit_on_a_screen(room):
+    """The rooms a newcomer reads first (a job's run, the outer loop) keep every function to 60 lines: each part
+    is one job, readable and testable on its own."""
+    long = []
+    for path in sorted((ROOT / room).glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 60:
+                long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} "
+                            f"({node.end_lineno - node.lineno + 1} lines)")
+    assert not long, long

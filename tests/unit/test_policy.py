@@ -150,20 +150,18 @@ def test_episode_aggregation_weighs_each_episode_once_whatever_its_length():
 
 
 def test_replay_keeps_rollouts_at_most_max_steps_off_policy_old():
-    from agent_trainer.outer_loop.rl.train import Trainer
+    from agent_trainer.outer_loop.rl.train import mix_replay
 
     def sample(version: int) -> TurnSample:
         return TurnSample([1], [2], [-0.5], 1.0, policy_version=version)
 
     for limit, expected in ((0, [3]), (1, [3, 2]), (2, [3, 2, 1])):
-        t = types.SimpleNamespace(s=types.SimpleNamespace(max_steps_off_policy=limit), replay=[],
-                                  policy=types.SimpleNamespace(version=0))
+        kept: list[TurnSample] = []
         for version in range(4):          # one update per step: fresh samples carry the current version
-            t.policy.version = version
-            used = Trainer.with_replay(t, [sample(version)])
+            used, kept = mix_replay(kept, [sample(version)], version, limit)
         assert sorted((s.policy_version for s in used), reverse=True) == expected, limit
         # what is kept for the next update is never older than the limit after that update
-        assert all(4 - s.policy_version <= limit for s in t.replay)
+        assert all(4 - s.policy_version <= limit for s in kept)
 
 
 def test_merged_turns_score_every_agent_token_in_the_context_it_was_sampled_in():
@@ -197,18 +195,16 @@ def test_merged_turns_score_every_agent_token_in_the_context_it_was_sampled_in()
 def test_steps_draw_every_training_task_equally_often_and_never_twice_in_a_step():
     """The step's tasks come from seeded shuffles of the training tasks: with tasks_per_step = the
     number of tasks every step plays all of them, with fewer each task comes up as often as the others."""
-    from agent_trainer.outer_loop.rl.train import Trainer
+    from agent_trainer.outer_loop.rl.rollouts import step_tasks
 
     tasks = [types.SimpleNamespace(name=f"t{i}") for i in range(5)]
     for k in (2, 5):
-        t = types.SimpleNamespace(train_tasks=tasks, s=types.SimpleNamespace(seed=0, tasks_per_step=k))
-        steps = [Trainer._tasks_for(t, step) for step in range(10)]
+        steps = [step_tasks(tasks, 0, k, step) for step in range(10)]
         assert all(len(s) == k and len({x.name for x in s}) == k for s in steps)
         counts = {x.name: sum(x in s for s in steps) for x in tasks}
         assert set(counts.values()) == {2 * k}, counts
-        assert steps == [Trainer._tasks_for(t, step) for step in range(10)]   # a resume replays the same draw
-    t.s.seed = 1
-    assert [Trainer._tasks_for(t, s) for s in range(3)] != steps[:3]
+        assert steps == [step_tasks(tasks, 0, k, step) for step in range(10)]   # a resume replays the same draw
+    assert [step_tasks(tasks, 1, k, s) for s in range(3)] != steps[:3]
 
 
 def test_focus_keeps_the_highest_entropy_tokens_and_weighs_each_episode_once():

@@ -118,7 +118,7 @@ def test_a_job_choice_of_any_shape_gives_metric_names_mlflow_accepts(tmp_path):
     """An agent may write anything as base_model (seed 1 wrote {'r': 16, 'alpha': 2}): its share is logged under
     ``other``, and no metric name ever ends the run."""
     from agent_trainer.outer_loop.episode.episode import EpisodeResult
-    from agent_trainer.outer_loop.rl.train import step_metrics
+    from agent_trainer.outer_loop.rl.metrics import step_metrics
     from agent_trainer.tracking import metric_key
 
     def result(base_model):

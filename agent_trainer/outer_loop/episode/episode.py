@@ -375,7 +375,7 @@ def play_all(episodes: list[Episode], run_jobs, on_end=None) -> None:
     result (``Episode.waiting``), ``run_jobs(waiting)`` runs their pending jobs (all at once, e.g. through an
     executor) and completes them, and those episodes go on with the results in their conversation. A job no
     turn waits for (an episode's last) stays pending: ``on_end`` may start it as soon as its episode ends,
-    or the caller runs it afterwards (``Trainer.play`` does one or the other)."""
+    or the caller runs it afterwards (``Rollouts.play`` does one or the other)."""
     play_together(episodes, on_end)
     while waiting := [ep for ep in episodes if ep.waiting]:
         run_jobs(waiting)

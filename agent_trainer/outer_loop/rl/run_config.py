@@ -166,7 +166,7 @@ def build_trainer(cfg: Conf, run_dir: Path, *, tracker=None, resume: bool = Fals
                          f"{c.agent.backend} serves someone else's (use agent=tiny_local, agent=vllm, or a local "
                          f"model_path)")
     check_tool_format(c)   # before the policy is loaded (minutes for a large agent)
-    from agent_trainer.outer_loop.rl.train import prepare_resume
+    from agent_trainer.outer_loop.rl.checkpoints import prepare_resume
 
     settings = train_settings(c)
     set_agent_threads(c)
