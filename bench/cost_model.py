@@ -3,6 +3,7 @@
     .venv/bin/python bench/cost_model.py                      # the example jobs and a data-family job, ~3 min
     .venv/bin/python bench/cost_model.py --steps 8 --only sft_full grpo_full
     .venv/bin/python bench/cost_model.py --smollm2            # adds the SmolLM2 example jobs (several minutes)
+    .venv/bin/python bench/cost_model.py --reprice bench/results/cost_model_quiet.json   # new coefficients, old timings
 
 Each job trains ``--steps`` steps in its own process (``agent_trainer.inner_loop.run.worker``, as jobs run, no
 hidden evaluation) and is compared with the estimate this machine's cost model makes for those steps
@@ -41,12 +42,9 @@ SMOLLM2_JOBS = [
 ]
 
 
-def measure(name: str, job_dir: Path, task_path: Path, steps: int, threads: int, work: Path, clock: str) -> dict:
-    """Run ``steps`` steps of one job in its own process; the estimate and what was measured."""
-    from agent_trainer.evaluation.prompts import for_task
+def estimate(job_dir: Path, task_path: Path, steps: int):
+    """(spec, task, the rows' lengths, the estimate of ``steps`` steps) of one job, as its validation makes it."""
     from agent_trainer.evaluation.tasks import load_task
-    from agent_trainer.inner_loop.models import resolve_model
-    from agent_trainer.inner_loop.run.worker import Training, run_worker
     from agent_trainer.inner_loop.spec.cost import CostModel, estimate_job, row_tokens
     from agent_trainer.inner_loop.spec.jobspec import load_job
     from agent_trainer.inner_loop.train.data import build_rows_with_origins
@@ -57,6 +55,21 @@ def measure(name: str, job_dir: Path, task_path: Path, steps: int, threads: int,
     tokens = [row_tokens(build_rows_with_origins(v, job_dir, task.family)[0]) for v in views]   # as the validation
     est = estimate_job(spec, CostModel.measured("cpu"), steps=[min(steps, v.hyperparameters.max_steps) for v in views],
                        prompt_format=task.prompt_format, wall=True, tokens=tokens)
+    return spec, task, tokens, est
+
+
+def predicted(est, steps: int) -> dict:
+    return {"predicted_step_s": est.step_seconds, "predicted_sampling_s": est.sampling_seconds,
+            "predicted_train_s": round(est.train_seconds(steps), 2), "predicted_startup_s": est.startup_seconds}
+
+
+def measure(name: str, job_dir: Path, task_path: Path, steps: int, threads: int, work: Path, clock: str) -> dict:
+    """Run ``steps`` steps of one job in its own process; the estimate and what was measured."""
+    from agent_trainer.evaluation.prompts import for_task
+    from agent_trainer.inner_loop.models import resolve_model
+    from agent_trainer.inner_loop.run.worker import Training, run_worker
+
+    spec, task, tokens, est = estimate(job_dir, task_path, steps)
     out = work / name
     run = run_worker(Training(job_dir, resolve_model(spec.base_model), task.family, out, max_steps=steps,
                               threads=threads, fmt=for_task(task), spec=spec), deadline_s=3600, progress=False)
@@ -72,11 +85,19 @@ def measure(name: str, job_dir: Path, task_path: Path, steps: int, threads: int,
     train_s = step_s * last if clock == "cpu_seconds" else float(run.status.get("seconds") or 0.0)
     return {"job": name, "base_model": spec.base_model, "algorithm": spec.strategy_algorithm(), "steps": last,
             "row_tokens": tokens[0].row, "prompt_tokens": tokens[0].prompt,
-            "predicted_step_s": est.step_seconds, "measured_step_s": round(step_s, 4),
-            "predicted_sampling_s": est.sampling_seconds, "measured_sampling_s": round(sampling_s, 2),
-            "predicted_train_s": round(est.train_seconds(last), 2), "measured_train_s": round(train_s + sampling_s, 2),
-            "predicted_startup_s": est.startup_seconds,
+            **predicted(est, last), "measured_step_s": round(step_s, 4), "measured_sampling_s": round(sampling_s, 2),
+            "measured_train_s": round(train_s + sampling_s, 2),
             "measured_startup_s": round(run.wall_seconds - train_s - sampling_s, 2)}
+
+
+def reprice(path: Path) -> list[dict]:
+    """The jobs of an earlier run of this bench (its ``--json`` file) with the current cost model's predictions:
+    the measured side is that run's, so a change of coefficients is checked without timing anything again."""
+    known = {name: (job_dir, task) for name, job_dir, task in JOBS + SMOLLM2_JOBS}
+    rows = json.loads(Path(path).read_text())["jobs"]
+    for r in rows:
+        r.update(predicted(estimate(*known[r["job"]], r["steps"])[3], r["steps"]))
+    return rows
 
 
 def main() -> None:
@@ -88,6 +109,9 @@ def main() -> None:
     p.add_argument("--cpu", action="store_true",
                    help="measure CPU seconds instead of the clock (train_log's cpu_seconds; with --threads 1 they "
                         "stand for a quiet machine's seconds on a busy one)")
+    p.add_argument("--reprice", type=Path, default=None, metavar="JSON",
+                   help="no jobs run: the measured side of an earlier run's --json file, predicted again with the "
+                        "current coefficients")
     a = p.parse_args()
     from agent_trainer.registry import INCLUDE_PATH_ENV
 
@@ -98,8 +122,11 @@ def main() -> None:
     jobs = [j for j in jobs if a.only is None or j[0] in a.only]
     work = _common.workdir(a.workdir, "cost-model") if a.workdir else Path(tempfile.mkdtemp(prefix="bench-cost-"))
     rows, claims = [], []
-    for name, job_dir, task_path in jobs:
-        r = measure(name, job_dir, task_path, a.steps, a.threads, work, "cpu_seconds" if a.cpu else "seconds")
+    measured = reprice(a.reprice) if a.reprice else (
+        measure(name, job_dir, task_path, a.steps, a.threads, work, "cpu_seconds" if a.cpu else "seconds")
+        for name, job_dir, task_path in jobs)
+    for r in measured:
+        name = r["job"]
         rows.append(r)
         ratio = r["predicted_train_s"] / max(1e-9, r["measured_train_s"])
         r["ratio"] = round(ratio, 3)

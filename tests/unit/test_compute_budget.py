@@ -80,7 +80,7 @@ def test_the_training_command_line_carries_the_compute_budget(tmp_path):
 
 
 def test_rows_are_priced_per_token_and_reference_rows_as_before():
-    from agent_trainer.inner_loop.spec.cost import REF_ROW_TOKENS, RowTokens, estimate_cost, row_tokens
+    from agent_trainer.inner_loop.spec.cost import REF_ROW_TOKENS, CostModel, RowTokens, estimate_cost, row_tokens
 
     spec = JobSpec.model_validate({"base_model": "tiny-s", "algorithm": "sft", "seed": 0,
                                    "hyperparameters": {"learning_rate": 1e-3, "batch_size": 64, "max_steps": 10},
@@ -89,7 +89,9 @@ def test_rows_are_priced_per_token_and_reference_rows_as_before():
     long = row_tokens([{"prompt": "word: Eli buys 7 bags of 4 shells. How many shells in all? =", "answer": "28"}])
     assert short.row < REF_ROW_TOKENS < long.row and row_tokens([]) == RowTokens()
     ref, longer = estimate_cost(spec).step_seconds, estimate_cost(spec, tokens=long).step_seconds
-    assert ref == estimate_cost(spec, tokens=RowTokens()).step_seconds == pytest.approx(0.008 + 64 * 0.0005)
+    c = CostModel()
+    assert ref == estimate_cost(spec, tokens=RowTokens()).step_seconds == pytest.approx(
+        round(c.sft_step_s + 64 * c.sft_sequence_s, 5))
     # measured (CPU seconds, one thread): word_math rows (38 tokens) cost 2.2x calc_chain's (10) a step
     assert 1.5 < longer / ref < 3.0 and estimate_cost(spec, tokens=short).step_seconds < ref
 

@@ -54,12 +54,12 @@ class CostModel:
     grpo_step_s: float = 0.047
     grpo_token_s: float = 0.0000567          # per completion token
     grpo_prompt_token_s: float = 0.0000735   # per completion, per prompt token over REF_PROMPT_TOKENS
-    sft_step_s: float = 0.008
-    sft_sequence_s: float = 0.0005
-    sft_token_s: float = 0.0000268           # per row, per token over REF_ROW_TOKENS
+    sft_step_s: float = 0.0126
+    sft_sequence_s: float = 0.00079
+    sft_token_s: float = 0.0000423           # per row, per token over REF_ROW_TOKENS
     dpo_token_s: float = 0.0000536           # per pair, per token over REF_ROW_TOKENS (two sides)
     lora_factor_grpo: float = 1.15
-    lora_factor_sft: float = 1.4
+    lora_factor_sft: float = 0.9             # LoRA SFT steps are cheaper than full ones on tiny-s
     dpo_step_s: float = 0.03
     dpo_pair_s: float = 0.003
     lora_factor_dpo: float = 1.2
