@@ -90,7 +90,9 @@ def main(hydra_main: Callable[[], Any], config_name: str, positional: str | None
         argv = rewrite_args(typed, positional)
         to_check = overrides_to_check(argv)
         if to_check is not None:
-            validate(compose_config(to_check, config_name))
+            composed = compose_config(to_check, config_name)
+            validate(composed)
+            refuse_taken(composed, multirun=any(a in ("-m", "--multirun") for a in argv))
             for variant in other_sweep_values(argv):
                 validate(compose_config(variant, config_name))
     except USER_ERRORS + (HydraException, OmegaConfBaseException) as e:
@@ -187,9 +189,10 @@ def _call(run: Callable[[DictConfig], Any], cfg: DictConfig, info: sweeps.JobInf
         _record(cfg, info, "killed", why)
         fail(why, code=143 if isinstance(e, Terminated) else 130)
     except USER_ERRORS + tuple(user_errors() if callable(user_errors) else user_errors) as e:
-        _record(cfg, info, "failed", one_line(e))
-        if not info.multirun:
-            _discard(info)
+        if not isinstance(e, FolderTaken):    # the folder is another run's: leave it as it is
+            _record(cfg, info, "failed", one_line(e))
+            if not info.multirun:
+                _discard(info)
         if full:
             raise
         if not info.multirun:
@@ -379,6 +382,33 @@ def run_dir(cfg: DictConfig) -> Path:
     return Path(str(cfg.runs_dir)) / str(cfg.run_id)
 
 
+ENDED = ("ok", "failed", "killed")   # run.json statuses of a run that is over: its folder is never reused
+
+
+class FolderTaken(UserError):
+    """The run folder holds an earlier run: refused with nothing written there (not even the refusal)."""
+
+
+def _taken(folder: Path, earlier: dict) -> str:
+    return (f"run folder {folder} holds an earlier run ({earlier.get('command')}, {earlier['status']}); "
+            f"give a new run_id= (or at-train resume={folder})")
+
+
+def refuse_taken(cfg: DictConfig, multirun: bool = False) -> None:
+    """Raise ``FolderTaken`` before Hydra starts (Hydra writes ``.hydra/`` into the run folder first) when the
+    folder of ``cfg``'s run, or of a job of its sweep (``<runs_dir>/<run_id>/<n>``), holds a run that is over."""
+    try:
+        folder = (Path(str(cfg.runs_dir)) / str(cfg.run_id)).resolve()
+    except OmegaConfBaseException:   # an id Hydra alone resolves: its folder is a new one
+        return
+    for f in (sorted(p for p in folder.iterdir() if p.name.isdigit()) if multirun and folder.is_dir() else [folder]):
+        earlier = sweeps.read_run_file(f)
+        if earlier is not None and earlier.get("status") in ENDED:
+            raise FolderTaken(_taken(folder, earlier) if f == folder else
+                              f"sweep folder {folder} holds earlier runs ({f.name}: {earlier.get('command')}, "
+                              f"{earlier['status']}); give a new run_id=")
+
+
 def start_run(cfg: DictConfig) -> Path:
     """``open_run``'s run folder, for commands that read ``cfg`` itself."""
     return open_run(cfg)[0]
@@ -396,9 +426,8 @@ def open_run(cfg: DictConfig) -> tuple[Path, Config]:
         check_installed(cfg)
     folder = run_dir(cfg).resolve()
     earlier = sweeps.read_run_file(folder)
-    if earlier is not None and earlier.get("status") in ("ok", "failed", "killed"):
-        raise UserError(f"run folder {folder} holds an earlier run ({earlier.get('command')}, {earlier['status']}); "
-                        f"give a new run_id= (or at-train resume={folder})")
+    if earlier is not None and earlier.get("status") in ENDED:
+        raise FolderTaken(_taken(folder, earlier))
     folder.mkdir(parents=True, exist_ok=True)
     if earlier is None:
         _state["fresh"] = folder

@@ -41,6 +41,8 @@ def at(command: str, *args: str, cwd: Path = ROOT) -> subprocess.CompletedProces
     ("at-train", ["outer.steps=two"], "outer.steps=two"),
     ("at-train", ["resume=/nonexistent/run", "tracking=off"], "/nonexistent/run"),
     ("at-train", ["resume=true", "tracking=off"], "completed a step; start one without resume"),
+    ("at-train", ["experiment=smoke", "agent.model_path=/nonexistent/agent", "tracking=off"],
+     "agent.model_path=/nonexistent/agent: no model there"),
     ("at-models", ["nope=1"], "nope"),
     ("at-models", ["seed=abc"], "seed=abc"),
 ])
@@ -50,6 +52,7 @@ def test_user_mistakes_end_with_one_line_and_nonzero_exit(tmp_path, command, arg
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and text in lines[0] and lines[0].startswith(f"{command}: error:"), proc.stderr
     assert "Traceback" not in proc.stdout + proc.stderr
+    assert not list(tmp_path.glob("*/run.json")), "a user error leaves no run folder"
 
 
 def test_missing_job_folder_is_one_line_from_inside_the_run(tmp_path):

@@ -139,6 +139,15 @@ def test_eval_sweep_goes_on_past_a_failing_job(tmp_path, built_models, launcher)
         assert json.loads((new / "run.json").read_text())["status"] == "ok"
         failed = at("at-eval", "--experimental-rerun", str(folder / "1" / ".hydra" / "config.pickle"), cwd=tmp_path)
         assert failed.returncode == 2 and "qwen3-1.7b" in failed.stderr and "Traceback" not in failed.stderr
+        # Reusing a finished run's run_id (one job of the sweep, or the whole sweep) is refused in one line before
+        # Hydra writes anything: the job's folder, its .hydra/ files and its MLflow run stay as they were.
+        sweep_bytes = folder_bytes(folder)
+        for argv in (["model=tiny-s", f"run_id={folder.name}/0"], ["-m", "model=tiny-s,tiny-m", f"run_id={folder.name}"]):
+            taken = at("at-eval", *argv, "inner.eval_size=4", f"runs_dir={tmp_path}", cwd=tmp_path)
+            assert taken.returncode == 2 and "holds earlier run" in taken.stderr.replace("an earlier", "earlier"), \
+                taken.stderr[-2000:]
+            assert "Traceback" not in taken.stderr
+            assert folder_bytes(folder) == sweep_bytes and mlflow_record(tmp_path, df["run_id"][0]) == run_before
 
 
 def folder_bytes(folder: Path) -> dict[str, bytes]:
@@ -179,3 +188,32 @@ def test_a_typo_in_any_value_of_a_sweep_is_one_line_before_any_job(tmp_path):
     out = at("at-eval", "-m", "model=tiny-s,tiny-z", f"runs_dir={tmp_path}", cwd=tmp_path)
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "tiny-z" in out.stderr
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.slow
+def test_inner_jobs_under_the_joblib_launcher_train_as_under_basic(tmp_path, built_models):
+    """Under Hydra's joblib launcher each sweep job runs in a loky worker process, whose multiprocessing default
+    is loky's own context; the job processes the harness forks must still start (they died at start-up with
+    "cannot find context for 'loky'") and train what the basic launcher trains, to the same score."""
+    import shutil
+
+    import yaml
+
+    job = tmp_path / "job"
+    shutil.copytree(ROOT / "examples" / "jobs" / "sft_full", job)
+    spec = yaml.safe_load((job / "job.yaml").read_text())
+    spec["hyperparameters"]["max_steps"] = 20
+    (job / "job.yaml").write_text(yaml.safe_dump(spec))
+    common = [str(job), "task=calc_chain_v1_tiny", "inner.cache=false", "inner.eval_size=32", "tracking=off"]
+    basic = at("at-job", *common, "run_id=basic", f"runs_dir={tmp_path}", cwd=tmp_path)
+    assert basic.returncode == 0, basic.stderr[-3000:]
+    value = json.loads((tmp_path / "basic" / "run.json").read_text())["value"]
+    out = at("at-job", "-m", "hydra/launcher=joblib", *common, "seed=0,1", f"runs_dir={tmp_path / 'joblib'}",
+             cwd=tmp_path)
+    assert out.returncode == 0 and "2 ok, 0 failed" in out.stdout, out.stderr[-3000:]
+    assert "cannot find context" not in out.stderr
+    folder = only_sweep(tmp_path / "joblib")
+    results = [json.loads(next((folder / str(n)).rglob("result.json")).read_text()) for n in (0, 1)]
+    assert [r["status"] for r in results] == ["ok", "ok"], [r.get("detail") for r in results]
+    values = [json.loads((folder / str(n) / "run.json").read_text())["value"] for n in (0, 1)]
+    assert value is not None and values == [value, value]

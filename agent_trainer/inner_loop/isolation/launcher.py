@@ -241,6 +241,10 @@ def forkserver(preload: Sequence[str], env: dict[str, str]):
         import multiprocessing
         from multiprocessing import forkserver as fs
 
+        if multiprocessing.get_start_method(allow_none=True) not in (None, *multiprocessing.get_all_start_methods()):
+            # This process was started by another library's context (joblib's loky, under Hydra's joblib
+            # launcher): every child would be told to use it and die at start ("cannot find context for 'loky'").
+            multiprocessing.set_start_method("forkserver", force=True)
         ctx = multiprocessing.get_context("forkserver")
         ctx.set_forkserver_preload(list(preload))
         saved = dict(os.environ)

@@ -91,7 +91,14 @@ def agent_dir(cfg: Conf) -> Path:
     (``agent_trainer.outer_loop.agents.agent_warm_start``: smollm2-agent, built on first use)."""
     c = typed(cfg)
     if c.agent.model_path:
-        return Path(c.agent.model_path)
+        from agent_trainer.cli_args import UserError
+        from agent_trainer.paths import resolve_path
+
+        folder = resolve_path(c.agent.model_path)
+        if not (folder / "config.json").is_file():
+            raise UserError(f"agent.model_path={c.agent.model_path}: no model there (a Hugging Face model folder "
+                            f"with config.json); or leave it null and name a model: agent.model=<name>")
+        return folder
     from agent_trainer.outer_loop.agents.agent_model import register
     from agent_trainer.outer_loop.agents.agent_warm_start import resolve_agent
 
