@@ -258,6 +258,8 @@ class Tracker:
         self.run_id, self.experiment_id = run_id, run.info.experiment_id
         self.run_name, self.attached = run.info.run_name, True
         self.client.update_run(run_id, status="RUNNING")
+        if "error" in run.data.tags:   # the kill (or failure) it is resumed from is over: its outcome decides
+            self.client.delete_tag(run_id, "error")
         return self
 
     def delete(self) -> None:

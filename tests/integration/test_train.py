@@ -96,6 +96,11 @@ def test_killed_mid_step_resumes_with_every_step_and_record_once(tmp_path, built
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert not (run / "checkpoints/step_0001").exists()
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{tmp_path.resolve()}/mlflow.db")
+    killed_run = json.loads((run / "outer_run.json").read_text())["mlflow_run_id"]
+    client.set_tag(killed_run, "error", "interrupted")   # what a Ctrl-C leaves (a SIGKILL leaves nothing)
 
     resuming = subprocess.Popen(args + ["run_id=again", f"resume={run}"], cwd=ROOT, env=env, text=True,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -115,6 +120,8 @@ def test_killed_mid_step_resumes_with_every_step_and_record_once(tmp_path, built
     marker = json.loads((run / "outer_run.json").read_text())
     hist = read_metrics(f"sqlite:///{tmp_path.resolve()}/mlflow.db", marker["mlflow_run_id"], ["reward/reward_mean"])
     assert [s for s, _ in hist["reward/reward_mean"]] == [0, 1, 2]
+    resumed = client.get_run(marker["mlflow_run_id"])
+    assert resumed.info.status == "FINISHED" and "error" not in resumed.data.tags, "the kill's error is not the outcome"
     # every step metric in MLflow: at most once per step, and the value of that step's metrics.jsonl row
     every = read_metrics(f"sqlite:///{tmp_path.resolve()}/mlflow.db", marker["mlflow_run_id"])
     for key, points in every.items():
