@@ -574,6 +574,7 @@ def validate(cfg: DictConfig) -> Config:
            "outer.lr and outer.clip_eps must be > 0, outer.kl_beta >= 0")
     _check(o.lr_warmup_steps >= 0, f"outer.lr_warmup_steps must be >= 0, got {o.lr_warmup_steps}")
     check_update(o)
+    check_reward(o.reward)
     _check(o.max_steps_off_policy >= 0 and o.heldout_every >= 0,
            "outer.max_steps_off_policy and outer.heldout_every must be >= 0")
     _check(o.heldout_episodes >= 0,
@@ -721,6 +722,17 @@ def check_update(o: Any, key: str = "outer") -> None:
            f"{key}.focus_top_frac must be in (0, 1] (1 = every agent token), got {o.focus_top_frac}")
     _check(o.focus_entropy_of in ("policy", "reference"),
            f"{key}.focus_entropy_of must be 'policy' or 'reference', got {o.focus_entropy_of!r}")
+
+
+def check_reward(r: Any, key: str = "outer.reward") -> None:
+    """The rules of the staged reward's weights, for ``RewardConfig`` and
+    ``agent_trainer.evaluation.staged_reward.RewardWeights``."""
+    for f in fields(RewardConfig):
+        v = getattr(r, f.name)
+        _check(isinstance(v, bool) or v >= 0, f"{key}.{f.name}: a reward weight must be >= 0, got {v}")
+    _check(0 <= r.validation_decay <= 1, f"{key}.validation_decay must be in [0, 1], got {r.validation_decay}")
+    _check(r.timeout_quality_factor <= 1,
+           f"{key}.timeout_quality_factor must be in [0, 1], got {r.timeout_quality_factor}")
 
 
 # --- from the schema to the code's settings objects ----------------------------------------------

@@ -9,12 +9,15 @@
 and the task's compute budget), never measured seconds: the same job earns the same speed on any machine
 under any load. A job the wall-clock safety cap killed (``infra_timeout``) is the machine's fault: its reward
 is ``excluded`` (zero, and marked so that an update can leave the episode out).
-All weights live in ``RewardWeights`` (set from the config's ``outer.reward``). Each stage's formula and why: docs/outer_loop.md, "Staged reward".
+All weights live in ``RewardWeights`` (set from the config's ``outer.reward``). Each stage's formula and why:
+docs/outer_loop.md, "Staged reward".
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+
+from agent_trainer.config import RewardConfig, check_reward
 
 
 REFUSED = ("invalid", "over_budget")   # job statuses of a submission the harness did not run
@@ -22,27 +25,22 @@ REFUSED = ("invalid", "over_budget")   # job statuses of a submission the harnes
 
 @dataclass(frozen=True)
 class RewardWeights:
-    """Weights of the stages and of quality's two parts; validation decays by ``validation_decay`` per retry."""
+    """Weights of the stages and of quality's two parts; validation decays by ``validation_decay`` per retry. The
+    defaults and rules are the schema's (``agent_trainer.config.RewardConfig``, ``check_reward``)."""
 
-    validation: float = 0.35
-    success: float = 0.0
-    quality: float = 0.60
-    speed: float = 0.05
-    post: float = 0.25
-    uplift: float = 0.75
-    validation_decay: float = 0.5
-    timeout_quality_factor: float = 0.5
-    validation_needs_job: bool = True    # no submitted job: no validation credit either
-    invalid_job: float = 0.0             # subtracted when the judged job was refused (invalid, over_budget)
+    validation: float = RewardConfig.validation
+    success: float = RewardConfig.success
+    quality: float = RewardConfig.quality
+    speed: float = RewardConfig.speed
+    post: float = RewardConfig.post
+    uplift: float = RewardConfig.uplift
+    validation_decay: float = RewardConfig.validation_decay
+    timeout_quality_factor: float = RewardConfig.timeout_quality_factor
+    validation_needs_job: bool = RewardConfig.validation_needs_job   # no submitted job: no validation credit
+    invalid_job: float = RewardConfig.invalid_job    # subtracted when the judged job was refused (REFUSED)
 
     def __post_init__(self) -> None:
-        for name, v in asdict(self).items():
-            if v < 0:
-                raise ValueError(f"reward weight {name} must be >= 0, got {v}")
-        if not 0 <= self.validation_decay <= 1:
-            raise ValueError(f"validation_decay must be in [0, 1], got {self.validation_decay}")
-        if self.timeout_quality_factor > 1:
-            raise ValueError(f"timeout_quality_factor must be in [0, 1], got {self.timeout_quality_factor}")
+        check_reward(self, "RewardWeights")
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ def at(command: str, *args: str, cwd: Path = ROOT) -> subprocess.CompletedProces
     ("at-episode", ["task=examples/tasks/missing.json"], "missing.json"),
     ("at-train", ["outer.stepz=3"], "stepz"),
     ("at-train", ["outer.steps=two"], "outer.steps=two"),
+    ("at-train", ["outer.reward.quality=-1"], "outer.reward.quality: a reward weight must be >= 0"),
     ("at-train", ["resume=/nonexistent/run", "tracking=off"], "/nonexistent/run"),
     ("at-train", ["resume=true", "tracking=off"], "completed a step; start one without resume"),
     ("at-train", ["experiment=smoke", "agent.model_path=/nonexistent/agent", "tracking=off"],
