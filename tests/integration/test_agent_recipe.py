@@ -22,9 +22,10 @@ def test_the_recipe_is_what_the_docs_say(recipe):
     assert c.outer.heldout_at_start and c.outer.heldout_every > c.outer.steps and c.outer.heldout_episodes >= 8
     assert c.outer.gradient_checkpointing and c.outer.micro_batch_tokens > 0
     if recipe == "smollm2_cpu_v3":     # the two changes docs/real_models.md names, nothing else
-        base = compose_config(["experiment=smollm2_cpu"], "train")
+        base = validate(compose_config(["experiment=smollm2_cpu"], "train"))
         assert (c.agent.max_turns, c.outer.reward.invalid_job) == (6, 0.2)
         c.agent.max_turns, c.outer.reward.invalid_job = base.agent.max_turns, base.outer.reward.invalid_job
+        c.run_id = base.run_id    # ${now:...}, composed a moment apart
         assert c == base
 
 
