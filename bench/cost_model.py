@@ -90,11 +90,11 @@ def measure(name: str, job_dir: Path, task_path: Path, steps: int, threads: int,
             "measured_startup_s": round(run.wall_seconds - train_s - sampling_s, 2)}
 
 
-def reprice(path: Path) -> list[dict]:
-    """The jobs of an earlier run of this bench (its ``--json`` file) with the current cost model's predictions:
+def reprice(source: dict) -> list[dict]:
+    """The jobs of an earlier run of this bench (its ``--json`` content) with the current cost model's predictions:
     the measured side is that run's, so a change of coefficients is checked without timing anything again."""
     known = {name: (job_dir, task) for name, job_dir, task in JOBS + SMOLLM2_JOBS}
-    rows = json.loads(Path(path).read_text())["jobs"]
+    rows = source["jobs"]
     for r in rows:
         r.update(predicted(estimate(*known[r["job"]], r["steps"])[3], r["steps"]))
     return rows
@@ -120,11 +120,17 @@ def main() -> None:
                                                                   str(ROOT / "examples" / "families")]))
     jobs = JOBS + (SMOLLM2_JOBS if a.smollm2 else [])
     jobs = [j for j in jobs if a.only is None or j[0] in a.only]
-    work = _common.workdir(a.workdir, "cost-model") if a.workdir else Path(tempfile.mkdtemp(prefix="bench-cost-"))
+    if a.reprice:   # the timed run's settings and machine describe the measured side
+        source = json.loads(a.reprice.read_text())
+        measured = reprice(source)
+        settings = {"steps": source.get("steps"), "threads": source.get("threads"), "clock": source.get("clock"),
+                    "timed": source.get("machine"), "repriced_from": str(a.reprice)}
+    else:
+        work = _common.workdir(a.workdir, "cost-model") if a.workdir else Path(tempfile.mkdtemp(prefix="bench-cost-"))
+        measured = (measure(name, job_dir, task_path, a.steps, a.threads, work, "cpu_seconds" if a.cpu else "seconds")
+                    for name, job_dir, task_path in jobs)
+        settings = {"steps": a.steps, "threads": a.threads, "clock": "cpu" if a.cpu else "wall"}
     rows, claims = [], []
-    measured = reprice(a.reprice) if a.reprice else (
-        measure(name, job_dir, task_path, a.steps, a.threads, work, "cpu_seconds" if a.cpu else "seconds")
-        for name, job_dir, task_path in jobs)
     for r in measured:
         name = r["job"]
         rows.append(r)
@@ -142,8 +148,7 @@ def main() -> None:
                   ("job", "base", "algorithm", "steps", "row tokens", "step s pred", "step s meas", "sampling pred",
                    "sampling meas", "start-up pred", "start-up meas", "train pred/meas"))
     print(f"within 1.5x: {sum(c['pass'] for c in claims)} of {len(claims)} jobs")
-    _common.write(a.json, "cost_model", {"jobs": rows, "claims": claims, "steps": a.steps, "threads": a.threads,
-                                         "clock": "cpu" if a.cpu else "wall"})
+    _common.write(a.json, "cost_model", {"jobs": rows, "claims": claims, **settings})
 
 
 if __name__ == "__main__":

@@ -137,8 +137,9 @@ def run(cfg: DictConfig) -> float | None:
     if previous is not None:
         cli.continue_in(previous)  # run.json, train.log and the outcome go to the resumed folder
         how = "the newest run with a complete step" if str(cfg.resume).lower() in ("true", "yes", "1") else "given"
-        print(f"at-train: resuming {run_dir} ({how}) after its step {steps_completed(run_dir) - 1}")
-        if steps_completed(run_dir) >= conf.outer.steps:
+        done = steps_completed(run_dir)
+        print(f"at-train: resuming {run_dir} ({how}) after its step {done - 1}")
+        if done >= conf.outer.steps:
             print(f"at-train: {run_dir} has all its {conf.outer.steps} steps: nothing to train (raise outer.steps to "
                   f"continue it)")
     tracker = cli.tracker(cfg, "at-train")
