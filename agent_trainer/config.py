@@ -428,6 +428,12 @@ class TrainCommand(Config):
     resume_allow_changes: list[str] = doc([], "settings (or groups: hardware) a resumed run may change from its saved "
                                               "ones; others are refused (outer.steps may always grow)")
 
+    def __post_init__(self) -> None:
+        """``resume`` is read here once: ``false``, ``true`` or a run folder's path (no/yes, 0/1 are read too)."""
+        value = str(self.resume).strip()
+        self.resume = ("false" if value.lower() in ("false", "no", "0", "")
+                       else "true" if value.lower() in ("true", "yes", "1") else value)
+
 
 @dataclass
 class EpisodeCommand(Config):

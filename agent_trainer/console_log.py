@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import traceback
 from typing import Any
 
 
@@ -54,7 +55,8 @@ class _Tee:
 
 class console_log:
     """Inside a Hydra job: what the command prints (stdout and stderr) also goes into the job's log file
-    (``train.log``), next to Hydra's log records. Outside one, nothing changes."""
+    (``train.log``), next to Hydra's log records, and so does the traceback of an error that ends the command.
+    Outside one, nothing changes."""
 
     def __enter__(self):
         from hydra.core.hydra_config import HydraConfig
@@ -62,11 +64,15 @@ class console_log:
         handlers = [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
         self.saved = sys.stdout, sys.stderr
         if handlers and HydraConfig.initialized():
-            sys.stdout, sys.stderr = _Tee(sys.stdout, handlers[0]), _Tee(sys.stderr, handlers[0])
+            sys.stdout, sys.stderr = _Tee(sys.stdout, handlers[-1]), _Tee(sys.stderr, handlers[-1])
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, kind, error, tb):
         for tee in (sys.stdout, sys.stderr):
             if isinstance(tee, _Tee):
                 tee.close_line()
+        if error is not None and not isinstance(error, (SystemExit, KeyboardInterrupt)) \
+                and isinstance(sys.stderr, _Tee):
+            # An unexpected error: Hydra prints its traceback to the console after this block; the log keeps it too.
+            sys.stderr._to_file("".join(traceback.format_exception(kind, error, tb)))
         sys.stdout, sys.stderr = self.saved

@@ -16,8 +16,9 @@ from collections.abc import Iterator, Mapping
 from typing import Callable, Generic, TypeVar
 
 T = TypeVar("T")
-# Entries from configuration reach child processes (jobs, executors) through these variables,
-# set by ``agent_trainer.cli.start_run`` from ``task.include_path`` and ``base_models``.
+# Entries from configuration: set by ``agent_trainer.cli.open_run`` from ``task.include_path`` and ``base_models``,
+# copied into each job process's environment (``agent_trainer.inner_loop.run.job_env``) and sent with each request
+# to a Ray or SLURM worker (``agent_trainer.inner_loop.run.launchers.run_request``).
 INCLUDE_PATH_ENV = "AGENT_TRAINER_INCLUDE_PATH"
 BASE_MODELS_ENV = "AGENT_TRAINER_BASE_MODELS"
 REGISTRY_ENV = (INCLUDE_PATH_ENV, BASE_MODELS_ENV)

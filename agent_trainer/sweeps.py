@@ -217,10 +217,41 @@ class SaveJobInfo(PickleJobInfoCallback):
         super().__init__()
         logging.getLogger(PickleJobInfoCallback.__module__).setLevel(logging.WARNING)
 
+    def on_job_start(self, config: Any, **kwargs: Any) -> None:
+        self.log.setLevel(logging.WARNING)   # a launcher's worker process configured its logging anew
+        super().on_job_start(config, **kwargs)
+
     def on_job_end(self, config: Any, job_return: Any, **kwargs: Any) -> None:
         """The return value's pickle, unless the job removed its folder (a resume's or a discarded one's)."""
         if self.output_dir.parent.is_dir():
             super().on_job_end(config, job_return, **kwargs)
+
+    def _save_pickle(self, obj: Any, filename: str, output_dir: Path) -> None:
+        """Pickled whole, or with its configs as plain nodes where a launcher's process re-imported their schema
+        classes (joblib's workers: "not the same object as ..."); never a half-written file."""
+        import pickle
+
+        try:
+            data = pickle.dumps(obj, protocol=4)
+        except (pickle.PicklingError, TypeError, AttributeError):
+            data = pickle.dumps(_plain_configs(obj), protocol=4)
+        output_dir.mkdir(parents=True, exist_ok=True)
+        (output_dir / filename).write_bytes(data)
+
+
+def _plain_configs(obj: Any) -> Any:
+    """A config (or a ``JobReturn``'s configs) as untyped nodes with the same values."""
+    import dataclasses
+
+    from omegaconf import DictConfig, OmegaConf
+
+    if isinstance(obj, DictConfig):
+        return OmegaConf.create(OmegaConf.to_container(obj, resolve=False))
+    if dataclasses.is_dataclass(obj):
+        return dataclasses.replace(obj, **{f.name: _plain_configs(getattr(obj, f.name))
+                                           for f in dataclasses.fields(obj)
+                                           if f.init and isinstance(getattr(obj, f.name), DictConfig)})
+    return obj
 
 
 class SweepSummary(Callback):

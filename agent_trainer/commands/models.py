@@ -19,7 +19,7 @@ import hydra
 from omegaconf import DictConfig
 
 from agent_trainer import cli
-from agent_trainer.config import CONFIG_DIR
+from agent_trainer.config import CONFIG_DIR, ModelsCommand
 from agent_trainer.commands._errors import user_errors
 
 log = logging.getLogger(__name__)
@@ -28,16 +28,16 @@ log = logging.getLogger(__name__)
 def run(cfg: DictConfig) -> dict[str, Path] | None:
     """Check the shipped models and build the others (``build_shipped``: all of them) into the cache; returns
     ``{name: folder}``."""
-    cli.start_run(cfg)
-    if cfg.dry_run:
+    _, conf = cli.open_run(cfg)
+    if conf.dry_run:
         return None
-    if cfg.action == "import":
-        return _import(cfg)
-    if cfg.action == "calibrate":
+    if conf.action == "import":
+        return _import(conf)
+    if conf.action == "calibrate":
         from agent_trainer.inner_loop.spec.calibrate import calibrate
 
-        profile = calibrate(str(cfg.model.name), cache_dir=cfg.cache_dir, device=str(cfg.hardware.device),
-                            threads=cfg.hardware.threads_per_job)
+        profile = calibrate(conf.model.name, cache_dir=conf.cache_dir, device=conf.hardware.device.value,
+                            threads=conf.hardware.threads_per_job)
         cli.print_kv({"machine": profile["machine"], **{
             f"{a} factor": f"{f:g}" + (f"  ({m['seconds_per_step']:.3f} s a step at batch {m['batch_size']})"
                                        if (m := profile["measured"].get(a)) else "  (as sft)")
@@ -49,21 +49,20 @@ def run(cfg: DictConfig) -> dict[str, Path] | None:
     from agent_trainer.outer_loop.agents.agent_model import register
 
     register()  # the tiny agent (warm-started on novice transcripts) joins the build
-    if cfg.action == "ship":
+    if conf.action == "ship":
         from agent_trainer.inner_loop.models.registry import ship
 
-        shipped = ship(build_all(seed=0, cache_dir=cfg.cache_dir, force=bool(cfg.force), local=True))
+        shipped = ship(build_all(seed=0, cache_dir=conf.cache_dir, force=conf.force, local=True))
         cli.print_kv({name: f"{path}  (weights sha256 {sha[:12]}: publish it in docs/baselines.md)"
                       for name, (path, sha) in shipped.items()})
         return {name: path for name, (path, _) in shipped.items()}
-    built = build_all(seed=int(cfg.seed), cache_dir=cfg.cache_dir, force=bool(cfg.force),
-                      local=bool(cfg.build_shipped))
+    built = build_all(seed=conf.seed, cache_dir=conf.cache_dir, force=conf.force, local=conf.build_shipped)
     paths = {str(k): Path(v) for k, v in built.items()}
     cli.print_kv({name: f"{path}{_how_built(name, path)}" for name, path in paths.items()})
     return paths
 
 
-def _import(cfg: DictConfig) -> dict[str, Path]:
+def _import(conf: ModelsCommand) -> dict[str, Path]:
     """Import every model of ``agent_trainer.inner_loop.models.imported.IMPORTS``; print where each is and what it
     is."""
     import json
@@ -72,7 +71,7 @@ def _import(cfg: DictConfig) -> dict[str, Path]:
     from agent_trainer.inner_loop.models.imported import IMPORTS
     from agent_trainer.inner_loop.models.registry import import_into_cache
 
-    paths = {name: import_into_cache(name, cfg.cache_dir, force=bool(cfg.force)) for name in IMPORTS}
+    paths = {name: import_into_cache(name, conf.cache_dir, force=conf.force) for name in IMPORTS}
     rows = {}
     for name, path in paths.items():
         m = json.loads((path / MANIFEST).read_text())

@@ -23,7 +23,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from agent_trainer import cli
-from agent_trainer.config import CONFIG_DIR
+from agent_trainer.config import CONFIG_DIR, TrainCommand
 from agent_trainer.paths import resolve_path
 from agent_trainer.tracking import check_reachable
 from agent_trainer.commands._errors import user_errors
@@ -55,18 +55,18 @@ def steps_completed(folder: Path) -> int:
         return 0
 
 
-def resume_folder(cfg: DictConfig, folder: Path) -> Path | None:
+def resume_folder(conf: TrainCommand, folder: Path) -> Path | None:
     """The run folder to continue, or None: ``resume=true`` takes the newest at-train run in runs_dir (sweep jobs
     included) that completed a step; folders of runs that failed before their first step are never taken."""
-    value = str(cfg.resume).strip()
-    if value.lower() in ("false", "no", "0", ""):
+    value = conf.resume
+    if value == "false":
         return None
-    if value.lower() in ("true", "yes", "1"):
-        runs = [p.parent for p in Path(str(cfg.runs_dir)).glob(f"**/{RUN_MARKER}") if p.parent != folder]
+    if value == "true":
+        runs = [p.parent for p in Path(conf.runs_dir).glob(f"**/{RUN_MARKER}") if p.parent != folder]
         done = sorted((p for p in runs if steps_completed(p) > 0), key=lambda p: (p / RUN_MARKER).stat().st_mtime)
         if not done:
             more = f" ({len(runs)} ended before their first step)" if runs else ""
-            raise cli.UserError(f"resume=true: no at-train run in {cfg.runs_dir} completed a step{more}; "
+            raise cli.UserError(f"resume=true: no at-train run in {conf.runs_dir} completed a step{more}; "
                                 f"start one without resume")
         return done[-1]
     path = resolve_path(value)
@@ -116,7 +116,7 @@ def run(cfg: DictConfig) -> float | None:
     warning = heldout_warning(conf)
     if warning:
         print(warning, file=sys.stderr)
-    previous = resume_folder(cfg, folder) if not cfg.dry_run else None  # a missing run is reported at once
+    previous = resume_folder(conf, folder) if not conf.dry_run else None  # a missing run is reported at once
     changes = resume_changes(cfg, previous) if previous is not None else {}
     resolve_specs(conf, previous or folder)   # every family's spec (or card), dry run included
     if cfg.dry_run:
@@ -135,9 +135,12 @@ def run(cfg: DictConfig) -> float | None:
     quiet_libraries()  # one progress bar (outer steps), not one per model load and inner job
     run_dir = previous or folder
     if previous is not None:
-        cli.continue_in(previous)  # run.json, train.log and the outcome go to the resumed folder
-        how = "the newest run with a complete step" if str(cfg.resume).lower() in ("true", "yes", "1") else "given"
         done = steps_completed(run_dir)
+        if conf.outer.steps < done:   # refused before the resumed folder is touched
+            raise cli.UserError(f"resume={run_dir}: outer.steps={conf.outer.steps} is below the {done} steps the run "
+                                f"completed; a resume cannot undo steps (resume with outer.steps>={done})")
+        cli.continue_in(previous)  # run.json, train.log and the outcome go to the resumed folder
+        how = "the newest run with a complete step" if conf.resume == "true" else "given"
         print(f"at-train: resuming {run_dir} ({how}) after its step {done - 1}")
         if done >= conf.outer.steps:
             print(f"at-train: {run_dir} has all its {conf.outer.steps} steps: nothing to train (raise outer.steps to "
@@ -154,7 +157,7 @@ def run(cfg: DictConfig) -> float | None:
         else:
             tracker.start()
             tracker.log_config(cfg)
-            marker.write_text(json.dumps({"mlflow_run_id": tracker.run_id, "run_id": str(cfg.run_id)}))
+            marker.write_text(json.dumps({"mlflow_run_id": tracker.run_id, "run_id": conf.run_id}))
         if changes:
             # MLflow params cannot change: the new values go to tags (resumed.<key>) and the console.
             tracker.set_tags({f"resumed.{k}": b for k, (_, b) in changes.items()})

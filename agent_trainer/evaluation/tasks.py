@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from agent_trainer.evaluation.families import FAMILIES, FamilyError, get_family
+from agent_trainer.evaluation.families import FAMILIES, CardError, FamilyError, get_family
 
 
 class TaskSpecError(ValueError):
@@ -89,8 +89,13 @@ def parse_task(raw: object, source: str = "<task>") -> TaskSpec:
     try:
         return TaskSpec.model_validate(raw)
     except ValidationError as e:
+        for err in e.errors():   # a broken card that the family lookup loaded: its own error, not the spec's
+            if isinstance((err.get("ctx") or {}).get("error"), CardError):
+                raise err["ctx"]["error"] from None
         lines = [f"{'.'.join(map(str, err['loc'])) or '<root>'}: {err['msg']}" for err in e.errors()]
         raise TaskSpecError(f"task spec {source} is invalid: " + "; ".join(lines)) from None
+    except CardError:
+        raise
     except FamilyError as e:
         raise TaskSpecError(f"task spec {source} is invalid: {e}") from None
     except RecursionError:

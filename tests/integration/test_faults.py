@@ -127,3 +127,29 @@ def test_unreachable_mlflow_server_is_reported_at_start_up(tmp_path, command, ar
     # with the machine's load.
     assert not (tmp_path / "r" / "episodes").exists() and not (tmp_path / "r" / "job").exists()
     assert cpu < 2.5, f"{command} used {cpu:.1f} s of CPU before reporting an unreachable MLflow server"
+
+
+def test_a_warm_job_that_dies_while_it_starts_leaves_its_error_in_its_log(tmp_path, monkeypatch):
+    """A forked job that fails before it opens its log (here: its task's module fails to import in the job
+    process) still says why, in worker.log and in its result's error."""
+    from agent_trainer.inner_loop.isolation import launcher as isolation
+    from agent_trainer.inner_loop.run import worker
+
+    ctx = worker.warm_context()
+    (tmp_path / "late_module.py").write_text(
+        f"import os\nif os.getpid() != {os.getpid()}:\n    raise ImportError('late_module loads in the harness only')\n"
+        "def train():\n    print('never runs')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import late_module  # importable here; its import fails where the job process unpickles its task
+    out, home = tmp_path / "out", tmp_path / "home"
+    out.mkdir()
+    home.mkdir()
+    proc = isolation.WarmProcess(ctx, late_module.train, cwd=home, env={}, log_path=out / worker.WORKER_LOG)
+    assert proc.wait() not in (0, None)
+
+    status = worker.final_status(out, killed=False, returncode=proc.returncode, deadline_s=60)
+    assert status["status"] == "crashed" and "exited with code" in status["detail"]
+    log = (out / worker.WORKER_LOG).read_text()
+    assert "died before it opened this log" in log and "late_module loads in the harness only" in log
+    assert "late_module loads in the harness only" in status["error"]
+    sys.modules.pop("late_module", None)

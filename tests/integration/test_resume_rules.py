@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 
 from agent_trainer.cli import UserError
 from agent_trainer.commands.train import RUN_MARKER, resume_changes, resume_folder, steps_completed
-from agent_trainer.config import compose_config
+from agent_trainer.config import compose_config, validate
 
 
 def outer_run(folder: Path, steps: int, cfg=None) -> Path:
@@ -34,12 +34,12 @@ def test_resume_true_takes_the_newest_run_that_completed_a_step(tmp_path):
     failed = outer_run(tmp_path / "b", 0)   # newer, but it failed before its first step
     os.utime(done / RUN_MARKER, (time.time() - 60,) * 2)
     assert steps_completed(done) == 2 and steps_completed(failed) == 0
-    assert resume_folder(cfg, tmp_path / "new") == done
+    assert resume_folder(validate(cfg), tmp_path / "new") == done
     with pytest.raises(UserError, match="never completed a step"):
-        resume_folder(compose_config([f"runs_dir={tmp_path}", f"resume={failed}"], "train"), tmp_path / "new")
+        resume_folder(validate(compose_config([f"runs_dir={tmp_path}", f"resume={failed}"], "train")), tmp_path / "new")
     (done / RUN_MARKER).unlink()
     with pytest.raises(UserError, match=r"no at-train run .* completed a step \(1 ended before"):
-        resume_folder(cfg, tmp_path / "new")
+        resume_folder(validate(cfg), tmp_path / "new")
 
 
 def test_a_changed_setting_is_refused_unless_allowed(tmp_path):
@@ -84,3 +84,9 @@ def test_a_checkpoint_survives_a_leftover_tmp_and_an_earlier_copy_of_its_step(tm
     assert sorted(p.name for p in (tmp_path / CKPT_DIR).iterdir()) == ["step_0000"]
     assert json.loads((ckpt / "state.json").read_text())["step"] == 1
     assert json.loads((tmp_path / "run.json").read_text())["steps_completed"] == 1
+
+
+@pytest.mark.parametrize("given, read", [("true", "true"), ("yes", "true"), ("1", "true"), ("false", "false"),
+                                         ("no", "false"), ("0", "false"), ("runs/x", "runs/x")])
+def test_resume_is_read_once_when_the_config_is_composed(tmp_path, given, read):
+    assert validate(compose_config([f"runs_dir={tmp_path}", f"resume={given}"], "train")).resume == read

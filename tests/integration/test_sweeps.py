@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +15,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from agent_trainer import sweeps
-from agent_trainer.config import compose_config
+from agent_trainer.config import compose_config, validate
 
 BIN = Path(sys.executable).parent
 ROOT = Path(__file__).resolve().parents[2]
@@ -77,6 +78,9 @@ def test_train_sweep_names_runs_by_the_swept_value(tmp_path, built_agent, launch
     assert "| job | status | value (reward_last3) | crashed inner jobs |" in out.stdout
     assert all(json.loads((folder / str(n) / "run.json").read_text())["jobs_crashed"] == 0 for n in (0, 1))
     assert all((folder / str(n) / "train.log").stat().st_size > 0 for n in (0, 1)), "train.log holds at-train's log"
+    for n in (0, 1):   # Hydra's pickles load (under joblib the schema classes are re-imported in the workers)
+        assert pickle.loads((folder / str(n) / ".hydra" / "config.pickle").read_bytes()).outer.lora_r == 4 + 4 * n
+        assert pickle.loads((folder / str(n) / ".hydra" / "job_return.pickle").read_bytes()).status.name == "COMPLETED"
     assert "reward/reward_mean" in df.columns.str.removeprefix("metrics.").tolist()  # grouped metric names
     for n, lora_r in ((0, 4), (1, 8)):
         rec = json.loads((folder / str(n) / "run.json").read_text())
@@ -174,9 +178,9 @@ def test_resume_finds_sweep_runs_and_refuses_another_adapter_shape(tmp_path):
     (job / RUN_MARKER).write_text("{}")
     cfg = compose_config([f"runs_dir={tmp_path}", "experiment=smoke", "resume=true"], "train")
     (job / "config.resolved.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-    assert resume_folder(cfg, tmp_path / "new") == job
+    assert resume_folder(validate(cfg), tmp_path / "new") == job
     with pytest.raises(UserError, match="not an at-train run folder.*resume=.*/1"):
-        resume_folder(compose_config([f"runs_dir={tmp_path}", f"resume={job.parent}"], "train"), tmp_path / "new")
+        resume_folder(validate(compose_config([f"runs_dir={tmp_path}", f"resume={job.parent}"], "train")), tmp_path / "new")
     more_steps = compose_config([f"runs_dir={tmp_path}", "experiment=smoke", "outer.steps=5"], "train")
     assert resume_changes(more_steps, job)["outer.steps"] == ("2", "5")
     other_rank = compose_config([f"runs_dir={tmp_path}", "experiment=smoke", "outer.lora_r=4"], "train")

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import pytest
 
 from agent_trainer.evaluation.families import (
@@ -15,6 +18,7 @@ from agent_trainer.evaluation.families import (
 from agent_trainer.evaluation.hidden_eval import hidden_set
 
 NAMES = sorted(FAMILIES)
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -96,3 +100,20 @@ def test_training_stream_continues_training_examples():
     for name in ("calc_chain", "triage"):
         fam = get_family(name)
         assert list(itertools.islice(fam.training_stream(3), 50)) == fam.training_examples(seed=3, n=50)
+
+
+def test_a_broken_card_on_the_include_path_is_blamed_not_the_spec_that_loaded_it(tmp_path, monkeypatch):
+    """Validating any task spec looks its family up, which loads every card on the include path: a corrupt line
+    in a user's JSONL is reported as that line, not as an invalid built-in spec."""
+    from agent_trainer.evaluation.families import CardError
+    from agent_trainer.evaluation.tasks import load_task
+    from agent_trainer.registry import INCLUDE_PATH_ENV
+
+    shutil.copy(ROOT / "examples/families/word_math.yaml", tmp_path)
+    rows = (ROOT / "examples/families/word_math.jsonl").read_text().splitlines()
+    (tmp_path / "word_math.jsonl").write_text("\n".join([*rows[:2], '{"prompt": "broken', *rows[3:]]) + "\n")
+    monkeypatch.setenv(INCLUDE_PATH_ENV, str(tmp_path))
+    with pytest.raises(CardError, match=r"word_math.jsonl line 3: not JSON"):
+        load_task(ROOT / "examples/tasks/calc_chain_v1_tiny.json")
+    monkeypatch.delenv(INCLUDE_PATH_ENV)
+    assert load_task(ROOT / "examples/tasks/calc_chain_v1_tiny.json").family == "calc_chain"

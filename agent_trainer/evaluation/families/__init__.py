@@ -18,6 +18,7 @@ from agent_trainer.evaluation.families.base import (
     HIDDEN_SEED_BASE,
     MAX_AGENT_SEED,
     SCORERS,
+    CardError,
     Example,
     FamilyError,
     TaskFamily,
@@ -52,7 +53,7 @@ def _load_data_families(registry: Registry, include_path: tuple[str, ...]) -> No
     for card in cards_on(list(include_path)):
         cls = load_card(card)
         if cls.name in BUILT_IN:
-            raise FamilyError(f"family card {card}: {cls.name!r} is a built-in family; pick another name")
+            raise CardError(f"family card {card}: {cls.name!r} is a built-in family; pick another name")
         registry.register(cls.name, cls)
         _DATA_FAMILIES.append(cls.name)
 
@@ -77,6 +78,6 @@ def get_family(name: str, version: int | None = None) -> TaskFamily:
 
 
 __all__ = [
-    "FAMILIES", "Example", "FamilyError", "TaskFamily", "get_family", "family_names", "in_hidden_pool",
+    "FAMILIES", "CardError", "Example", "FamilyError", "TaskFamily", "get_family", "family_names", "in_hidden_pool",
     "normalize", "extract_answer", "SCORERS", "MAX_AGENT_SEED", "HIDDEN_SEED_BASE",
 ]

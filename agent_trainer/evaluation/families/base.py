@@ -48,6 +48,11 @@ class FamilyError(ValueError):
     """Raised for a bad request to a family (bad seed, bad size); the message says what to change."""
 
 
+class CardError(FamilyError):
+    """A data family's card or data file on ``task.include_path`` is broken: the card's fault, never that of the
+    task spec whose validation happened to load it."""
+
+
 @dataclass
 class TaskFamily:
     """A task family: subclasses set the class attributes and implement ``_sample``."""

@@ -17,7 +17,7 @@ from pathlib import Path
 import yaml
 
 from agent_trainer.evaluation.families.base import (
-    SCORERS, Example, FamilyError, TaskFamily, extract_answer, in_hidden_pool,
+    SCORERS, CardError, Example, FamilyError, TaskFamily, extract_answer, in_hidden_pool,
 )
 
 CARD_KEYS = {"name", "version", "instruction", "scorer", "answer_regex", "labels", "max_new_tokens", "held_out",
@@ -81,25 +81,25 @@ def load_card(path: str | Path) -> type[DataFamily]:
     try:
         card = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
-        raise FamilyError(f"family card {path}: cannot be read: {e}") from None
+        raise CardError(f"family card {path}: cannot be read: {e}") from None
     if not isinstance(card, dict):
-        raise FamilyError(f"family card {path}: expected key: value lines (name, data, scorer, ...)")
+        raise CardError(f"family card {path}: expected key: value lines (name, data, scorer, ...)")
     unknown = sorted(set(card) - CARD_KEYS)
     if unknown:
-        raise FamilyError(f"family card {path}: unknown key(s) {unknown}; known: {sorted(CARD_KEYS)}")
+        raise CardError(f"family card {path}: unknown key(s) {unknown}; known: {sorted(CARD_KEYS)}")
     name = card.get("name")
     if not isinstance(name, str) or not NAME.match(name):
-        raise FamilyError(f"family card {path}: name must be lower-case letters, digits and _, got {name!r}")
+        raise CardError(f"family card {path}: name must be lower-case letters, digits and _, got {name!r}")
     scorer = card.get("scorer", "exact")
     if scorer not in DATA_SCORERS:
-        raise FamilyError(f"family card {path}: scorer {scorer!r} is not one of {', '.join(DATA_SCORERS)}")
+        raise CardError(f"family card {path}: scorer {scorer!r} is not one of {', '.join(DATA_SCORERS)}")
     if scorer == "regex":
         try:
             re.compile(str(card.get("answer_regex") or ""))
         except re.error as e:
-            raise FamilyError(f"family card {path}: answer_regex does not compile: {e}") from None
+            raise CardError(f"family card {path}: answer_regex does not compile: {e}") from None
         if not card.get("answer_regex"):
-            raise FamilyError(f"family card {path}: the regex scorer needs answer_regex")
+            raise CardError(f"family card {path}: the regex scorer needs answer_regex")
     data = path.parent / str(card.get("data") or f"{name}.jsonl")
     rows = _read_rows(data)
     attrs = {
@@ -117,7 +117,7 @@ def _read_rows(path: Path) -> list[Example]:
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as e:
-        raise FamilyError(f"family data {path}: cannot be read: {e}") from None
+        raise CardError(f"family data {path}: cannot be read: {e}") from None
     rows = []
     for n, line in enumerate(lines, start=1):
         if not line.strip():
@@ -125,14 +125,14 @@ def _read_rows(path: Path) -> list[Example]:
         try:
             obj = json.loads(line)
         except ValueError:
-            raise FamilyError(f"family data {path} line {n}: not JSON") from None
+            raise CardError(f"family data {path} line {n}: not JSON") from None
         if not (isinstance(obj, dict) and isinstance(obj.get("prompt"), str) and isinstance(obj.get("answer"), str)):
-            raise FamilyError(f"family data {path} line {n}: each line needs string prompt and answer")
+            raise CardError(f"family data {path} line {n}: each line needs string prompt and answer")
         rows.append(Example(obj["prompt"], obj["answer"]))
         if len(rows) > MAX_ROWS:
-            raise FamilyError(f"family data {path}: more than {MAX_ROWS} rows")
+            raise CardError(f"family data {path}: more than {MAX_ROWS} rows")
     if not rows:
-        raise FamilyError(f"family data {path}: no rows")
+        raise CardError(f"family data {path}: no rows")
     return rows
 
 
@@ -142,6 +142,6 @@ def cards_on(include_path: list[str]) -> list[Path]:
     for folder in include_path:
         p = Path(folder)
         if not p.is_dir():
-            raise FamilyError(f"task.include_path: {folder} is not a folder")
+            raise CardError(f"task.include_path: {folder} is not a folder")
         out += sorted(p.glob("*.yaml"))
     return out

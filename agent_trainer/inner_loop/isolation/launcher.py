@@ -11,6 +11,7 @@ What it covers, and what it leaves to ``agent_trainer.inner_loop.isolation.sandb
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import re
@@ -18,6 +19,7 @@ import resource
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
@@ -232,6 +234,15 @@ def run_check(argv: Sequence[str], timeout_s: float = 30.0) -> subprocess.Comple
 # folder. Each job still gets its own new process, session, environment, limits and working folder.
 
 _forkservers: dict[tuple[str, ...], Any] = {}
+_server_output: list[str] = []  # the file holding the forkserver's stderr
+ERROR_TAIL_BYTES = 4000  # of a warm child's start-up error copied into its job's log
+
+
+def _size(path: str | Path | None) -> int:
+    try:
+        return os.path.getsize(path) if path is not None else 0
+    except OSError:
+        return 0
 
 
 def forkserver(preload: Sequence[str], env: dict[str, str]):
@@ -248,11 +259,24 @@ def forkserver(preload: Sequence[str], env: dict[str, str]):
         ctx = multiprocessing.get_context("forkserver")
         ctx.set_forkserver_preload(list(preload))
         saved = dict(os.environ)
+        # The forkserver's stderr (and so its children's until they open their own log) goes to a file: a child
+        # that dies while it starts leaves its error there, and WarmProcess copies it into that job's log.
+        if not _server_output:
+            fd, path = tempfile.mkstemp(prefix="at-forkserver-", suffix=".log")
+            os.close(fd)
+            _server_output.append(path)
+            atexit.register(lambda: Path(path).unlink(missing_ok=True))
+        sys.stderr.flush()
+        console, output = os.dup(2), os.open(_server_output[0], os.O_WRONLY | os.O_APPEND)
         try:
             os.environ.clear()
             os.environ.update(scrub_env(env))
+            os.dup2(output, 2)
             fs.ensure_running()
         finally:
+            os.dup2(console, 2)
+            os.close(console)
+            os.close(output)
             os.environ.clear()
             os.environ.update(saved)
         _forkservers[key] = ctx
@@ -283,18 +307,41 @@ class WarmProcess:
         agent_dirs = [str(Path(d).resolve()) for d in agent_dirs]
         where = neutral_cwd(cwd, agent_dirs, harness_dirs)
         _note_oom_count()
+        self.log_path, self.server_output = Path(log_path), _server_output[0] if _server_output else None
+        self.server_offset = _size(self.server_output)
         self.p = ctx.Process(target=_warm_child, daemon=False, args=(
             target, tuple(args), dict(kwargs or {}), str(where), scrub_env(env), str(log_path),
             {"RLIMIT_CORE": 0, **(limits or {})}, agent_dirs))
         self.p.start()
         self.pid = self.p.pid
+        self.ended = False
 
     def poll(self):
+        if self.p.exitcode is not None and not self.ended:
+            self.ended = True
+            self._start_error_to_log()
         return self.p.exitcode
 
     def wait(self):
         self.p.join()
-        return self.p.exitcode
+        return self.poll()
+
+    def _start_error_to_log(self) -> None:
+        """A child that failed and wrote nothing died before it opened its log (unpickling its task, importing
+        a module): what the forkserver printed since this job started goes into the job's log."""
+        if self.p.exitcode == 0 or self.server_output is None or _size(self.log_path) > 0:
+            return
+        try:
+            with open(self.server_output, "rb") as f:
+                f.seek(self.server_offset)
+                said = f.read(ERROR_TAIL_BYTES * 4).decode(errors="replace").strip()
+            if said:
+                with open(self.log_path, "a") as log:
+                    log.write(f"[harness] the job process died before it opened this log; the forkserver's "
+                              f"output since it started (shared by the warm jobs running at once):\n"
+                              f"{said[-ERROR_TAIL_BYTES:]}\n")
+        except OSError:
+            pass
 
     @property
     def returncode(self):
