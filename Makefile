@@ -24,7 +24,7 @@ run: setup
 
 # The whole suite, slow tests included (CI runs exactly this).
 test: setup
-	$(BIN)/pytest -p no:cacheprovider --timeout=$(TEST_TIMEOUT) -n $(TEST_WORKERS) --dist worksteal tests
+	$(BIN)/pytest -p no:cacheprovider --timeout=$(TEST_TIMEOUT) -n $(TEST_WORKERS) --dist worksteal --durations=30 tests
 
 # Unit tests only, for a quick check while editing: no model is built or imported (tests that need one the
 # cache lacks are skipped with the reason; tests/helpers/run_if.py). About 2 minutes of CPU, on both cores.

@@ -560,6 +560,9 @@ def validate(cfg: DictConfig) -> Config:
         )
     _check_agent(a, train=isinstance(obj, TrainCommand))
     _check_registered("agent.backend", a.backend, "agent_trainer.outer_loop.agents", "BACKENDS")
+    if a.tool_format != "auto":
+        _check_registered("agent.tool_format", a.tool_format, "agent_trainer.outer_loop.agents.toolcalls",
+                          "TOOL_CALL_FORMATS")
     _check_registered("hardware.executor", h.executor, "agent_trainer.inner_loop.run.executor", "EXECUTORS")
     _check(a.max_turns >= 1 and a.max_new_tokens >= 1, "agent.max_turns and agent.max_new_tokens must be >= 1")
     _check_salt(t.hidden_salt)

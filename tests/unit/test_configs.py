@@ -125,6 +125,7 @@ def test_bad_values_fail_with_the_choices(composer, override, text):
     (["outer.focus_entropy_of=base"], "outer.focus_entropy_of"),
     (["hardware.agent_threads=0"], "hardware.agent_threads"),
     (["agent.tool_schemas=compakt"], "agent.tool_schemas must be full, compact or names"),
+    (["agent.tool_format=hermez"], "agent.tool_format: unknown tool-call format 'hermez'; known: hermes, llama3"),
 ])
 def test_impossible_combinations_are_rejected(composer, overrides, text):
     with pytest.raises(ConfigError, match=text.replace(".", r"\.").replace("(", r"\(")):
@@ -204,13 +205,3 @@ def test_agent_threads_leave_the_parallel_jobs_their_cores(composer):
     assert agent_threads(composer(["hardware=cpu_parallel"]), cores=8) == 6
     assert agent_threads(composer(["hardware=cpu_parallel", "hardware.agent_threads=3"]), cores=2) == 3
     assert agent_threads(composer(["hardware=slurm"]), cores=8) == 8            # jobs run on other machines
-
-
-def test_a_tool_format_typo_fails_before_the_policy_loads(composer):
-    """at-train checks agent.tool_format against the formats' registry first thing (one list of names)."""
-    from agent_trainer.outer_loop.rl.run_config import check_tool_format
-    from agent_trainer.registry import UnknownName
-
-    check_tool_format(composer(["agent.tool_format=hermes"]))
-    with pytest.raises(UnknownName, match="unknown tool-call format 'hermez'; known: .*hermes"):
-        check_tool_format(composer(["agent.tool_format=hermez"]))

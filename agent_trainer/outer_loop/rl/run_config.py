@@ -172,7 +172,6 @@ def build_trainer(cfg: Conf, run_dir: Path, *, tracker=None, resume: bool = Fals
         raise ValueError(f"at-train updates the LoRA of an agent whose weights it holds; agent.backend="
                          f"{c.agent.backend} serves someone else's (use agent=tiny_local, agent=vllm, or a local "
                          f"model_path)")
-    check_tool_format(c)   # before the policy is loaded (minutes for a large agent)
     from agent_trainer.outer_loop.rl.checkpoints import prepare_resume
 
     settings = train_settings(c)
@@ -184,16 +183,6 @@ def build_trainer(cfg: Conf, run_dir: Path, *, tracker=None, resume: bool = Fals
                    executor=make_executor(c), state=state, model_name=c.agent.model,
                    steering=steering_factory(c, run_dir, ledger), sampler=make_sampler(c, agent),
                    agent_device=policy_device(c), tool_format=c.agent.tool_format)
-
-
-def check_tool_format(cfg: Conf) -> None:
-    """``agent.tool_format`` is ``auto`` or a format of the registry (``toolcalls.TOOL_CALL_FORMATS``, whose error
-    lists them)."""
-    from agent_trainer.outer_loop.agents.toolcalls import AUTO, TOOL_CALL_FORMATS
-
-    name = typed(cfg).agent.tool_format
-    if name != AUTO:
-        TOOL_CALL_FORMATS[name]
 
 
 def policy_device(cfg: Conf) -> str:
