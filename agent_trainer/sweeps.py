@@ -76,13 +76,7 @@ def job_info(command: str) -> JobInfo:
     typed = _env_json(TYPED_ENV, {})
     given = list(hc.overrides.task)
     multirun = hc.mode == RunMode.MULTIRUN
-    on_line = set(_env_json(CLI_OVERRIDES_ENV, []))
-    swept = {}
-    if multirun:
-        for o in given:
-            if o not in on_line and "=" in o:
-                key, _, value = o.partition("=")
-                swept[key.lstrip("+~")] = value
+    swept = swept_of(given, _env_json(CLI_OVERRIDES_ENV, [])) if multirun else {}
     return JobInfo(
         command=command, folder=Path(hc.runtime.output_dir), multirun=multirun,
         num=int(hc.job.num) if multirun and hc.job.get("num") is not None else None,
@@ -90,6 +84,28 @@ def job_info(command: str) -> JobInfo:
         overrides=[typed.get(o, o) for o in given], swept=swept,
         experiment=hc.runtime.choices.get("experiment"),
     )
+
+
+def swept_of(job_overrides: list[str], on_line: list[str]) -> dict[str, str]:
+    """``{key: value}`` of a sweep job's overrides that the sweep chose: a key swept on the command line
+    (``outer.lora_r=4,8``) or set by the sweeper alone (Optuna's search space), not one given a single value
+    there (Hydra may write that one back escaped: ``sqlite\\:////x.db``)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    fixed = set()
+    for o in on_line:
+        try:
+            (parsed,) = OverridesParser.create().parse_overrides([o])
+        except Exception:  # noqa: BLE001 - not Hydra syntax (a flag): it fixes no key
+            continue
+        if not parsed.is_sweep_override():
+            fixed.add(parsed.get_key_element().lstrip("+~"))
+    swept = {}
+    for o in job_overrides:
+        key, eq, value = o.partition("=")
+        if eq and key.lstrip("+~") not in fixed:
+            swept[key.lstrip("+~")] = value
+    return swept
 
 
 def short_settings(swept: dict[str, str]) -> list[str]:
