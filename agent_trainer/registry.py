@@ -12,6 +12,7 @@ lookup and again whenever their ``key()`` changes: see ``agent_trainer.evaluatio
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Mapping
 from typing import Callable, Generic, TypeVar
 
@@ -22,6 +23,11 @@ T = TypeVar("T")
 INCLUDE_PATH_ENV = "AGENT_TRAINER_INCLUDE_PATH"
 BASE_MODELS_ENV = "AGENT_TRAINER_BASE_MODELS"
 REGISTRY_ENV = (INCLUDE_PATH_ENV, BASE_MODELS_ENV)
+
+
+def configured_env() -> dict[str, str]:
+    """The variables of ``REGISTRY_ENV`` this process has set: what a job process or a remote worker is given."""
+    return {k: os.environ[k] for k in REGISTRY_ENV if os.environ.get(k)}
 
 
 class UnknownName(ValueError):

@@ -6,13 +6,13 @@ from __future__ import annotations
 import os
 
 from agent_trainer.inner_loop.run import job, launchers
-from agent_trainer.registry import BASE_MODELS_ENV, INCLUDE_PATH_ENV, REGISTRY_ENV
+from agent_trainer.registry import BASE_MODELS_ENV, INCLUDE_PATH_ENV, REGISTRY_ENV, configured_env
 
 
 def test_a_remote_worker_runs_the_job_with_the_harness_registries(monkeypatch):
     monkeypatch.setenv(INCLUDE_PATH_ENV, "/data/families")
     monkeypatch.delenv(BASE_MODELS_ENV, raising=False)
-    sent = launchers.registries()
+    sent = configured_env()
     assert sent == {INCLUDE_PATH_ENV: "/data/families"}
 
     # the worker's own environment: no include path, and a base model of some other run

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from agent_trainer.registry import REGISTRY_ENV
+from agent_trainer.registry import configured_env
 
 MAX_FILE_BYTES = 16 * 2**30  # a 1.7B fp32 checkpoint fits; a runaway writer does not fill the disk
 # A test hook passed through to the training process: seconds each step sleeps (a slow or busy machine on
@@ -31,7 +31,9 @@ def child_env(home: Path, threads: int | None, gpus: str | None = None) -> dict[
     if gpus is not None:
         env["CUDA_VISIBLE_DEVICES"] = gpus
     # Families and base models from configuration (agent_trainer.registry): the job's rows may come from them.
-    env.update({k: os.environ[k] for k in (*REGISTRY_ENV, STEP_DELAY_ENV) if os.environ.get(k)})
+    env.update(configured_env())
+    if os.environ.get(STEP_DELAY_ENV):
+        env[STEP_DELAY_ENV] = os.environ[STEP_DELAY_ENV]
     return env
 
 

@@ -17,22 +17,16 @@ from pathlib import Path
 from typing import Any
 
 from agent_trainer.inner_loop.run.request import JobRequest, with_threads
-from agent_trainer.registry import REGISTRY_ENV
+from agent_trainer.registry import REGISTRY_ENV, configured_env
 
 # Time a job needs beyond its training deadline: interpreter start, imports, hidden evaluation.
 EVAL_MARGIN_S = 600.0
 
 
-def registries() -> dict[str, str]:
-    """This harness's registry entries from configuration (``task.include_path``, ``base_models``), for
-    ``run_request``."""
-    return {k: os.environ[k] for k in REGISTRY_ENV if os.environ.get(k)}
-
-
 def run_request(request: JobRequest, registry_env: dict[str, str] | None = None):
     """Run one request on the remote side (a module-level function: submitit and Ray pickle it by name).
 
-    ``registry_env`` (``registries()`` of the harness) is set in the worker before the job runs: a Ray or SLURM
+    ``registry_env`` (the harness's ``agent_trainer.registry.configured_env()``) is set in the worker before the job runs: a Ray or SLURM
     worker on another node does not have the harness's environment, and a data family or configured base model
     must be found there as it is here."""
     from agent_trainer.inner_loop.run.job import run_request as run
@@ -154,7 +148,7 @@ class SubmititExecutor:
         results = []
         for start in range(0, len(reqs), size):
             chunk = reqs[start:start + size]
-            jobs = ex.map_array(run_request, chunk, [registries()] * len(chunk))
+            jobs = ex.map_array(run_request, chunk, [configured_env()] * len(chunk))
             for job, req in zip(jobs, chunk):
                 try:
                     results.append(job.result())
@@ -210,7 +204,7 @@ class RayExecutor:
         ray = self._init()
         reqs = [r.absolute() for r in with_threads(requests, self.threads)]
         task = ray.remote(num_cpus=self.cpus_per_job, num_gpus=self.gpus_per_job, max_retries=0)(run_request)
-        env = registries()
+        env = configured_env()
         refs = [task.remote(r, env) for r in reqs]
         results = []
         for ref, req in zip(refs, reqs):
