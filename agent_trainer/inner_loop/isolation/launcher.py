@@ -332,14 +332,13 @@ class WarmProcess:
         if self.p.exitcode == 0 or self.server_output is None or _size(self.log_path) > 0:
             return
         try:
-            with open(self.server_output, "rb") as f:
-                f.seek(self.server_offset)
-                said = f.read(ERROR_TAIL_BYTES * 4).decode(errors="replace").strip()
+            with open(self.server_output, "rb") as f:   # the last ERROR_TAIL_BYTES since this job started
+                f.seek(max(self.server_offset, _size(self.server_output) - ERROR_TAIL_BYTES))
+                said = f.read().decode(errors="replace").strip()
             if said:
                 with open(self.log_path, "a") as log:
                     log.write(f"[harness] the job process died before it opened this log; the forkserver's "
-                              f"output since it started (shared by the warm jobs running at once):\n"
-                              f"{said[-ERROR_TAIL_BYTES:]}\n")
+                              f"output since it started (shared by the warm jobs running at once):\n{said}\n")
         except OSError:
             pass
 
