@@ -229,12 +229,8 @@ from hydra.experimental.callbacks import PickleJobInfoCallback
 class SaveJobInfo(PickleJobInfoCallback):
     """Hydra's ``.hydra/config.pickle`` (for ``--experimental-rerun``), without its INFO lines on the console."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        logging.getLogger(PickleJobInfoCallback.__module__).setLevel(logging.WARNING)
-
     def on_job_start(self, config: Any, **kwargs: Any) -> None:
-        self.log.setLevel(logging.WARNING)   # a launcher's worker process configured its logging anew
+        self.log.setLevel(logging.WARNING)   # here, not once: a launcher's worker process configures logging anew
         super().on_job_start(config, **kwargs)
 
     def on_job_end(self, config: Any, job_return: Any, **kwargs: Any) -> None:
