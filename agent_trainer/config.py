@@ -205,7 +205,8 @@ class RewardConfig:
     uplift: float = doc(0.75, "share of quality from the normalised uplift over the base model")
     validation_decay: float = doc(0.5, "factor of validation per invalid validation before the first valid one")
     timeout_quality_factor: float = doc(0.5, "share of a positive quality a timed-out (still scored) job keeps")
-    validation_needs_job: bool = doc(True, "no validation credit to an episode that submitted no job")
+    validation_without_job: float = doc(0.0, "share of its validation credit an episode keeps when it submitted no "
+                                             "job (0: none, so 'validate, then stop' earns nothing; 1: all of it)")
     invalid_job: float = doc(0.0, "subtracted from the total when the judged job was refused (invalid, "
                                   "over_budget): > 0 ranks submitting an invalid job below submitting none")
 
@@ -738,8 +739,10 @@ def check_reward(r: Any, key: str = "outer.reward") -> None:
     ``agent_trainer.evaluation.staged_reward.RewardWeights``."""
     for f in fields(RewardConfig):
         v = getattr(r, f.name)
-        _check(isinstance(v, bool) or v >= 0, f"{key}.{f.name}: a reward weight must be >= 0, got {v}")
+        _check(v >= 0, f"{key}.{f.name}: a reward weight must be >= 0, got {v}")
     _check(0 <= r.validation_decay <= 1, f"{key}.validation_decay must be in [0, 1], got {r.validation_decay}")
+    _check(r.validation_without_job <= 1,
+           f"{key}.validation_without_job must be in [0, 1], got {r.validation_without_job}")
     _check(r.timeout_quality_factor <= 1,
            f"{key}.timeout_quality_factor must be in [0, 1], got {r.timeout_quality_factor}")
 

@@ -36,7 +36,7 @@ class RewardWeights:
     uplift: float = RewardConfig.uplift
     validation_decay: float = RewardConfig.validation_decay
     timeout_quality_factor: float = RewardConfig.timeout_quality_factor
-    validation_needs_job: bool = RewardConfig.validation_needs_job   # no submitted job: no validation credit
+    validation_without_job: float = RewardConfig.validation_without_job   # share of validation kept with no job
     invalid_job: float = RewardConfig.invalid_job    # subtracted when the judged job was refused (REFUSED)
 
     def __post_init__(self) -> None:
@@ -108,8 +108,8 @@ def staged_reward(validation_failures: int | None, job: JobOutcome | None,
         return StagedReward(validation=0.0, job_success=0.0, quality=0.0, speed=0.0, total=0.0, excluded=True,
                             weights=w)
     validation = validation_score(validation_failures, w.validation_decay)
-    if job is None and w.validation_needs_job:
-        validation = 0.0
+    if job is None:
+        validation *= w.validation_without_job
     success = quality = speed = 0.0
     post = base = up = nup = None
     flagged = bool(job and job.flagged)

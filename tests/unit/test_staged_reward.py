@@ -23,9 +23,28 @@ def test_validating_without_submitting_earns_nothing():
     """A valid job that was never submitted achieved nothing: no validation credit (it would pay 0.35
     for stopping early, more than a submitted job that lowers the score)."""
     assert staged_reward(0, None).total == 0.0
-    assert staged_reward(0, None, RewardWeights(validation_needs_job=False)).validation == 1.0
+    assert staged_reward(0, None, RewardWeights(validation_without_job=1.0)).validation == 1.0
     crashed = staged_reward(0, JobOutcome(status="crashed", train_seconds=1, budget_seconds=90))
     assert crashed.validation == 1.0    # submitted and valid: the stage counts
+
+
+def test_a_share_of_validation_without_a_job_ranks_stopping_after_valid_between_the_others():
+    """With ``validation_without_job`` = 0.25 and ``invalid_job`` = 0.2 (experiment=smollm2_cpu_v4) the four ends
+    of an episode rank: a valid job that ran > a valid file not submitted > nothing valid, nothing submitted >
+    a refused submission; the kept share also halves per retry."""
+    w = RewardWeights(validation_without_job=0.25, invalid_job=0.2)
+    ran = staged_reward(0, ok_job(), w).total
+    valid_kept = staged_reward(0, None, w)
+    assert valid_kept.validation == 0.25 and valid_kept.total == pytest.approx(0.35 * 0.25)
+    assert staged_reward(1, None, w).total == pytest.approx(0.35 * 0.25 * 0.5)
+    nothing = staged_reward(None, None, w).total
+    refused = staged_reward(None, JobOutcome(status="invalid"), w).total
+    assert ran > valid_kept.total > nothing == 0.0 > refused
+
+
+def test_validation_without_job_is_a_share():
+    with pytest.raises(ValueError, match="validation_without_job must be in"):
+        RewardWeights(validation_without_job=1.5)
 
 
 @pytest.mark.parametrize("status", ["invalid", "over_budget"])
