@@ -167,3 +167,35 @@ def test_a_step_shares_its_common_prompt_once(backend):
     assert shared > 20
     assert sum(fed) <= shared + sum(len(p) - shared for p in prompts) + sampled
 
+
+
+def test_the_growing_cache_decodes_as_transformers_dynamic_cache_without_copying(backend):
+    """The batch's KV cache (``growing_cache``) gives the logits of transformers' ``DynamicCache`` step for step,
+    rows leaving included, and a decode step writes into its buffer instead of reallocating every layer."""
+    from transformers import DynamicCache
+
+    from agent_trainer.outer_loop.agents.local import _cache_kw
+    from agent_trainer.outer_loop.agents.prefix_cache import growing_cache
+
+    model, kw = backend.model, _cache_kw()
+    torch.manual_seed(1)
+    with torch.no_grad():
+        out = model(input_ids=torch.randint(5, 200, (3, 20)), use_cache=True)
+        kv = [(k.clone(), v.clone()) for k, v, *_ in getattr(out, kw)]
+        ours, theirs = growing_cache(kv), DynamicCache(kv)
+        rows, attn = 3, torch.ones(3, 21, dtype=torch.long)
+        buffers = [layer._k.data_ptr() for layer in ours.layers]
+        for step in range(6):
+            if step == 3:                                    # a row leaves the batch
+                keep = torch.tensor([0, 2])
+                ours.batch_select_indices(keep)
+                theirs.batch_select_indices(keep)
+                attn, rows = attn[keep], 2
+                buffers = [layer._k.data_ptr() for layer in ours.layers]
+            nxt = torch.arange(rows).view(-1, 1) + 7 + step
+            a = model(input_ids=nxt, attention_mask=attn, use_cache=True, **{kw: ours})
+            b = model(input_ids=nxt, attention_mask=attn, use_cache=True, **{kw: theirs})
+            assert torch.equal(a.logits, b.logits)
+            assert [layer._k.data_ptr() for layer in ours.layers] == buffers, "a decode step reallocated"
+            attn = torch.cat([attn, attn.new_ones((rows, 1))], dim=-1)
+        assert ours.get_seq_length() == theirs.get_seq_length() == 26

@@ -22,7 +22,9 @@ import torch
 
 from agent_trainer.outer_loop.agents.base import AUTO, AgentBackend, BackendError, Generation, SampleRequest
 from agent_trainer.outer_loop.agents.chat_prompt import render_prompt, template_support
-from agent_trainer.outer_loop.agents.prefix_cache import Prefix, PrefixCache, common_length, supports_prefix_cache
+from agent_trainer.outer_loop.agents.prefix_cache import (
+    Prefix, PrefixCache, common_length, growing_cache, supports_prefix_cache,
+)
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +74,8 @@ class LocalBackend(AgentBackend):
         self.max_batch = max(1, int(max_batch))   # rows sampled together at most (``generate_batch``)
         # Keys and values of earlier turns and shared prompts, reused (agent_trainer.outer_loop.agents.prefix_cache);
         # None: every turn runs its whole prompt.
-        self.prefixes = (PrefixCache(prefix_cache_tokens)
-                         if prefix_cache_tokens > 0 and supports_prefix_cache(model.config) else None)
+        self.full_attention = supports_prefix_cache(model.config)
+        self.prefixes = PrefixCache(prefix_cache_tokens) if prefix_cache_tokens > 0 and self.full_attention else None
 
     @classmethod
     def from_path(cls, model_path: str | Path, *, device: str = "auto", dtype: str = "float32",
@@ -187,8 +189,6 @@ class LocalBackend(AgentBackend):
 
     def _cache_of(self, found: list[tuple[Prefix | None, int]], width: int):
         """A KV cache of ``width`` positions a row holding each row's stored prefix, right-aligned (left padding)."""
-        from transformers import DynamicCache
-
         first = next(e for e, n in found if n)
         layers = []
         for layer in range(len(first.kv)):
@@ -200,7 +200,7 @@ class LocalBackend(AgentBackend):
                     keys[r, :, width - n:] = e.kv[layer][0][:, :n]
                     values[r, :, width - n:] = e.kv[layer][1][:, :n]
             layers.append((keys, values))
-        return DynamicCache(layers)
+        return growing_cache(layers)
 
     def _store_row(self, cache, row: int, mask: torch.Tensor, tokens: list[int]) -> None:
         """Keep row ``row``'s keys and values (its real positions, ``mask``) as the prefix ``tokens``."""
@@ -241,7 +241,8 @@ class LocalBackend(AgentBackend):
         ids: list[list[int]] = [[] for _ in range(n)]
         lps: list[list[float]] = [[] for _ in range(n)]
         active = list(range(n))          # rows still sampling, in cache order
-        cache, cache_kw = (self._cache_of(found, cached) if cached else None), _cache_kw()
+        cache = self._cache_of(found, cached) if cached else growing_cache() if self.full_attention else None
+        cache_kw = _cache_kw()
         while active:
             out = self.model(input_ids=inp, attention_mask=attn, position_ids=pos, use_cache=True,
                              logits_to_keep=1, **{cache_kw: cache})
