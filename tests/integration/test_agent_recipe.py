@@ -11,7 +11,7 @@ import pytest
 from agent_trainer.config import compose_config, validate
 
 
-@pytest.mark.parametrize("recipe", ["smollm2_cpu", "smollm2_cpu_v3"])
+@pytest.mark.parametrize("recipe", ["smollm2_cpu", "smollm2_cpu_v3", "smollm2_cpu_v4"])
 def test_the_recipe_is_what_the_docs_say(recipe):
     c = validate(compose_config([f"experiment={recipe}"], "train"))
     assert c.agent.model == "smollm2-agent" and c.agent.backend == "local"
@@ -26,6 +26,12 @@ def test_the_recipe_is_what_the_docs_say(recipe):
         assert (c.agent.max_turns, c.outer.reward.invalid_job) == (6, 0.2)
         c.agent.max_turns, c.outer.reward.invalid_job = base.agent.max_turns, base.outer.reward.invalid_job
         c.run_id = base.run_id    # ${now:...}, composed a moment apart
+        assert c == base
+    if recipe == "smollm2_cpu_v4":     # v3 and the share of validation kept without a job, nothing else
+        base = validate(compose_config(["experiment=smollm2_cpu_v3"], "train"))
+        assert (c.outer.reward.validation_without_job, base.outer.reward.validation_without_job) == (0.25, 0.0)
+        c.outer.reward.validation_without_job = 0.0
+        c.run_id = base.run_id
         assert c == base
 
 
