@@ -183,6 +183,10 @@ def test_the_growing_cache_decodes_as_transformers_dynamic_cache_without_copying
         out = model(input_ids=torch.randint(5, 200, (3, 20)), use_cache=True)
         kv = [(k.clone(), v.clone()) for k, v, *_ in getattr(out, kw)]
         ours, theirs = growing_cache(kv), DynamicCache(kv)
+        # Buffers handed over with room behind their 20 filled positions are used as they are, not copied.
+        given = [(torch.cat([k, torch.zeros_like(k)], dim=2), torch.cat([v, torch.zeros_like(v)], dim=2)) for k, v in kv]
+        held = growing_cache(given, filled=20)
+        assert [layer._k.data_ptr() for layer in held.layers] == [k.data_ptr() for k, _ in given]
         rows, attn = 3, torch.ones(3, 21, dtype=torch.long)
         buffers = [layer._k.data_ptr() for layer in ours.layers]
         for step in range(6):
@@ -190,12 +194,14 @@ def test_the_growing_cache_decodes_as_transformers_dynamic_cache_without_copying
                 keep = torch.tensor([0, 2])
                 ours.batch_select_indices(keep)
                 theirs.batch_select_indices(keep)
+                held.batch_select_indices(keep)
                 attn, rows = attn[keep], 2
                 buffers = [layer._k.data_ptr() for layer in ours.layers]
             nxt = torch.arange(rows).view(-1, 1) + 7 + step
             a = model(input_ids=nxt, attention_mask=attn, use_cache=True, **{kw: ours})
             b = model(input_ids=nxt, attention_mask=attn, use_cache=True, **{kw: theirs})
-            assert torch.equal(a.logits, b.logits)
+            c = model(input_ids=nxt, attention_mask=attn, use_cache=True, **{kw: held})
+            assert torch.equal(a.logits, b.logits) and torch.equal(c.logits, b.logits)
             assert [layer._k.data_ptr() for layer in ours.layers] == buffers, "a decode step reallocated"
             attn = torch.cat([attn, attn.new_ones((rows, 1))], dim=-1)
-        assert ours.get_seq_length() == theirs.get_seq_length() == 26
+        assert ours.get_seq_length() == theirs.get_seq_length() == held.get_seq_length() == 26

@@ -23,7 +23,7 @@ import torch
 from agent_trainer.outer_loop.agents.base import AUTO, AgentBackend, BackendError, Generation, SampleRequest
 from agent_trainer.outer_loop.agents.chat_prompt import render_prompt, template_support
 from agent_trainer.outer_loop.agents.prefix_cache import (
-    Prefix, PrefixCache, common_length, growing_cache, supports_prefix_cache,
+    Prefix, PrefixCache, common_length, growing_cache, growing_layer, supports_prefix_cache,
 )
 
 log = logging.getLogger(__name__)
@@ -188,19 +188,21 @@ class LocalBackend(AgentBackend):
         self.prefixes.add(list(tokens), kv)
 
     def _cache_of(self, found: list[tuple[Prefix | None, int]], width: int):
-        """A KV cache of ``width`` positions a row holding each row's stored prefix, right-aligned (left padding)."""
+        """A KV cache of ``width`` positions a row holding each row's stored prefix, right-aligned (left padding),
+        written straight into the growing cache's buffers (their spare room behind)."""
         first = next(e for e, n in found if n)
+        room = width + growing_layer().SPARE
         layers = []
         for layer in range(len(first.kv)):
             k0, v0 = first.kv[layer]
-            keys = k0.new_zeros((len(found), k0.shape[0], width, k0.shape[2]))
-            values = v0.new_zeros((len(found), v0.shape[0], width, v0.shape[2]))
+            keys = k0.new_zeros((len(found), k0.shape[0], room, k0.shape[2]))
+            values = v0.new_zeros((len(found), v0.shape[0], room, v0.shape[2]))
             for r, (e, n) in enumerate(found):
                 if n:
-                    keys[r, :, width - n:] = e.kv[layer][0][:, :n]
-                    values[r, :, width - n:] = e.kv[layer][1][:, :n]
+                    keys[r, :, width - n: width] = e.kv[layer][0][:, :n]
+                    values[r, :, width - n: width] = e.kv[layer][1][:, :n]
             layers.append((keys, values))
-        return growing_cache(layers)
+        return growing_cache(layers, filled=width)
 
     def _store_row(self, cache, row: int, mask: torch.Tensor, tokens: list[int]) -> None:
         """Keep row ``row``'s keys and values (its real positions, ``mask``) as the prefix ``tokens``."""

@@ -6,7 +6,7 @@ local backend keeps each finished row's keys and values here and starts a prompt
 so a turn's prefill runs over its new tokens only (``LocalBackend._sample_batch``).
 
 Only for models whose every layer attends to the whole sequence (no sliding window): a stored key was computed at
-its absolute position and stays valid there. For those models the batch's own cache is a ``GrowingCache``: a decode
+its absolute position and stays valid there. For those models the batch's own cache is a ``growing_cache``: a decode
 step writes its one new position into spare room instead of copying every layer's keys and values (``torch.cat``,
 what transformers' ``DynamicCache`` does: at 8 rows and 1,500 positions that copy is a sizeable part of a step).
 """
@@ -36,15 +36,19 @@ def common_length(a: list[int], b: list[int]) -> int:
     return i
 
 
-def growing_cache(kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None):
-    """A transformers ``DynamicCache`` whose layers append into preallocated room (``growing_layer``), filled with
-    ``kv`` (each layer's ``(keys, values)``, ``[batch, kv_heads, positions, head_dim]``) when given."""
+def growing_cache(kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None, filled: int | None = None):
+    """A transformers ``DynamicCache`` whose layers append into preallocated room (``growing_layer``), holding
+    ``kv`` (each layer's ``(keys, values)``, ``[batch, kv_heads, positions, head_dim]``) when given: copied into new
+    buffers, or, with ``filled``, taken as the buffers themselves, their first ``filled`` positions the contents."""
     from transformers.cache_utils import Cache, DynamicCache
 
     cache = DynamicCache()
     Cache.__init__(cache, layer_class_to_replicate=growing_layer())
     for i, (k, v) in enumerate(kv or ()):
-        cache.update(k, v, i)
+        if filled is None:
+            cache.update(k, v, i)
+        else:
+            cache.layers.append(growing_layer().holding(k, v, filled))
     return cache
 
 
@@ -62,6 +66,15 @@ def growing_layer() -> type:
         def __init__(self, **kwargs):
             super().__init__(**kwargs)
             self._k = self._v = None
+
+        @classmethod
+        def holding(cls, keys: torch.Tensor, values: torch.Tensor, n: int) -> "GrowingLayer":
+            """A layer whose buffers are ``keys`` and ``values`` (not copied), the first ``n`` positions filled."""
+            layer = cls()
+            layer.lazy_initialization(keys, values)
+            layer._k, layer._v = keys, values
+            layer.keys, layer.values = keys[:, :, :n], values[:, :, :n]
+            return layer
 
         def update(self, key_states, value_states, *args, **kwargs):
             if not self.is_initialized:
