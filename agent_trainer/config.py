@@ -96,6 +96,9 @@ class AgentConfig:
     temperature: float = doc(1.0, "sampling temperature of agent turns")
     max_new_tokens: int = doc(512, "tokens the agent may generate per turn")
     max_turns: int = doc(8, "agent turns (messages) per episode")
+    submit_at_turn_limit: bool = doc(False, "an episode that runs out of turns without submitting a job: the harness "
+                                            "submits the job validate_job last called VALID (unchanged since), and it "
+                                            "counts as the agent's; a finish call without a job is left alone")
     usd_per_1m_tokens_in: Optional[float] = doc(0.0, "price of 1M prompt tokens, USD (the ledger uses it); null "
                                                      "(openai only) = the price table's for agent.model "
                                                      "(agent_trainer.prices), 0 for an unlisted model on a "

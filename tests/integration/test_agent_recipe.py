@@ -11,7 +11,7 @@ import pytest
 from agent_trainer.config import compose_config, validate
 
 
-@pytest.mark.parametrize("recipe", ["smollm2_cpu", "smollm2_cpu_v3", "smollm2_cpu_v4"])
+@pytest.mark.parametrize("recipe", ["smollm2_cpu", "smollm2_cpu_v3", "smollm2_cpu_v4", "smollm2_cpu_v5"])
 def test_the_recipe_is_what_the_docs_say(recipe):
     c = validate(compose_config([f"experiment={recipe}"], "train"))
     assert c.agent.model == "smollm2-agent" and c.agent.backend == "local"
@@ -31,6 +31,12 @@ def test_the_recipe_is_what_the_docs_say(recipe):
         base = validate(compose_config(["experiment=smollm2_cpu_v3"], "train"))
         assert (c.outer.reward.validation_without_job, base.outer.reward.validation_without_job) == (0.25, 0.0)
         c.outer.reward.validation_without_job = 0.0
+        c.run_id = base.run_id
+        assert c == base
+    if recipe == "smollm2_cpu_v5":     # v4 and the harness submitting the last VALID job at the turn limit
+        base = validate(compose_config(["experiment=smollm2_cpu_v4"], "train"))
+        assert (c.agent.submit_at_turn_limit, base.agent.submit_at_turn_limit) == (True, False)
+        c.agent.submit_at_turn_limit = False
         c.run_id = base.run_id
         assert c == base
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import signal
 import socket
 import subprocess
@@ -105,28 +104,40 @@ def _closed_port() -> int:
         return s.getsockname()[1]  # closed when the block ends: nothing listens there
 
 
+# Written beside the command as sitecustomize.py: at exit, the names of the modules it had imported.
+_MODULES_AT_EXIT = """import atexit, os, sys
+atexit.register(lambda: open(os.environ["AT_TEST_MODULES"], "w").write("\\n".join(sorted(sys.modules))))
+"""
+# What a command loads once it starts work: reporting a dead server must come before all of these.
+_HEAVY = ("torch", "transformers", "trl", "peft", "lightning", "datasets", "mlflow", "vllm")
+
+
 @pytest.mark.parametrize("command,args", [
     ("at-train", ["experiment=smoke"]),
     ("at-job", ["examples/jobs/sft_full", "task=calc_chain_v1_tiny"]),
 ])
 def test_unreachable_mlflow_server_is_reported_at_start_up(tmp_path, command, args):
     uri = f"http://127.0.0.1:{_closed_port()}"
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(_MODULES_AT_EXIT)
+    modules = tmp_path / "modules.txt"
     env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(hook), env.get("PYTHONPATH")]))
+    env["AT_TEST_MODULES"] = str(modules)
     proc = subprocess.run([str(Path(sys.executable).parent / command), *args, f"runs_dir={tmp_path}", "run_id=r",
                            "tracking=server", f"tracking.tracking_uri={uri}"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     assert proc.returncode == 2, proc.stderr[-2000:]
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"{command}: error: MLflow server {uri}"), proc.stderr
     assert "Traceback" not in proc.stdout + proc.stderr
-    # Before any work: no episode, no job output; and before torch, TRL and models are loaded: the command's CPU
-    # time (~1.6 s here; importing torch, transformers and TRL alone takes ~3 s), which unlike wall time does not grow
-    # with the machine's load.
+    # Before any work: no episode, no job output; and before torch, TRL, MLflow and models are loaded (what the
+    # command had imported when it exited, which unlike its time does not change with the machine or its load).
     assert not (tmp_path / "r" / "episodes").exists() and not (tmp_path / "r" / "job").exists()
-    assert cpu < 2.5, f"{command} used {cpu:.1f} s of CPU before reporting an unreachable MLflow server"
+    loaded = set(modules.read_text().split())
+    assert "hydra" in loaded, "the hook saw the command's modules"
+    assert not loaded.intersection(_HEAVY), f"{command} loaded {sorted(loaded.intersection(_HEAVY))} first"
 
 
 def test_a_warm_job_that_dies_while_it_starts_leaves_its_error_in_its_log(tmp_path, monkeypatch):

@@ -52,6 +52,7 @@ class EpisodeSettings:
     tool_schemas: str = AgentConfig.tool_schemas
     reward: RewardWeights = field(default_factory=RewardWeights)
     reward_pick: str = StrategyConfig.episode_reward.value   # which job's outcome the reward uses: last | best
+    submit_at_turn_limit: bool = AgentConfig.submit_at_turn_limit
 
 
 def tool_schemas_for(schemas: list[dict[str, Any]], style: str) -> list[dict[str, Any]] | None:
@@ -126,6 +127,7 @@ class EpisodeResult:
     strategy: dict[str, Any] = field(default_factory=dict)   # labels, switches, steering
                                                              # (agent_trainer.outer_loop.strategy.strategy)
     submitted_unfixed: int = 0   # jobs submitted unchanged after validate_job called them INVALID
+    harness_submitted: int = 0   # jobs the harness submitted at the turn limit (agent.submit_at_turn_limit)
 
     def summary(self) -> dict[str, Any]:
         """Everything but the token-level turns (for summary.json and MLflow)."""
@@ -248,7 +250,21 @@ class Episode:
             st = self.box.state
             at_limit = st.submitted >= self.box.limits.max_jobs_per_episode
             self.status = "finished" if st.finished else "max_jobs" if at_limit else "max_turns"
+            if self.status == "max_turns" and self.settings.submit_at_turn_limit and not st.submitted:
+                self._submit_at_turn_limit()
         return self.status
+
+    def _submit_at_turn_limit(self) -> None:
+        """Out of turns with no job submitted: the harness submits the job validate_job last called VALID (if
+        unchanged since); deferred, it stays pending for the caller to run, as an episode's last job does."""
+        ran_before = len(self.box.state.jobs)
+        res = self.box.submit_last_valid()
+        if res is None:
+            return
+        path = self.ws.relative(Path(self.box.state.last_valid[0]))
+        self.log({"event": "harness_submit", "path": path, "content": res.text, "ok": res.ok})
+        if len(self.box.state.jobs) > ran_before:
+            self._after_job(self.box.state.jobs[-1])
 
     def tool_schemas(self) -> list[dict[str, Any]] | None:
         """The tool schemas given to the backend: full, compact, or None ("names": listed in the system prompt)."""
@@ -310,7 +326,7 @@ class Episode:
             reward=stages.to_dict(), turns=self.turns, n_turns=st.turns, jobs=jobs,
             choices=submitted_choices(self.dir / "jobs"), tokens_in=self.tokens_in, tokens_out=self.tokens_out,
             usd=usd, seconds=time.time() - self._t0, strategy=self.strategy_summary(),
-            submitted_unfixed=st.submitted_unfixed,
+            submitted_unfixed=st.submitted_unfixed, harness_submitted=st.harness_submitted,
         )
         self.log({"event": "reward", **stages.to_dict()})
         self._traj.close()

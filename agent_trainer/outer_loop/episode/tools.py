@@ -68,6 +68,8 @@ class EpisodeState:
     # Jobs submitted unchanged after validate_job called them INVALID (a habit to watch in RL: docs/real_models.md)
     submitted_unfixed: int = 0
     invalid_seen: dict[str, str] = field(default_factory=dict)  # job folder -> digest of what validation refused
+    last_valid: tuple[str, str] | None = None  # (job folder, digest) of the last job validate_job called VALID
+    harness_submitted: int = 0   # jobs the harness submitted for the agent at the turn limit (submit_last_valid)
 
     @property
     def submitted(self) -> int:
@@ -301,6 +303,7 @@ class ToolBox:
         self.state.validations.append(bool(report.ok))
         if report.ok:
             self.state.invalid_seen.pop(str(job_dir), None)
+            self.state.last_valid = (str(job_dir), folder_digest(job_dir))
         else:
             self.state.invalid_seen[str(job_dir)] = folder_digest(job_dir)
         return ToolResult(report.to_text().replace(str(job_dir), self.ws.relative(job_dir)), ok=report.ok,
@@ -341,6 +344,25 @@ class ToolBox:
 
         result = run_request(JobRequest(snapshot, self.task, output, self.job_settings))
         return self.complete(pending, result)
+
+    def submit_last_valid(self) -> ToolResult | None:
+        """Submit, for the agent, the job ``validate_job`` last called VALID, when it is unchanged since and a job
+        is left (``agent.submit_at_turn_limit``: the episode ran out of turns before the agent submitted it); None
+        when there is no such job. The job runs and counts as one the agent submitted."""
+        st = self.state
+        if st.last_valid is None or st.submitted >= self.limits.max_jobs_per_episode:
+            return None
+        job_dir, digest = Path(st.last_valid[0]), st.last_valid[1]
+        if not (job_dir / "job.yaml").is_file() or folder_digest(job_dir) != digest:
+            return None
+        before = st.submitted
+        try:
+            result = self._submit_job(self.ws.relative(job_dir))
+        except (WorkspaceError, OSError) as e:
+            return ToolResult(f"submit_job: {e}", ok=False)
+        if st.submitted > before:
+            st.harness_submitted += 1
+        return result
 
     def complete(self, pending: "PendingJob", result) -> ToolResult:
         """Record a finished job (run here or by the episode runner) and return the agent's view of it."""

@@ -34,7 +34,9 @@ def step_metrics(results: list[EpisodeResult], update: dict, seconds: dict, ledg
         "reward_std": (sum((x - mean) ** 2 for x in rewards) / n) ** 0.5,
         "validation_mean": sum(r.reward["validation"] for r in results) / n,
         "valid_first_try": sum(r.reward["validation"] == 1.0 for r in results) / n,
-        "submitted_rate": sum(bool(r.jobs) for r in results) / n,
+        # a job submitted by the agent itself; by the harness at the turn limit (agent.submit_at_turn_limit)
+        "submitted_rate": sum(bool(r.jobs) and not r.harness_submitted for r in results) / n,
+        "harness_submitted_rate": sum(r.harness_submitted > 0 for r in results) / n,
         # episodes that submitted a job unchanged after validate_job called it INVALID (docs/real_models.md)
         "submitted_unfixed_rate": sum(r.submitted_unfixed > 0 for r in results) / n,
         "job_success_rate": sum(r.reward["job_success"] for r in results) / n,
