@@ -59,6 +59,7 @@ def test_out_of_turns_the_last_valid_job_is_submitted_and_runs(tmp_path):
     assert [j["status"] for j in result.jobs] == ["ok"] and result.reward["job_success"] == 1.0
     m = step_metrics([result], {}, {}, None)
     assert m["harness_submitted_rate"] == 1.0 and m["submitted_rate"] == 0.0   # not the agent's own submission
+    assert m["valid_rate"] == 1.0 and m["refused_calls_mean"] == 1.0   # the write without content
 
 
 def test_in_turn_episodes_run_it_at_once(tmp_path):
@@ -85,3 +86,16 @@ def test_nothing_is_submitted_for_the_agent_otherwise(tmp_path, case):
     assert len(ep.pending) == (1 if case == "agent_submitted" else 0)
     assert ep.status == {"finished": "finished", "agent_submitted": "max_jobs"}.get(case, "max_turns")
     ep.finish()
+
+
+def test_refused_calls_are_counted_apart_from_verdicts(tmp_path):
+    turns = [[call("write_file", path="job.yaml")],                         # no content: refused
+             [call("read_file", path="../outside.txt")],                    # outside the workspace: refused
+             [call("write_file", path="job.yaml", content=BROKEN)],
+             [call("validate_job", path="job.yaml")]]                       # INVALID: a verdict, not a refusal
+    ep = _episode(tmp_path, turns, on=False)
+    assert ep.play() == "max_turns"
+    result = ep.finish()
+    assert result.refused_calls == 2 and result.reward["validation"] == 0.0
+    m = step_metrics([result], {}, {}, None)
+    assert m["refused_calls_mean"] == 2.0 and m["valid_rate"] == 0.0

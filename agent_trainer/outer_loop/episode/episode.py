@@ -128,6 +128,7 @@ class EpisodeResult:
                                                              # (agent_trainer.outer_loop.strategy.strategy)
     submitted_unfixed: int = 0   # jobs submitted unchanged after validate_job called them INVALID
     harness_submitted: int = 0   # jobs the harness submitted at the turn limit (agent.submit_at_turn_limit)
+    refused_calls: int = 0       # tool calls refused before a tool ran (bad arguments, a path it may not use)
 
     def summary(self) -> dict[str, Any]:
         """Everything but the token-level turns (for summary.json and MLflow)."""
@@ -327,6 +328,7 @@ class Episode:
             choices=submitted_choices(self.dir / "jobs"), tokens_in=self.tokens_in, tokens_out=self.tokens_out,
             usd=usd, seconds=time.time() - self._t0, strategy=self.strategy_summary(),
             submitted_unfixed=st.submitted_unfixed, harness_submitted=st.harness_submitted,
+            refused_calls=st.refused_calls,
         )
         self.log({"event": "reward", **stages.to_dict()})
         self._traj.close()

@@ -70,6 +70,7 @@ class EpisodeState:
     invalid_seen: dict[str, str] = field(default_factory=dict)  # job folder -> digest of what validation refused
     last_valid: tuple[str, str] | None = None  # (job folder, digest) of the last job validate_job called VALID
     harness_submitted: int = 0   # jobs the harness submitted for the agent at the turn limit (submit_last_valid)
+    refused_calls: int = 0       # calls refused before a tool ran: unknown tool, bad arguments, a path it may not use
 
     @property
     def submitted(self) -> int:
@@ -220,24 +221,29 @@ class ToolBox:
     def call(self, name: str, arguments: Any = None) -> ToolResult:
         """Run one tool call; every failure is a ``ToolResult(ok=False)`` with a message, never an exception."""
         if not isinstance(name, str) or name not in self._impl:
-            return ToolResult(f"unknown tool {name!r:.80}; the tools are: {', '.join(self._impl)}", ok=False)
+            return self._refused(f"unknown tool {name!r:.80}; the tools are: {', '.join(self._impl)}")
         if self.state.finished:
-            return ToolResult("the episode is finished; no more tool calls are run", ok=False)
+            return self._refused("the episode is finished; no more tool calls are run")
         args, problem = check_arguments(self._schemas[name], arguments)
         if args is None:
-            return ToolResult(problem, ok=False)
+            return self._refused(problem)
         try:
             result = self._impl[name](**args)
         except WorkspaceError as e:
-            result = ToolResult(str(e), ok=False)
+            result = self._refused(str(e))
         except OSError as e:  # the file system refused (a name it cannot hold, no space): say so, not where
-            result = ToolResult(f"{name}: the file system refused it ({e.strerror or type(e).__name__})", ok=False)
+            result = self._refused(f"{name}: the file system refused it ({e.strerror or type(e).__name__})")
         except Exception as e:  # a tool's own bug must not end the episode; the agent sees a short line
             result = ToolResult(f"{name} failed: {type(e).__name__}: {e}", ok=False)
         if len(result.text) > self.limits.max_result_chars:
             cut = self.limits.max_result_chars
             result.text = result.text[:cut] + f"\n... ({len(result.text) - cut} more characters cut)"
         return result
+
+    def _refused(self, text: str) -> ToolResult:
+        """A call no tool ran for (counted in ``state.refused_calls``); a tool's own verdicts are not refusals."""
+        self.state.refused_calls += 1
+        return ToolResult(text, ok=False)
 
     # --- tools ------------------------------------------------------------------------------
     def _list_files(self, path: str = ".") -> ToolResult:

@@ -37,6 +37,8 @@ def step_metrics(results: list[EpisodeResult], update: dict, seconds: dict, ledg
         # a job submitted by the agent itself; by the harness at the turn limit (agent.submit_at_turn_limit)
         "submitted_rate": sum(bool(r.jobs) and not r.harness_submitted for r in results) / n,
         "harness_submitted_rate": sum(r.harness_submitted > 0 for r in results) / n,
+        "valid_rate": sum(r.reward["validation"] > 0 for r in results) / n,   # a job called VALID at least once
+        "refused_calls_mean": sum(r.refused_calls for r in results) / n,
         # episodes that submitted a job unchanged after validate_job called it INVALID (docs/real_models.md)
         "submitted_unfixed_rate": sum(r.submitted_unfixed > 0 for r in results) / n,
         "job_success_rate": sum(r.reward["job_success"] for r in results) / n,
