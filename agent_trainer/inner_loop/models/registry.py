@@ -28,6 +28,7 @@ import torch
 
 from agent_trainer.paths import cache_dir as default_cache_dir
 from agent_trainer.registry import BASE_MODELS_ENV, Registry
+from agent_trainer.inner_loop.run.job_env import usable_cores
 from agent_trainer.inner_loop.models.build import (
     BUILD_VERSION, MANIFEST, TINY_M, TINY_S, ModelBuildConfig, build_model, file_sha256,
 )
@@ -365,13 +366,13 @@ def build_all(seed: int = 0, cache_dir: str | os.PathLike | None = None, force: 
     Each build uses one thread, so with ``parallel`` the built-in tiny models build in worker
     processes (same bytes as a sequential build) while builders registered at run time (which a fresh
     process would not know: the tiny agent) build in this process. The workers get the cores this
-    process leaves free (``cpu_count - 1`` of them, at least one): on 2 cores, one worker builds tiny-s
+    process leaves free (``usable_cores() - 1`` of them, at least one): on 2 cores, one worker builds tiny-s
     then tiny-m while the agent has the other core to itself. Three builds on two cores (one worker
     each) took 227 s; one core each way is what keeps ``at-models`` under 3 minutes (docs/baselines.md).
     """
     shipped = {} if local else {n: verify_shipped(n) for n in BUILDERS if shipped_dir(n, seed) is not None}
     todo = [n for n in BUILDERS if n not in shipped and (force or not is_built(model_dir(n, seed, cache_dir, True)))]
-    cores = os.cpu_count() or 1
+    cores = usable_cores()
     in_pool = [n for n in todo if n in _BUILTIN] if parallel and len(todo) > 1 and cores > 1 else []
     futures = {}
     if in_pool:

@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Callable
 
 from agent_trainer.registry import Registry
-from agent_trainer.inner_loop.run.job_env import gpu_ids
+from agent_trainer.inner_loop.run.job_env import gpu_ids, usable_cores
 
 if TYPE_CHECKING:
     from agent_trainer.inner_loop.run.request import JobRequest
@@ -83,7 +83,7 @@ class LocalParallelExecutor:
         return "cuda" in wants or ("auto" in wants and bool(visible_gpus()))
 
     def plan(self, requests: list[JobRequest] = ()) -> dict[str, Any]:
-        threads = self.threads or max(1, (os.cpu_count() or 1) // self.max_parallel)
+        threads = self.threads or max(1, usable_cores() // self.max_parallel)
         out = {"executor": self.kind, "max_parallel": self.max_parallel, "threads_per_job": threads}
         if self.gpus_per_job > 0 and self._on_gpu(requests):
             try:
@@ -96,7 +96,7 @@ class LocalParallelExecutor:
         from agent_trainer.inner_loop.run.job import run_request
         from agent_trainer.inner_loop.run.request import with_threads
 
-        reqs = with_threads(requests, self.threads or max(1, (os.cpu_count() or 1) // self.max_parallel))
+        reqs = with_threads(requests, self.threads or max(1, usable_cores() // self.max_parallel))
         if not (self.gpus_per_job > 0 and self._on_gpu(reqs)):
             with ThreadPoolExecutor(max_workers=self.max_parallel, thread_name_prefix="inner-job") as pool:
                 return list(pool.map(run_request, reqs))

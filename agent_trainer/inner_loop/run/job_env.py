@@ -18,6 +18,15 @@ MAX_FILE_BYTES = 16 * 2**30  # a 1.7B fp32 checkpoint fits; a runaway writer doe
 STEP_DELAY_ENV = "AGENT_TRAINER_TEST_STEP_DELAY_S"
 
 
+def usable_cores() -> int:
+    """The cores this process may run on: its CPU affinity (what SLURM, a container's cpuset or ``taskset`` give
+    it), else the machine's count. Threads and parallel jobs are sized by this, never by the whole machine."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):   # no affinity on this platform
+        return os.cpu_count() or 1
+
+
 def child_env(home: Path, threads: int | None, gpus: str | None = None) -> dict[str, str]:
     """Only what Python and torch need: no API keys or tracking credentials reach agent code.
 

@@ -6,7 +6,6 @@ Kept apart from the scripts so tests build exactly what ``at-train`` / ``at-epis
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +13,7 @@ from omegaconf import DictConfig
 
 from agent_trainer.config import Config, settings_from, typed
 from agent_trainer.evaluation.staged_reward import RewardWeights
+from agent_trainer.inner_loop.run.job_env import usable_cores
 from agent_trainer.inner_loop.run.request import JobRequest, JobSettings
 from agent_trainer.outer_loop.episode.episode import EpisodeSettings
 from agent_trainer.outer_loop.rl.policy import PolicyConfig
@@ -149,7 +149,7 @@ def agent_threads(cfg: Conf, cores: int | None = None) -> int:
     h = typed(cfg).hardware
     if h.agent_threads is not None:
         return h.agent_threads
-    cores = cores or os.cpu_count() or 1
+    cores = cores or usable_cores()
     if h.executor not in ("sequential", "local_parallel"):
         return cores   # jobs run elsewhere (SLURM, Ray, submitit)
     per_job = h.threads_per_job or max(1, cores // h.max_parallel_jobs)
