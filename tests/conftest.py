@@ -9,11 +9,29 @@ while the cache lacks them, and a test that would build one without saying so fa
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from helpers.run_if import BUILT, NO_BUILDS, missing, models_missing, smollm2_missing
+
+
+def _pin_xdist_worker() -> None:
+    """Under pytest-xdist (``make test``: ``-n 2``), give each worker its own share of the cores, inherited by
+    the processes its tests start: torch and the project size their threads by the cores they may use
+    (``usable_cores``), so two workers do not each run threads for the whole machine and stall each other."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
+    if not (worker.startswith("gw") and count.isdigit()) or not hasattr(os, "sched_setaffinity"):
+        return
+    cores = sorted(os.sched_getaffinity(0))
+    share = len(cores) // int(count)
+    if share >= 1:
+        i = int(worker[2:]) % int(count)
+        os.sched_setaffinity(0, cores[i * share:(i + 1) * share])
+
+
+_pin_xdist_worker()
 
 
 def pytest_addoption(parser):
