@@ -209,3 +209,27 @@ def test_cuda_on_a_machine_without_a_gpu_stops_at_start_up(tmp_path, monkeypatch
     assert policy_device(compose_config(["hardware.agent_device=auto"])) == "cpu"
     assert [compose_config([f"hardware={h}"]).hardware.agent_device for h in ("cpu", "gpu1", "gpu_node", "slurm")] == \
         ["cpu", "cuda", "cuda", "cpu"]   # a SLURM or Ray head node may have no GPU
+
+
+def test_threads_and_jobs_are_sized_by_the_cores_a_process_may_use():
+    """A process confined to one core (SLURM's --cpus-per-task, a cpuset, taskset) gives its jobs one thread
+    each and its own torch one thread, however many cores the machine has."""
+    import os
+    import subprocess
+    import sys
+
+    if not hasattr(os, "sched_setaffinity"):
+        pytest.skip("no CPU affinity on this platform")
+    code = ("import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})\n"
+            "import torch\n"
+            "from agent_trainer.config import compose_config\n"
+            "from agent_trainer.inner_loop.run.executor import make_executor\n"
+            "from agent_trainer.inner_loop.run.job_env import usable_cores\n"
+            "from agent_trainer.outer_loop.rl.run_config import agent_threads\n"
+            "cfg = compose_config(['experiment=smoke', 'hardware.max_parallel_jobs=1', 'hardware.threads_per_job=null',"
+            " 'hardware.executor=sequential'], 'train')\n"
+            "print(usable_cores(), make_executor('local_parallel', 1).plan()['threads_per_job'], agent_threads(cfg),"
+            " torch.get_num_threads())\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["1", "1", "1", "1"]
