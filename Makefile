@@ -7,7 +7,8 @@ ARGS    ?=
 # Per-test limit of pytest-timeout, seconds.
 TEST_TIMEOUT ?= 900
 # Test processes of `make test` (pytest-xdist): most integration tests wait on child processes, so two
-# workers keep both cores of a 2-core machine busy. Each worker may hold a SmolLM2 (a few GB).
+# workers keep both cores of a 2-core machine busy, each on its own share of the cores (tests/conftest.py), which
+# the processes its tests start inherit. Each worker may hold a SmolLM2 (a few GB).
 TEST_WORKERS ?= 2
 
 # The main job `make run` runs: at-train on the CPU default (experiment=cpu_default), after
