@@ -110,6 +110,24 @@ def resume_changes(cfg: DictConfig, previous: Path) -> dict[str, tuple[str, str]
     return changed
 
 
+RESUMES_FILE = "resumes.jsonl"
+
+
+def record_resume(run_dir: Path, steps_done: int, changes: dict[str, tuple[str, str]]) -> None:
+    """One line per resume in ``<run>/resumes.jsonl``: when, after how many complete steps, the resuming command's
+    overrides and the settings it changed. ``config.resolved.yaml`` and ``run.json`` keep the run's first settings,
+    so a run resumed with other ones (``outer.steps``, ``resume_allow_changes``) is read back from both."""
+    from datetime import datetime, timezone
+
+    from agent_trainer import sweeps
+
+    info = sweeps.job_info("at-train")
+    line = {"time": datetime.now(timezone.utc).isoformat(timespec="seconds"), "steps_done": steps_done,
+            "overrides": info.overrides, "changes": {k: {"saved": a, "now": b} for k, (a, b) in changes.items()}}
+    with open(Path(run_dir) / RESUMES_FILE, "a", encoding="utf-8") as f:
+        f.write(json.dumps(line) + "\n")
+
+
 def run(cfg: DictConfig) -> float | None:
     """Train (or resume) on ``cfg``; returns the mean reward over the last 3 steps."""
     folder, conf = cli.open_run(cfg)
@@ -140,6 +158,7 @@ def run(cfg: DictConfig) -> float | None:
             raise cli.UserError(f"resume={run_dir}: outer.steps={conf.outer.steps} is below the {done} steps the run "
                                 f"completed; a resume cannot undo steps (resume with outer.steps>={done})")
         cli.continue_in(previous)  # run.json, train.log and the outcome go to the resumed folder
+        record_resume(run_dir, done, changes)
         how = "the newest run with a complete step" if conf.resume == "true" else "given"
         print(f"at-train: resuming {run_dir} ({how}) after its step {done - 1}")
         if done >= conf.outer.steps:

@@ -122,13 +122,18 @@ def test_killed_mid_step_resumes_with_every_step_and_record_once(tmp_path, built
     assert [s for s, _ in hist["reward/reward_mean"]] == [0, 1, 2]
     resumed = client.get_run(marker["mlflow_run_id"])
     assert resumed.info.status == "FINISHED" and "error" not in resumed.data.tags, "the kill's error is not the outcome"
+    # each resume is a line of resumes.jsonl: after how many steps, with which overrides and changes
+    (first,) = [json.loads(x) for x in (run / "resumes.jsonl").read_text().splitlines()]
+    assert first["steps_done"] == 1 and f"resume={run}" in first["overrides"] and first["changes"] == {}
     done = subprocess.run(args + [f"resume={run}"], cwd=ROOT, env=env, text=True, capture_output=True, timeout=600)
     assert done.returncode == 0 and "has all its 3 steps: nothing to train" in done.stdout, done.stderr[-2000:]
-    record = (run / "run.json").read_bytes()
+    record, resumes = (run / "run.json").read_bytes(), (run / "resumes.jsonl").read_bytes()
+    assert json.loads(resumes.splitlines()[-1])["steps_done"] == 3
     lower = subprocess.run([*args[:-2], "tracking.enabled=true", "outer.steps=2", f"resume={run}"], cwd=ROOT, env=env,
                            text=True, capture_output=True, timeout=600)
     assert lower.returncode == 2 and "below the 3 steps the run completed" in lower.stderr, lower.stderr[-2000:]
     assert (run / "run.json").read_bytes() == record, "a refused resume leaves the run as it was"
+    assert (run / "resumes.jsonl").read_bytes() == resumes
     assert [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()] == [0, 1, 2]
     # every step metric in MLflow: at most once per step, and the value of that step's metrics.jsonl row
     every = read_metrics(f"sqlite:///{tmp_path.resolve()}/mlflow.db", marker["mlflow_run_id"])
