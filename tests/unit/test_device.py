@@ -220,7 +220,9 @@ def test_threads_and_jobs_are_sized_by_the_cores_a_process_may_use():
 
     if not hasattr(os, "sched_setaffinity"):
         pytest.skip("no CPU affinity on this platform")
-    code = ("import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})\n"
+    code = ("import os, sys\n"
+            "try:\n    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})\n"
+            "except OSError:\n    print('forbidden'); sys.exit(0)\n"
             "import torch\n"
             "from agent_trainer.config import compose_config\n"
             "from agent_trainer.inner_loop.run.executor import make_executor\n"
@@ -232,4 +234,6 @@ def test_threads_and_jobs_are_sized_by_the_cores_a_process_may_use():
             " torch.get_num_threads())\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
+    if out.stdout.strip() == "forbidden":
+        pytest.skip("this container forbids setting the CPU affinity")
     assert out.stdout.split() == ["1", "1", "1", "1"]
