@@ -67,6 +67,7 @@ def test_in_turn_episodes_run_it_at_once(tmp_path):
     assert ep.play() == "max_turns" and not ep.pending
     assert [r.status for r in ep.box.state.jobs] == ["ok"] and ep.finish().harness_submitted == 1
 
+
 LIST = [call("list_files")]
 
 
