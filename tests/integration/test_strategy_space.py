@@ -124,6 +124,7 @@ def test_two_stages_chain_their_models_and_share_the_budget(base_dir, tmp_path):
     assert set(json.loads((out / "trl_config.json").read_text())) == {"stage_1", "stage_2"}
     assert (out / "model" / "model.safetensors").is_file() and not (out / "stage_1" / "model").exists()
     assert res.hidden_score is not None
+    assert not res.flagged and not res.contamination.get("trained", {}).get("error"), res.contamination
 
 
 def _spec(**kw) -> JobSpec:

@@ -107,7 +107,8 @@ def _in_child(mode, spec, job_dir, output_dir, family, hidden_n, stages_run, lim
     agent_dirs = [d for d in (job_dir, output_dir) if d is not None]
     with tempfile.TemporaryDirectory(prefix="at-check-") as tmp:
         tmp = Path(tmp)
-        (tmp / "spec.json").write_text(spec.model_dump_json())
+        # What the job set, not its defaults filled in: a spec with stages refuses top-level hyperparameters.
+        (tmp / "spec.json").write_text(spec.model_dump_json(exclude_unset=True))
         argv = python_module(__name__, mode, tmp / "spec.json", Path(job_dir).resolve(),
                              Path(output_dir).resolve() if output_dir else "-", family, int(hidden_n),
                              tmp / "report.json", "-" if stages_run is None else int(stages_run),
