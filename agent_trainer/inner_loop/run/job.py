@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import threading
 import time
@@ -36,6 +37,8 @@ from agent_trainer.inner_loop.run.result import (
 HARNESS_LOCK = threading.RLock()
 __all__ = ["Job", "run_job", "run_request", "execute", "JobRequest", "JobSettings", "HARNESS_LOCK", "KILL_FACTOR",
            "KILL_MARGIN_S", "RESULT_FILE", "eval_device"]
+
+log = logging.getLogger(__name__)
 
 
 def _read_log(path: Path) -> list[dict]:
@@ -351,6 +354,9 @@ def _check_trained(res: JobResult, spec, job_dir: Path, out: Path, family: str, 
     from agent_trainer.inner_loop.isolation.contamination import check_trained
 
     after = check_trained(spec, job_dir, out, family, hidden_n, stages_run=len(res.ran.get("stages", [])) or None)
+    if after.error:   # fails closed: the job scores as its baseline, and the harness says why
+        log.warning("job %s: the trained-rows check could not finish (%s); the job is flagged", res.job_dir,
+                    after.error)
     if after.flagged:
         res.flagged = True
         res.contamination = {**res.contamination, "trained": after.to_dict()}
