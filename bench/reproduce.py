@@ -1,0 +1,286 @@
+"""Whether this machine makes the numbers the docs quote: the shipped models' bytes, their baselines, the example
+jobs' uplifts on calc_chain and the main job's first steps, each compared with the record in
+``bench/results/reproduce.json``.
+
+    .venv/bin/python bench/reproduce.py                          # all four parts (~12 min on 2 cores)
+    .venv/bin/python bench/reproduce.py --parts models,baselines # seconds
+    .venv/bin/python bench/reproduce.py --parts jobs --jobs sft_full,dpo_lora
+    .venv/bin/python bench/reproduce.py --main-steps 13          # the whole main job (`make run`, ~9 min more)
+    .venv/bin/python bench/reproduce.py --markdown               # also print the docs' tables of this run
+    .venv/bin/python bench/reproduce.py --record                 # make the record (after a change meant to move
+                                                                 # the numbers; then re-make the docs' tables)
+
+What each part runs:
+- models: the sha256 of every shipped file (``agent_trainer/inner_loop/models/shipped``), checked against the
+  package's ``SHA256SUMS.json`` and the record. Always exact.
+- baselines: tiny-s and tiny-m on the first 200 hidden items of every family, scored afresh (a new cache),
+  as ``at-eval table=true`` does (docs/baselines.md).
+- jobs: every example job in ``examples/jobs`` on ``examples/tasks/calc_chain_v1_fast.json``, one torch thread,
+  no job cache (docs/inner_loop.md, "Measured: the example jobs on calc_chain").
+- main: ``at-train seed=0 outer.steps=<--main-steps> inner.cache=false`` (the main job, ``make run``; the agent's
+  threads pinned to the record's) and its ``metrics.jsonl`` step by step, clocks and dollars excluded
+  (``bench/same_steps.py``). With fewer steps than the record, the keys only a run's last step has (the
+  held-out end, the training gain) are compared only when the run is as long as the record.
+
+Exact where the record was made with the same software (Python, torch, transformers, TRL, PEFT, ...) on the same
+kind of CPU (architecture, vendor and torch's kernel level: ``DEFAULT``, ``AVX2``, ``AVX512``): the inputs are
+the same bytes and every step is deterministic, so every number must match to the last digit. Otherwise the
+numbers are compared within ``TOLERANCE`` (absolute, per part) and the verdict says so. Timings are printed,
+never compared. Exit 0 when every compared number matches, 1 when not (each difference listed), 2 when there is
+no record.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common as C  # noqa: E402
+import same_steps  # noqa: E402
+
+RECORD = C.ROOT / "bench" / "results" / "reproduce.json"
+PARTS = ("models", "baselines", "jobs", "main")
+JOB_TASK = C.ROOT / "examples" / "tasks" / "calc_chain_v1_fast.json"
+MAIN_STEPS = 3
+# Absolute tolerance of a number when the software or the kind of CPU differ from the record's. Scores are on
+# 200 hidden items (0.005 each): a baseline may flip an item or two, a trained job a few; the main job's
+# rewards and rates are means over 15 episodes whose sampling can fork at a single different token.
+TOLERANCE = {"baselines": 0.01, "jobs": 0.03, "main": 0.10}
+JOB_KEYS = ("status", "steps", "hidden_score", "baseline", "uplift")
+
+
+# --- where the numbers come from ---------------------------------------------------------------------------------
+def cpu_kind() -> dict[str, str]:
+    """What decides which float kernels run: the architecture, the vendor (MKL and oneDNN dispatch on it) and
+    torch's CPU capability."""
+    import torch
+
+    vendor = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("vendor_id"):
+                vendor = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"machine": platform.machine(), "vendor": vendor or platform.processor() or "unknown",
+            "torch_capability": torch.backends.cpu.get_cpu_capability()}
+
+
+def software() -> dict[str, str]:
+    from agent_trainer.inner_loop.run.result import library_versions
+
+    return library_versions()
+
+
+def same_source(record: dict, now: dict) -> tuple[bool, list[str]]:
+    """Whether ``now`` ran the record's software on the record's kind of CPU, and the differences if not."""
+    diffs = [f"{what} {k}: {record.get(what, {}).get(k)} here {now[what].get(k)}"
+             for what in ("software", "cpu") for k in sorted(set(record.get(what, {})) | set(now[what]))
+             if record.get(what, {}).get(k) != now[what].get(k)]
+    return not diffs, diffs
+
+
+# --- the parts ---------------------------------------------------------------------------------------------------
+def run_models() -> dict[str, dict[str, str]]:
+    from agent_trainer.inner_loop.models.build import file_sha256
+    from agent_trainer.inner_loop.models.registry import SHIPPED_DIR, shipped_models, verify_shipped
+
+    out = {}
+    for name in sorted(shipped_models()):
+        verify_shipped(name)   # raises (naming the file) when a byte differs from SHA256SUMS.json
+        folder = SHIPPED_DIR / name
+        out[name] = {f.name: file_sha256(f) for f in sorted(folder.iterdir()) if f.is_file()}
+    return out
+
+
+def run_baselines(work: Path) -> dict[str, dict[str, float]]:
+    from agent_trainer.evaluation.baselines import baseline_table
+    from agent_trainer.inner_loop.models.registry import resolve_model
+
+    models = {name: resolve_model(name) for name in ("tiny-s", "tiny-m")}
+    return baseline_table(models, n=200, cache_dir=work / "baselines").scores
+
+
+def example_jobs() -> list[str]:
+    return sorted(p.name for p in (C.ROOT / "examples" / "jobs").iterdir() if (p / "job.yaml").is_file())
+
+
+def run_jobs(work: Path, names: list[str]) -> dict[str, dict[str, Any]]:
+    from agent_trainer.evaluation.tasks import load_task
+    from agent_trainer.inner_loop.run.job import run_job
+
+    task = load_task(JOB_TASK)
+    out = {}
+    for name in names:
+        print(f"  job {name} ...", flush=True)
+        r = run_job(C.ROOT / "examples" / "jobs" / name, task, output_dir=work / "jobs" / name, threads=1,
+                    cache=False, progress=False, cache_dir=work / "cache")
+        out[name] = {**{k: getattr(r, k) for k in JOB_KEYS}, "base_model": r.base_model,
+                     "ran": ", ".join(f"{s.get('algorithm')}/{s.get('peft')}/{s.get('data_source')} {s.get('steps')}"
+                                      for s in (r.ran or {}).get("stages", [])),
+                     "seconds_train": round(r.seconds.get("train", 0.0), 1),
+                     "seconds_total": round(r.seconds.get("total", 0.0), 1)}
+        print(f"    {out[name]['status']}, hidden {out[name]['hidden_score']}, uplift {out[name]['uplift']}, "
+              f"{out[name]['seconds_total']} s", flush=True)
+    return out
+
+
+def main_command(steps: int, agent_threads: int, runs_dir: Path) -> list[str]:
+    return [str(Path(sys.executable).parent / "at-train"), "seed=0", f"outer.steps={steps}", "inner.cache=false",
+            f"hardware.agent_threads={agent_threads}", "tracking=off", f"runs_dir={runs_dir}", "run_id=reproduce"]
+
+
+def run_main(work: Path, steps: int, agent_threads: int) -> dict[str, Any]:
+    cmd = main_command(steps, agent_threads, work / "runs")
+    print("  " + " ".join(cmd[1:]), flush=True)
+    proc = subprocess.run(cmd)   # its progress bar and any error show as it runs
+    metrics = work / "runs" / "reproduce" / "metrics.jsonl"
+    if proc.returncode != 0 or not metrics.is_file():
+        raise SystemExit(f"at-train failed (exit {proc.returncode}; its output is above)")
+    rows = same_steps.rows(str(metrics))
+    return {"steps": steps, "agent_threads": agent_threads, "command": " ".join(["at-train", *cmd[1:6]]),
+            "seconds": round(sum(r.get("seconds_step", 0.0) for r in rows), 1),
+            "metrics": [{k: v for k, v in r.items() if same_steps.compared(k)} for r in rows]}
+
+
+# --- comparing ---------------------------------------------------------------------------------------------------
+def close(a: Any, b: Any, tol: float) -> bool:
+    if isinstance(a, bool) or isinstance(b, bool) or not isinstance(a, (int, float)) or not isinstance(b, (int, float)):
+        return a == b
+    return abs(a - b) <= tol
+
+
+def compare_flat(part: str, record: dict, now: dict, tol: float) -> list[str]:
+    """Differences between two {name: {key: value}} tables (keys the record has)."""
+    out = []
+    for name in sorted(set(record) | set(now)):
+        if name not in now or name not in record:
+            out.append(f"{part} {name}: {'not run here' if name not in now else 'not in the record'}")
+            continue
+        for key, want in record[name].items():
+            if key.startswith("seconds") or key not in now[name]:
+                continue
+            if not close(want, now[name][key], tol):
+                out.append(f"{part} {name} {key}: record {want!r}, here {now[name][key]!r}")
+    return out
+
+
+def compare_main(record: dict, now: dict, tol: float) -> list[str]:
+    if now["steps"] > record["steps"]:
+        return [f"main: {now['steps']} steps here, the record has {record['steps']}"]
+    whole = now["steps"] == record["steps"]
+    out = []
+    for i, (want, got) in enumerate(zip(record["metrics"], now["metrics"])):
+        last = i == len(now["metrics"]) - 1
+        keys = set(want) | set(got) if whole or not last else set(want) & set(got)
+        for key in sorted(keys):
+            if not close(want.get(key), got.get(key), tol):
+                out.append(f"main step {i}: {key} record {want.get(key)!r}, here {got.get(key)!r}")
+    return out
+
+
+def compare(record: dict, now: dict, exact: bool) -> list[str]:
+    out = []
+    for part in PARTS:
+        if part not in now or part not in record:
+            continue
+        tol = 0.0 if exact or part == "models" else TOLERANCE[part]
+        if part == "main":
+            out += compare_main(record["main"], now["main"], tol)
+        else:
+            rec, got = record[part], now[part]
+            if part == "jobs":   # a partial run (--jobs) compares the jobs it ran
+                rec = {k: v for k, v in rec.items() if k in got}
+            out += compare_flat(part, rec, got, tol)
+    return out
+
+
+# --- tables ------------------------------------------------------------------------------------------------------
+def markdown(now: dict) -> str:
+    lines = []
+    if "baselines" in now:
+        s, m = now["baselines"]["tiny-s"], now["baselines"]["tiny-m"]
+        lines += ["| family | tiny-s | tiny-m |", "|---|---:|---:|"]
+        lines += [f"| {f}{' (held out)' if f == 'triage' else ''} | {s[f]:.3f} | {m[f]:.3f} |" for f in sorted(s)]
+        lines.append("")
+    if "jobs" in now:
+        lines += ["| job | `ran` (algorithm/peft/data_source steps) | base | status | train s | hidden | baseline | uplift |",
+                  "|---|---|---|---|---:|---:|---:|---:|"]
+        for name, j in now["jobs"].items():
+            up = f"{j['uplift']:+.3f}" if j["uplift"] is not None else "-"
+            lines.append(f"| {name} | {j['ran']} | {j['base_model']} | {j['status']} | {j['seconds_train']} | "
+                         f"{j['hidden_score']:.3f} | {j['baseline']:.3f} | {'**' + up + '**' if (j['uplift'] or 0) >= 0.05 else up} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = C.parser(__doc__.strip().splitlines()[0])
+    p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, of {', '.join(PARTS)}")
+    p.add_argument("--jobs", default="", help="comma-separated example jobs (default: all)")
+    p.add_argument("--main-steps", type=int, default=MAIN_STEPS)
+    p.add_argument("--record", action="store_true", help=f"write what this run measured to {RECORD.name}")
+    p.add_argument("--markdown", action="store_true")
+    args = p.parse_args(argv)
+    parts = [x for x in args.parts.split(",") if x]
+    unknown = sorted(set(parts) - set(PARTS)) + sorted(set(filter(None, args.jobs.split(","))) - set(example_jobs()))
+    if unknown:
+        p.error(f"unknown: {', '.join(unknown)} (parts: {', '.join(PARTS)}; jobs: {', '.join(example_jobs())})")
+    record = json.loads(RECORD.read_text()) if RECORD.is_file() else None
+    if record is None and not args.record:
+        print(f"no record at {RECORD}: make one with --record", file=sys.stderr)
+        return 2
+
+    work = C.workdir(args.workdir or Path(tempfile.mkdtemp(prefix="bench-reproduce-")), "reproduce")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()   # a bar per model load would bury the table
+    now: dict[str, Any] = {"software": software(), "cpu": cpu_kind()}
+    if "models" in parts:
+        print("models ...", flush=True)
+        now["models"] = run_models()
+    if "baselines" in parts:
+        print("baselines ...", flush=True)
+        now["baselines"] = run_baselines(work)
+    if "jobs" in parts:
+        print("jobs ...", flush=True)
+        now["jobs"] = run_jobs(work, [x for x in args.jobs.split(",") if x] or example_jobs())
+    if "main" in parts:
+        print("main ...", flush=True)
+        threads = (record or {}).get("main", {}).get("agent_threads", 1)
+        now["main"] = run_main(work, args.main_steps, threads)
+
+    if args.markdown:
+        print(markdown(now))
+    if args.record:
+        merged = {**(record or {}), **now}   # a partial --record keeps the other parts' record
+        if "jobs" in now:                    # and the other jobs' (--jobs)
+            merged["jobs"] = dict(sorted({**(record or {}).get("jobs", {}), **now["jobs"]}.items()))
+        merged["time"] = C.machine()["time"]
+        RECORD.parent.mkdir(parents=True, exist_ok=True)
+        RECORD.write_text(json.dumps(merged, indent=1, sort_keys=True) + "\n")
+        print(f"recorded in {RECORD}")
+        return 0
+
+    exact, why = same_source(record, now)
+    diffs = compare(record, now, exact)
+    print(f"record: {record.get('time')}, {record['cpu']}; here: {now['cpu']}")
+    print("compared exactly (the same software on the same kind of CPU)" if exact else
+          "compared within tolerance " + json.dumps(TOLERANCE) + ", because: " + "; ".join(why))
+    for part in parts:
+        n = sum(d.startswith(part) for d in diffs)
+        print(f"{part}: {'the same' if n == 0 else f'{n} differences'}")
+    for d in diffs[:60]:
+        print("  " + d)
+    C.write(args.json, "reproduce", {"exact": exact, "differences": diffs, "now": now})
+    return 1 if diffs else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,110 @@
+"""bench/reproduce.py: what it calls the same, and the docs' tables against its record."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+spec = importlib.util.spec_from_file_location("reproduce", ROOT / "bench" / "reproduce.py")
+reproduce = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(reproduce)
+RECORD = json.loads(reproduce.RECORD.read_text())
+
+
+def job(uplift: float, status: str = "ok") -> dict:
+    return {"status": status, "steps": 100, "hidden_score": 0.1 + uplift, "baseline": 0.1, "uplift": uplift,
+            "seconds_train": 30.0}
+
+
+def test_exact_means_every_digit_and_tolerance_means_the_stated_one():
+    record = {"jobs": {"a": job(0.05)}}
+    assert reproduce.compare(record, {"jobs": {"a": job(0.05)}}, exact=True) == []
+    moved = {"jobs": {"a": job(0.05 + 1e-9)}}
+    assert reproduce.compare(record, moved, exact=True), "exact: a last-digit difference is a difference"
+    assert reproduce.compare(record, moved, exact=False) == []
+    assert reproduce.compare(record, {"jobs": {"a": job(0.07)}}, exact=False) == [], "0.02 is within 0.03"
+    far = reproduce.compare(record, {"jobs": {"a": job(0.10)}}, exact=False)
+    assert any("uplift" in d for d in far), far
+    assert reproduce.compare(record, {"jobs": {"a": job(0.05, "timeout")}}, exact=False), "a status is never close"
+    slower = {"jobs": {"a": {**job(0.05), "seconds_train": 300.0}}}
+    assert reproduce.compare(record, slower, exact=True) == [], "timings are never compared"
+
+
+def test_a_job_run_alone_is_compared_alone_and_models_are_always_exact():
+    record = {"jobs": {"a": job(0.05), "b": job(0.0)}, "models": {"tiny-s": {"model.safetensors": "ab"}}}
+    assert reproduce.compare(record, {"jobs": {"a": job(0.05)}}, exact=True) == []
+    other = {"models": {"tiny-s": {"model.safetensors": "ac"}}}
+    assert reproduce.compare(record, other, exact=False), "bytes are compared exactly on any machine"
+
+
+def test_a_shorter_main_run_skips_only_its_last_steps_end_keys():
+    record = {"main": {"steps": 3, "metrics": [{"step": 0, "reward_mean": 0.2, "heldout_start": 0.3},
+                                               {"step": 1, "reward_mean": 0.25},
+                                               {"step": 2, "reward_mean": 0.3, "training_gain": 0.1}]}}
+    short = {"main": {"steps": 2, "metrics": [{"step": 0, "reward_mean": 0.2, "heldout_start": 0.3},
+                                              {"step": 1, "reward_mean": 0.25, "training_gain": 0.05}]}}
+    assert reproduce.compare(record, short, exact=True) == []
+    short["main"]["metrics"][0].pop("heldout_start")
+    assert reproduce.compare(record, short, exact=True), "a key missing from an earlier step is a difference"
+    whole = {"main": {"steps": 3, "metrics": [dict(r) for r in record["main"]["metrics"]]}}
+    whole["main"]["metrics"][2]["training_gain"] = 0.11
+    assert reproduce.compare(record, whole, exact=True), "a run as long as the record compares its end too"
+    longer = {"main": {"steps": 4, "metrics": whole["main"]["metrics"]}}
+    assert reproduce.compare(record, longer, exact=False), "longer than the record: nothing to compare with"
+
+
+def test_the_source_is_the_same_only_with_the_same_software_and_cpu_kind():
+    here = {"software": {"torch": "2.13.0"}, "cpu": {"vendor": "AuthenticAMD", "torch_capability": "AVX2"}}
+    assert reproduce.same_source(here, json.loads(json.dumps(here))) == (True, [])
+    other = {"software": {"torch": "2.13.0"}, "cpu": {"vendor": "GenuineIntel", "torch_capability": "AVX512"}}
+    same, why = reproduce.same_source(here, other)
+    assert not same and any("vendor" in w for w in why) and any("AVX512" in w for w in why)
+
+
+def test_the_record_is_whole():
+    assert set(reproduce.PARTS) <= set(RECORD), sorted(RECORD)
+    assert set(RECORD["jobs"]) == set(reproduce.example_jobs()), "every example job has a recorded result"
+    from agent_trainer.inner_loop.models.registry import shipped_models
+
+    for name, entry in shipped_models().items():
+        assert RECORD["models"][name] == entry["files"], f"{name}: the record's bytes are the shipped ones"
+
+
+def table_rows(doc: str, first: str) -> dict[str, list[str]]:
+    """The rows of the markdown table in ``doc`` whose header starts with ``first``, by their first cell."""
+    lines = (ROOT / doc).read_text().splitlines()
+    out: dict[str, list[str]] = {}
+    for i, line in enumerate(lines):
+        if line.startswith(f"| {first}"):
+            for row in lines[i + 2:]:
+                if not row.startswith("|"):
+                    break
+                cells = [c.strip() for c in row.strip("|").split("|")]
+                out[cells[0]] = cells[1:]
+            break
+    return out
+
+
+def test_docs_baselines_are_the_records():
+    rows = table_rows("docs/baselines.md", "family")
+    for family, score in RECORD["baselines"]["tiny-s"].items():
+        key = f"{family} (held out)" if family == "triage" else family
+        assert rows[key] == [f"{score:.3f}", f"{RECORD['baselines']['tiny-m'][family]:.3f}"], family
+
+
+@pytest.mark.parametrize("name", sorted(RECORD["jobs"]))
+def test_docs_example_jobs_are_the_records(name):
+    rows = table_rows("docs/inner_loop.md", "job | `ran`")
+    want = RECORD["jobs"][name]
+    assert name in rows, f"docs/inner_loop.md's example-job table has no row for {name}"
+    cells = rows[name]
+    assert cells[1] == want["base_model"] and cells[2] == want["status"]
+    got = [re.sub(r"\*", "", c) for c in cells[4:7]]
+    assert got == [f"{want['hidden_score']:.3f}", f"{want['baseline']:.3f}", f"{want['uplift']:+.3f}"], name
