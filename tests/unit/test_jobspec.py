@@ -10,7 +10,8 @@ from pydantic import ValidationError
 from agent_trainer.paths import PROJECT_ROOT
 from agent_trainer.evaluation.tasks import load_task
 from agent_trainer.inner_loop.spec.jobspec import (
-    JobSpec, JobSpecError, describe_errors, describe_strategy, load_job, read_job_yaml,
+    JobSpec, JobSpecError, describe_errors, describe_strategy, load_job, parse_job, read_job_yaml, spec_from_json,
+    spec_to_json,
 )
 
 JOBS = sorted((PROJECT_ROOT / "examples" / "jobs").glob("*/job.yaml"))
@@ -189,3 +190,30 @@ def test_a_source_without_family_is_the_tasks_own(tmp_path: Path):
     for task in TINY_TASKS[:2]:
         report = validate_job(tmp_path, task, dry_run=False)
         assert report.ok and not [f for f in report.findings if "family" in f.field], report.render()
+
+
+TWO_STAGES = {"base_model": "tiny-s", "data": {"sources": [{"family": "calc_chain"}]},
+              "reward": {"functions": [{"name": "exact_match"}]},
+              "stages": [{"algorithm": "sft", "hyperparameters": {"max_steps": 5}},
+                         {"algorithm": "grpo", "peft": {"r": 4}, "budget_share": 2.0}]}
+
+
+@pytest.mark.parametrize("raw", [GRPO, TWO_STAGES, {**GRPO, "hyperparameters": {"learning_rate": 1e-3}}],
+                         ids=["grpo", "stages", "hyperparameters"])
+def test_a_spec_handed_to_another_process_reads_back_equal(raw):
+    """The trainer and the contamination checks get the harness's spec as JSON; a spec they cannot read back
+    fails the job's check (it is then scored as its baseline) or its training."""
+    spec = parse_job(raw, "calc_chain")
+    assert spec_from_json(spec_to_json(spec), "calc_chain") == spec
+
+
+def test_the_hand_over_leaves_defaults_out_because_a_staged_spec_refuses_them():
+    spec = parse_job(TWO_STAGES, "calc_chain")
+    with pytest.raises(ValidationError, match="inside each stage"):
+        spec_from_json(spec.model_dump_json(), "calc_chain")
+
+
+@pytest.mark.parametrize("path", JOBS, ids=lambda p: p.parent.name)
+def test_every_example_job_reads_back_equal_from_its_hand_over(path):
+    spec = load_job(path.parent, "calc_chain")
+    assert spec_from_json(spec_to_json(spec), "calc_chain") == spec

@@ -103,12 +103,12 @@ def _in_child(mode, spec, job_dir, output_dir, family, hidden_n, stages_run, lim
     """``(the child's JSON answer, "")``, or ``(None, why it gave none)``."""
     from agent_trainer.salt import hidden_salt
     from agent_trainer.inner_loop.isolation.launcher import STDOUT, TimeoutExpired, kill_group, python_module, start
+    from agent_trainer.inner_loop.spec.jobspec import spec_to_json
 
     agent_dirs = [d for d in (job_dir, output_dir) if d is not None]
     with tempfile.TemporaryDirectory(prefix="at-check-") as tmp:
         tmp = Path(tmp)
-        # What the job set, not its defaults filled in: a spec with stages refuses top-level hyperparameters.
-        (tmp / "spec.json").write_text(spec.model_dump_json(exclude_unset=True))
+        (tmp / "spec.json").write_text(spec_to_json(spec))
         argv = python_module(__name__, mode, tmp / "spec.json", Path(job_dir).resolve(),
                              Path(output_dir).resolve() if output_dir else "-", family, int(hidden_n),
                              tmp / "report.json", "-" if stages_run is None else int(stages_run),
@@ -191,13 +191,13 @@ def check_trained(spec, job_dir: str | Path, output_dir: str | Path, family: str
 
 
 def _main(argv: list[str]) -> int:
-    from agent_trainer.inner_loop.spec.jobspec import parse_job
+    from agent_trainer.inner_loop.spec.jobspec import spec_from_json
 
     from agent_trainer.salt import SALT_ENV
 
     mode, spec_path, job_dir, output_dir, family, n, report_path, stages_run, salt = argv
     os.environ[SALT_ENV] = salt  # the harness's salt setting (a file's path for a secret, never the secret)
-    spec = parse_job(json.loads(Path(spec_path).read_text()), family)
+    spec = spec_from_json(Path(spec_path).read_text(), family)
     if mode == "parse":  # every data file read and parsed as the validation will; only finishing matters
         from agent_trainer.inner_loop.train.data import DataFileError, read_data_file
 

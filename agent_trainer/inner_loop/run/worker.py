@@ -103,9 +103,9 @@ def run(job_dir: Path, model: Path, family: str, output_dir: Path, max_steps: in
         if spec is None:
             spec = load_job(job_dir, family)
         elif isinstance(spec, (str, Path)):
-            from agent_trainer.inner_loop.spec.jobspec import JobSpec
+            from agent_trainer.inner_loop.spec.jobspec import spec_from_json
 
-            spec = JobSpec.model_validate_json(Path(spec).read_text(), context={"task_family": family})
+            spec = spec_from_json(Path(spec).read_text(), family)
         status["device"] = device = resolve_device(device)
         status.update(run_stages(spec, job_dir, model, family, output_dir, max_steps=max_steps,
                                  max_compute=max_compute, stage_costs=stage_costs, ran=status["ran"],
@@ -242,7 +242,9 @@ def fresh_output(t: Training) -> Path:
     shutil.rmtree(home, ignore_errors=True)
     home.mkdir()
     if t.spec is not None:
-        (t.output_dir / SPEC_FILE).write_text(t.spec.model_dump_json(exclude_unset=True))
+        from agent_trainer.inner_loop.spec.jobspec import spec_to_json
+
+        (t.output_dir / SPEC_FILE).write_text(spec_to_json(t.spec))
     return home
 
 

@@ -417,6 +417,18 @@ def parse_job(raw, task_family: str | None = None) -> JobSpec:
     return JobSpec.model_validate(raw, context={"task_family": task_family})
 
 
+def spec_to_json(spec: JobSpec) -> str:
+    """The spec as JSON for another process (the trainer, the contamination checks): the fields the job set, not
+    the defaults filled in, which a spec with stages would refuse (top-level hyperparameters). ``spec_from_json``
+    reads it back equal."""
+    return spec.model_dump_json(exclude_unset=True)
+
+
+def spec_from_json(text: str, task_family: str | None = None) -> JobSpec:
+    """The ``JobSpec`` that ``spec_to_json`` wrote (raises ``ValidationError``)."""
+    return JobSpec.model_validate_json(text, context={"task_family": task_family})
+
+
 def describe_errors(e: ValidationError) -> list[tuple[str, str]]:
     """All errors of a failed JobSpec validation as ``(field, message)`` pairs."""
     return [error_field(err) for err in e.errors()]
