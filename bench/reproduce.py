@@ -36,7 +36,6 @@ import json
 import platform
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -89,14 +88,12 @@ def same_source(record: dict, now: dict) -> tuple[bool, list[str]]:
 
 # --- the parts ---------------------------------------------------------------------------------------------------
 def run_models() -> dict[str, dict[str, str]]:
-    from agent_trainer.inner_loop.models.build import file_sha256
-    from agent_trainer.inner_loop.models.registry import SHIPPED_DIR, shipped_models, verify_shipped
+    from agent_trainer.inner_loop.models.registry import shipped_models, verify_shipped
 
     out = {}
-    for name in sorted(shipped_models()):
-        verify_shipped(name)   # raises (naming the file) when a byte differs from SHA256SUMS.json
-        folder = SHIPPED_DIR / name
-        out[name] = {f.name: file_sha256(f) for f in sorted(folder.iterdir()) if f.is_file()}
+    for name, entry in sorted(shipped_models().items()):
+        verify_shipped(name)   # hashes every file; raises (naming it) unless the folder holds exactly these bytes
+        out[name] = entry["files"]
     return out
 
 
@@ -237,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no record at {RECORD}: make one with --record", file=sys.stderr)
         return 2
 
-    work = C.workdir(args.workdir or Path(tempfile.mkdtemp(prefix="bench-reproduce-")), "reproduce")
+    work = C.workdir(args.workdir, "reproduce")
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()   # a bar per model load would bury the table
@@ -270,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
 
     exact, why = same_source(record, now)
     diffs = compare(record, now, exact)
-    print(f"record: {record.get('time')}, {record['cpu']}; here: {now['cpu']}")
+    print(f"record: {record.get('time')}, {record.get('cpu')}; here: {now['cpu']}")
     print("compared exactly (the same software on the same kind of CPU)" if exact else
           "compared within tolerance " + json.dumps(TOLERANCE) + ", because: " + "; ".join(why))
     for part in parts:
