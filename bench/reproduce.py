@@ -7,6 +7,7 @@ jobs' uplifts on calc_chain and the main job's first steps, each compared with t
     .venv/bin/python bench/reproduce.py --parts jobs --jobs sft_full,dpo_lora
     .venv/bin/python bench/reproduce.py --main-steps 13          # the whole main job (`make run`, ~9 min more)
     .venv/bin/python bench/reproduce.py --markdown               # also print the docs' tables of this run
+    .venv/bin/python bench/reproduce.py --parts main --burn 2    # the same numbers with 2 busy loops beside it
     .venv/bin/python bench/reproduce.py --record                 # make the record (after a change meant to move
                                                                  # the numbers; then re-make the docs' tables)
 
@@ -22,6 +23,9 @@ What each part runs:
   (``bench/same_steps.py``). With fewer steps than the record, the keys only a run's last step has (the
   held-out end, the training gain) are compared only when the run is as long as the record.
 
+``--burn N`` starts N processes that spin on the CPU for the whole run (a loaded machine: budgets are compute, not
+seconds, so the load moves the timings and no number); they stop when the run does.
+
 Exact where the record was made with the same software (Python, torch, transformers, TRL, PEFT, ...) on the same
 kind of CPU (architecture, vendor and torch's kernel level: ``DEFAULT``, ``AVX2``, ``AVX512``): the inputs are
 the same bytes and every step is deterministic, so every number must match to the last digit. Otherwise the
@@ -32,6 +36,7 @@ no record.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import platform
 import subprocess
@@ -224,6 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--main-steps", type=int, default=MAIN_STEPS)
     p.add_argument("--record", action="store_true", help=f"write what this run measured to {RECORD.name}")
     p.add_argument("--markdown", action="store_true")
+    p.add_argument("--burn", type=int, default=0, metavar="N", help="N busy loops on the CPU beside the run")
     args = p.parse_args(argv)
     parts = [x for x in args.parts.split(",") if x]
     unknown = sorted(set(parts) - set(PARTS)) + sorted(set(filter(None, args.jobs.split(","))) - set(example_jobs()))
@@ -234,6 +240,28 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no record at {RECORD}: make one with --record", file=sys.stderr)
         return 2
 
+    if args.burn and args.record:
+        p.error("--record measures a quiet machine: drop --burn")
+    with burners(args.burn):
+        return compare_or_record(args, parts, record)
+
+
+@contextlib.contextmanager
+def burners(n: int):
+    """``n`` processes spinning on the CPU while the block runs (each a Python busy loop), stopped after it."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    if procs:
+        print(f"{n} CPU burners beside this run (pids {', '.join(str(q.pid) for q in procs)})", flush=True)
+    try:
+        yield procs
+    finally:
+        for q in procs:
+            q.kill()
+            q.wait()
+
+
+def compare_or_record(args, parts: list[str], record: dict | None) -> int:
+    """Run the parts; record them (``--record``) or compare them with ``record``; the exit code."""
     work = C.workdir(args.workdir, "reproduce")
     from transformers.utils import logging as hf_logging
 
@@ -275,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{part}: {'the same' if n == 0 else f'{n} differences'}")
     for d in diffs[:60]:
         print("  " + d)
-    C.write(args.json, "reproduce", {"exact": exact, "differences": diffs, "now": now})
+    C.write(args.json, "reproduce", {"exact": exact, "differences": diffs, "now": now, "burners": args.burn})
     return 1 if diffs else 0
 
 

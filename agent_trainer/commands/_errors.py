@@ -13,6 +13,7 @@ USER_ERROR_CLASSES = (
     ("agent_trainer.inner_loop.models", "ModelNotFoundError"),
     ("agent_trainer.inner_loop.models", "ModelError"),
     ("agent_trainer.inner_loop.run.job", "JobError"),
+    ("agent_trainer.inner_loop.spec.calibrate", "CalibrationError"),
     ("agent_trainer.outer_loop.agents.served_sampler", "ServedSamplerError"),   # agent.sampler=served:
                                                                                 # the server's answer
 )

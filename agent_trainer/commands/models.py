@@ -40,7 +40,7 @@ def run(cfg: DictConfig) -> dict[str, Path] | None:
                             threads=conf.hardware.threads_per_job)
         cli.print_kv({"machine": profile["machine"], **{
             f"{a} factor": f"{f:g}" + (f"  ({m['seconds_per_step']:.3f} s a step at batch {m['batch_size']})"
-                                       if (m := profile["measured"].get(a)) else "  (as sft)")
+                                       if (m := profile["measured"].get(a)) else "  (sampling DPO's pairs)")
             for a, f in profile["factors"].items()}})
         if profile["busy"]:
             log.warning(profile["busy"])

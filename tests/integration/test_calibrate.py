@@ -13,11 +13,11 @@ from agent_trainer.inner_loop.spec.jobspec import load_job
 from agent_trainer.inner_loop.spec.validate import validate_job
 
 
-def _job(folder, steps: int, model: str = "smollm2-135m"):
+def _job(folder, steps: int, model: str = "smollm2-135m", batch: int = 16):
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "job.yaml").write_text(yaml.safe_dump({
         "base_model": model, "algorithm": "sft", "peft": {"r": 16}, "seed": 0,
-        "hyperparameters": {"learning_rate": 1e-4, "batch_size": 16, "max_steps": steps},
+        "hyperparameters": {"learning_rate": 1e-4, "batch_size": batch, "max_steps": steps},
         "data": {"sources": [{"family": "calc_chain", "seed": 1, "size": 2000}]}}))
     return folder
 
@@ -48,15 +48,19 @@ def test_calibration_measures_a_model_and_predicts_its_steps(built_models, tmp_p
 
     profile = calibrate("tiny-s", cache_dir=tmp_path / "cache", progress=False)
     factors = profile["factors"]
-    assert {"sft", "grpo", "dpo", "sft:chat", "grpo:chat", "dpo:chat"} == set(factors), factors
+    kinds = {"sft", "grpo", "dpo", "sft:chat", "grpo:chat", "dpo:chat"}
+    assert kinds | {k + "/row" for k in kinds} | {"sample", "sample:chat"} == set(factors), factors
     # Factors are timings of this machine as it is: beside the other test worker one of them moves 10x, so
     # their sizes are the bench's to compare (quiet, chat is 4x raw for SFT), not a test's.
     assert all(f > 0 for f in factors.values()), factors
     assert all(m["cpu_share"] > 0 for m in profile["measured"].values()), profile["measured"]
     stored = json.loads((tmp_path / "cache" / "cost_profiles.json").read_text())[machine_key("cpu")]["tiny-s"]
     assert stored["factors"] == factors and stored["measured"]["sft"]["steps_timed"] >= 10
-    # The profile gives back the measured seconds per step for the job it timed.
-    measured = profile["measured"]["sft"]["seconds_per_step"]
-    predicted = estimate_cost(load_job(_job(tmp_path / "j", 12, "tiny-s")),
-                              CostModel.measured("cpu", tmp_path / "cache"), wall=True).step_seconds
-    assert predicted == pytest.approx(measured, rel=0.05)
+    # The profile gives back the measured seconds per step for the jobs it timed (both batch sizes when the two
+    # factors separate; the larger when noise made them one).
+    machine = CostModel.measured("cpu", tmp_path / "cache")
+    sizes = [("sft/row", 64)] + ([("sft", 16)] if factors["sft"] != factors["sft/row"] else [])
+    for key, batch in sizes:
+        job = _job(tmp_path / f"j{batch}", 12, "tiny-s", batch=batch)
+        predicted = estimate_cost(load_job(job), machine, wall=True).step_seconds
+        assert predicted == pytest.approx(profile["measured"][key]["seconds_per_step"], rel=0.05), key

@@ -107,3 +107,48 @@ def test_a_calibration_on_a_busy_machine_says_so():
     line = busy_warning(shared)
     assert line and "busy" in line and "sft 0.12" in line and "sft:chat 0.30" in line and "grpo" not in line
     assert busy_warning(shared, device="cuda") is None, "a GPU job's CPU time says nothing of its speed"
+
+
+def test_calibration_separates_a_steps_fixed_cost_from_its_rows():
+    """Two timed batch sizes give a factor for a step's fixed cost and one for its rows: a machine 2x the
+    reference on the fixed part and 3x on the rows is read back, and prices a third batch size right; timings
+    that do not separate (the larger job no slower) give one factor, the larger job's."""
+    from agent_trainer.inner_loop.spec.calibrate import fit_factors
+    from agent_trainer.inner_loop.spec.cost import estimate_cost
+
+    ref = CostModel()
+    small = (0.0126, 16 * 0.00079, 2 * 0.0126 + 3 * 16 * 0.00079)
+    large = (0.0126, 64 * 0.00079, 2 * 0.0126 + 3 * 64 * 0.00079)
+    assert fit_factors(small, large) == (2.0, 3.0)
+    machine = CostModel(machine={"tiny-s": {"sft": 2.0, "sft/row": 3.0}})
+    spec = JobSpec.model_validate({"base_model": "tiny-s", "algorithm": "sft", "seed": 0,
+                                   "hyperparameters": {"learning_rate": 1e-4, "batch_size": 128, "max_steps": 10},
+                                   "data": {"sources": [{"family": "calc_chain", "seed": 1, "size": 2000}]}},
+                                  context={"task_family": "calc_chain"})
+    wall = estimate_cost(spec, machine, wall=True)
+    assert wall.step_seconds == pytest.approx(2 * 0.0126 + 3 * 128 * 0.00079, rel=1e-3)
+    assert "x2 a step, x3 a row" in wall.formula
+    assert estimate_cost(spec, machine).seconds == estimate_cost(spec, ref).seconds, "compute ignores the machine"
+    assert fit_factors(small, (0.0126, 64 * 0.00079, small[2])) == (round(small[2] / (0.0126 + 64 * 0.00079), 2),) * 2
+
+
+def test_a_calibration_that_cannot_finish_keeps_what_it_measured(tmp_path, monkeypatch):
+    """A calibration job that dies (a large model out of memory at DPO's larger batch) ends in one line that says
+    which job and what is stored; the factors measured before it are in the profile, beside an earlier
+    calibration's others."""
+    from agent_trainer.inner_loop.spec import calibrate as cal
+    from agent_trainer.inner_loop.spec.cost import load_profile, machine_key, save_profile
+
+    save_profile(machine_key("cpu"), "tiny-s", {"sample": 0.7, "sft": 9.0}, {}, tmp_path)
+
+    def timed(name, model_dir, job, device, folder, fmt=None, threads=None, family="calc_chain"):
+        if job["algorithm"] == "dpo":
+            raise cal.CalibrationError("the calibration job (dpo, raw format, batch 16) ended crashed: killed")
+        return 0.05 * (1 + job["hyperparameters"]["batch_size"] / 16), 5, 1.0, 0.0
+
+    monkeypatch.setattr(cal, "_timed_job", timed)
+    with pytest.raises(cal.CalibrationError, match=r"\(dpo, raw format, batch 16\).*stored \(sft, sft/row, grpo, "):
+        cal.calibrate("tiny-s", cache_dir=tmp_path, progress=False)
+    stored = load_profile(machine_key("cpu"), tmp_path)["tiny-s"]
+    assert {"sft", "sft/row", "grpo", "grpo/row", "sample"} <= set(stored) and "dpo" not in stored
+    assert stored["sft"] != 9.0 and stored["sample"] == 0.7, "new measurements replace old ones, the rest is kept"

@@ -49,3 +49,15 @@ def test_a_sigkill_without_an_out_of_memory_kill_is_not_called_one(tmp_path, mon
     monkeypatch.setattr(isolation, "_oom_seen", [])
     st = crash(tmp_path, "os.kill(os.getpid(), 9)")
     assert "killed by SIGKILL (signal 9): not by the harness, and no out-of-memory kill" in st["detail"]
+
+
+def test_a_machine_wide_out_of_memory_kill_is_called_one(tmp_path, monkeypatch):
+    """The kernel's own count (/proc/vmstat) rises on a machine-wide out-of-memory kill that the container's
+    memory cgroup does not count: the harness reads both."""
+    cgroup, vmstat = tmp_path / "memory.events", tmp_path / "vmstat"
+    cgroup.write_text("oom 0\noom_kill 0\n")
+    vmstat.write_text("pgfault 12\noom_kill 1\n")
+    monkeypatch.setattr(isolation, "_OOM_FILES", (str(cgroup), str(vmstat)))
+    monkeypatch.setattr(isolation, "_oom_seen", [])
+    st = crash(tmp_path, "os.kill(os.getpid(), 9)", oom_file=vmstat)
+    assert "the kernel's out-of-memory killer" in st["detail"] and "1 -> 4" in st["detail"], st["detail"]

@@ -108,3 +108,11 @@ def test_docs_example_jobs_are_the_records(name):
     assert cells[1] == want["base_model"] and cells[2] == want["status"]
     got = [re.sub(r"\*", "", c) for c in cells[4:7]]
     assert got == [f"{want['hidden_score']:.3f}", f"{want['baseline']:.3f}", f"{want['uplift']:+.3f}"], name
+
+
+def test_the_burners_spin_while_the_check_runs_and_stop_after_it():
+    """``--burn N``: N processes on the CPU for the block's duration, gone after it, also when the block fails."""
+    with pytest.raises(RuntimeError), reproduce.burners(2) as procs:
+        assert len(procs) == 2 and all(q.poll() is None for q in procs), "spinning while the run runs"
+        raise RuntimeError("the run failed")
+    assert all(q.poll() is not None for q in procs), "stopped after it"

@@ -158,22 +158,26 @@ def kill_group(pid: int) -> None:
         pass
 
 
-# cgroup files that count the kernel's out-of-memory kills in this machine's (container's) memory group.
-_OOM_FILES = ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control")
+# Files that count the kernel's out-of-memory kills: this machine's (container's) memory cgroup, v2 or v1, and the
+# kernel's own count (``/proc/vmstat``), which a machine-wide out-of-memory kill raises and a cgroup's may not.
+_OOM_FILES = ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control", "/proc/vmstat")
 _oom_seen: list[int | None] = []   # the count when the harness last looked (read at the first process start)
 
 
 def oom_kill_count() -> int | None:
-    """The kernel's out-of-memory kills so far in this process's memory cgroup (v2 or v1), None when unreadable."""
+    """The kernel's out-of-memory kills so far, summed over the readable ``_OOM_FILES`` (a kill may be counted in
+    more than one: only an increase means anything), None when none is readable."""
+    counts = []
     for name in _OOM_FILES:
         try:
             for line in Path(name).read_text().splitlines():
                 key, _, value = line.partition(" ")
                 if key == "oom_kill":
-                    return int(value)
+                    counts.append(int(value))
+                    break
         except (OSError, ValueError):
             continue
-    return None
+    return sum(counts) if counts else None
 
 
 def describe_exit(returncode: int | None, log_path: str | Path | None = None) -> str:
@@ -196,8 +200,8 @@ def describe_exit(returncode: int | None, log_path: str | Path | None = None) ->
                 before = _oom_seen[0] if _oom_seen else None
                 now = oom_kill_count()
                 if now is not None and before is not None and now > before:
-                    reason += (f": the kernel's out-of-memory killer (out-of-memory kills in this machine's memory "
-                               f"group {before} -> {now}); give the job less memory (batch, model) or run fewer "
+                    reason += (f": the kernel's out-of-memory killer (out-of-memory kills counted on this machine "
+                               f"{before} -> {now}); give the job less memory (batch, model) or run fewer "
                                f"jobs at once")
                 elif now is not None:
                     reason += ": not by the harness, and no out-of-memory kill was counted (another process sent it)"

@@ -4,22 +4,26 @@
     >>> from agent_trainer.inner_loop.spec.calibrate import calibrate
     >>> calibrate("smollm2-135m")["factors"]         # {"sft": ..., "grpo": ..., "sft:chat": ..., ...}
 
-Times short SFT-LoRA and GRPO-LoRA jobs (raw and chat format) against the tiny-s coefficients and stores
-the factors in ``<cache>/cost_profiles.json``, which ``CostModel.measured`` reads: docs/real_models.md,
-"Costs per machine".
+Times short SFT-, GRPO- and DPO-LoRA jobs (raw and chat format) at two batch sizes against the tiny-s
+coefficients, fits a factor for a step's fixed cost and one for its rows (``sft``, ``sft/row``, ...) and one for
+sampling (``sample``, from DPO's pairs), and stores them in ``<cache>/cost_profiles.json``, which ``CostModel.measured`` reads: docs/real_models.md, "Costs per
+machine".
 """
 
 from __future__ import annotations
 
 import json
+import statistics
 import tempfile
 from pathlib import Path
 
 import yaml
 
-from agent_trainer.inner_loop.spec.cost import CostModel, estimate_cost, machine_key, row_tokens, save_profile
+from agent_trainer.inner_loop.spec.cost import (CostModel, machine_key, row_tokens, sampled_tokens, save_profile,
+                                                step_parts)
 
-# The calibration jobs (LoRA, as real models are trained here); steps after the first are timed.
+# The calibration jobs (LoRA, as real models are trained here); steps after the first are timed. Each runs at
+# two batch sizes, so a step's fixed cost and its cost per row (completion) get a factor each.
 JOBS = {
     "sft": {"algorithm": "sft", "peft": {"r": 16, "alpha": 32},
             "hyperparameters": {"learning_rate": 1e-4, "batch_size": 16, "max_steps": 12}},
@@ -27,37 +31,74 @@ JOBS = {
              "hyperparameters": {"learning_rate": 1e-5, "batch_size": 16, "num_generations": 4,
                                  "max_completion_length": 8, "max_steps": 4},
              "reward": {"functions": [{"name": "numeric_closeness"}]}},
+    "dpo": {"algorithm": "dpo", "peft": {"r": 16, "alpha": 32},
+            "hyperparameters": {"learning_rate": 1e-4, "batch_size": 16, "num_generations": 4,
+                                "max_completion_length": 8, "max_steps": 6},
+            "data": {"sources": [{"family": "calc_chain", "seed": 1, "size": 128}]}},
 }
+# The second batch size: DPO's rows are pairs (two sequences each, and the reference's forward pass).
+LARGE = {"sft": {"batch_size": 64, "max_steps": 6}, "grpo": {"batch_size": 64, "max_steps": 3},
+         "dpo": {"batch_size": 32, "max_steps": 3}}
+
+
+class CalibrationError(RuntimeError):
+    """A calibration job did not finish (out of memory, a crash): what was measured before it is kept."""
+
+
+def fit_factors(small: tuple[float, float, float], large: tuple[float, float, float]) -> tuple[float, float]:
+    """(factor of the fixed cost, factor of the rows' cost) from two timed jobs, each ``(fixed, rows, measured)``:
+    the reference's fixed and row seconds of a step (LoRA included) and the seconds it took here. When the two
+    do not separate (noise: a negative part), one factor, the larger job's ratio, prices both."""
+    (f1, r1, m1), (f2, r2, m2) = small, large
+    if r2 > r1:
+        per_row = (m2 - m1) / (r2 - r1)
+        fixed = (m1 - r1 * per_row) / f1 if f1 else 0.0
+        if per_row > 0 and fixed > 0:
+            return round(fixed, 2), round(per_row, 2)
+    one = round(m2 / (f2 + r2), 2)
+    return one, one
+
+
+def _data(job: dict, family: str) -> dict:
+    """A calibration job with its rows drawn from ``family``: 400 of them, or the job's own count."""
+    size = job.get("data", {}).get("sources", [{}])[0].get("size", 400)
+    return {**job, "data": {"sources": [{"family": family, "seed": 1, "size": size}]}}
 
 
 def _timed_job(name: str, model_dir: Path, job: dict, device: str, folder: Path, fmt=None,
-               threads: int | None = None, family: str = "calc_chain") -> tuple[float, int, float]:
-    """(seconds per step after the first, steps timed, CPU seconds per wall second over those steps) of one
-    calibration job, run as jobs run (its own process)."""
+               threads: int | None = None, family: str = "calc_chain") -> tuple[float, int, float, float]:
+    """(seconds of the median step after the first, steps timed, CPU seconds per wall second over those steps, seconds of
+    sampling before training) of one calibration job, run as jobs run (its own process)."""
     from agent_trainer.inner_loop.run.worker import Training, run_worker
     from agent_trainer.inner_loop.train.train import TRAIN_LOG
 
     job_dir = folder / "job"
     job_dir.mkdir(parents=True)
-    spec = {"base_model": name, "seed": 0, "data": {"sources": [{"family": family, "seed": 1, "size": 400}]}, **job}
+    spec = {"base_model": name, "seed": 0, **_data(job, family)}
     (job_dir / "job.yaml").write_text(yaml.safe_dump(spec))
     steps = job["hyperparameters"]["max_steps"]
     run = run_worker(Training(job_dir, model_dir, family, folder / "out", max_steps=steps, threads=threads,
                               device=device, fmt=fmt), deadline_s=7200, progress=False)
     if run.status.get("status") != "ok":
-        raise RuntimeError(f"the calibration job ({job['algorithm']}) ended {run.status.get('status')}: "
-                           f"{run.status.get('detail')} {run.status.get('error', '')[-500:]}")
+        raise CalibrationError(f"the calibration job ({job['algorithm']}, {fmt.kind if fmt else 'raw'} format, batch "
+                               f"{job['hyperparameters']['batch_size']}) ended {run.status.get('status')}: "
+                               f"{run.status.get('detail')}")
     log = [json.loads(line) for line in (folder / "out" / TRAIN_LOG).read_text().splitlines() if line.strip()]
     times = {r["step"]: (r["seconds"], r.get("cpu_seconds", 0.0)) for r in log if "seconds" in r}
     first, last = min(times), max(times)
     wall, cpu = times[last][0] - times[first][0], times[last][1] - times[first][1]
-    return wall / max(1, last - first), last - first, cpu / wall if wall > 0 else 0.0
+    # The median step (a pause of the process, a collection, lands on one step, not on every step's price).
+    steps = sorted(times)
+    median = statistics.median((times[b][0] - times[a][0]) / (b - a) for a, b in zip(steps, steps[1:]))
+    generation = folder / "out" / "generation.json"
+    sampling = sum(g["seconds"] for g in json.loads(generation.read_text())) if generation.is_file() else 0.0
+    return median, last - first, cpu / wall if wall > 0 else 0.0, sampling
 
 
 def calibrate(name: str, cache_dir=None, device: str = "cpu", progress: bool = True,
               threads: int | None = None, family: str = "calc_chain") -> dict:
-    """Measure model ``name``'s factors here (sft, grpo, and both again in the chat format when its tokenizer
-    has a chat template; dpo takes sft's) on rows of ``family`` (those of the jobs to price), store them in
+    """Measure model ``name``'s factors here (sft, grpo, dpo and sampling, and all again in the chat format when
+    its tokenizer has a chat template) on rows of ``family`` (those of the jobs to price), store them in
     the cache's profile, return them. A factor is per token: the rows' lengths are priced first
     (``cost.row_tokens``), so rows of another length reuse it."""
     from transformers import AutoTokenizer
@@ -71,25 +112,50 @@ def calibrate(name: str, cache_dir=None, device: str = "cpu", progress: bool = T
     formats = ["raw"] + (["chat"] if AutoTokenizer.from_pretrained(model_dir).chat_template else [])
     base = CostModel()
     factors, measured = {}, {}
+    earlier = _stored(machine_key(device), name, cache_dir)
+    kept, kept_measured = earlier.get("factors", {}), earlier.get("measured", {})
     for kind in formats:
-        for algorithm, job in JOBS.items():
-            key = algorithm if kind == "raw" else f"{algorithm}:{kind}"
-            with tempfile.TemporaryDirectory(prefix=f"calibrate-{algorithm}-") as tmp:
-                step_s, timed, cpu_share = _timed_job(name, model_dir, job, device, Path(tmp),
-                                                      for_family(family, kind), threads, family)
-            spec = JobSpec.model_validate({"base_model": "tiny-s", "seed": 0,
-                                           "data": {"sources": [{"family": family, "seed": 1, "size": 400}]}, **job},
-                                          context={"task_family": family})
-            tokens = row_tokens(build_rows_with_origins(spec, None, family)[0])
-            tiny_step = estimate_cost(spec, base, tokens=tokens).step_seconds  # tiny-s's, by the coefficients
-            factors[key] = round(step_s / tiny_step, 2)
-            measured[key] = {"seconds_per_step": round(step_s, 4), "steps_timed": timed,
-                             "batch_size": job["hyperparameters"]["batch_size"], "cpu_share": round(cpu_share, 2)}
         suffix = "" if kind == "raw" else f":{kind}"
-        factors["dpo" + suffix] = factors["sft" + suffix]
-    save_profile(machine_key(device), name, factors, measured, cache_dir)
+        for algorithm, job in JOBS.items():
+            key = algorithm + suffix
+            points, sampling = [], []
+            for size, hp in (("", job["hyperparameters"]), ("/row", {**job["hyperparameters"], **LARGE[algorithm]})):
+                sized = _data({**job, "hyperparameters": hp}, family)
+                with tempfile.TemporaryDirectory(prefix=f"calibrate-{algorithm}-") as tmp:
+                    try:
+                        step_s, timed, cpu_share, sampling_s = _timed_job(name, model_dir, sized, device, Path(tmp),
+                                                                          for_family(family, kind), threads, family)
+                    except CalibrationError as e:
+                        done = ", ".join(factors) or "none"
+                        raise CalibrationError(f"{e}; the factors measured before it are stored ({done})") from None
+                spec = JobSpec.model_validate({"base_model": "tiny-s", "seed": 0, **sized},
+                                              context={"task_family": family})
+                fixed, rows, lora, _ = step_parts(spec, base, row_tokens(build_rows_with_origins(spec, None, family)[0]))
+                points.append((fixed * lora, rows * lora, step_s))  # tiny-s's, by the coefficients; and here
+                if sampled_tokens(spec):
+                    sampling.append(sampling_s / (sampled_tokens(spec) * base.sample_token_s))
+                measured[key + size] = {"seconds_per_step": round(step_s, 4), "steps_timed": timed,
+                                        "batch_size": hp["batch_size"], "cpu_share": round(cpu_share, 2),
+                                        **({"sampling_seconds": round(sampling_s, 2)} if sampling_s else {})}
+            factors[key], factors[key + "/row"] = fit_factors(*points)
+            if sampling:
+                factors["sample" + suffix] = round(sum(sampling) / len(sampling), 2)
+            # Stored as each algorithm is done, over what an earlier calibration stored: a job that cannot
+            # finish (out of memory on a large model) loses its own factors only.
+            save_profile(machine_key(device), name, {**kept, **factors}, {**kept_measured, **measured}, cache_dir)
     return {"machine": machine_key(device), "factors": factors, "measured": measured,
             "busy": busy_warning(measured, device)}
+
+
+def _stored(machine: str, name: str, cache_dir=None) -> dict:
+    """What an earlier calibration stored for model ``name`` on ``machine`` ({} when none)."""
+    from agent_trainer.inner_loop.spec.cost import PROFILE_FILE
+    from agent_trainer.paths import cache_dir as default_cache_dir
+
+    try:
+        return json.loads((default_cache_dir(cache_dir) / PROFILE_FILE).read_text()).get(machine, {}).get(name, {})
+    except (OSError, ValueError, AttributeError):
+        return {}
 
 
 BUSY_SHARE = 0.5   # CPU seconds per wall second under which a CPU job shared its cores with other work

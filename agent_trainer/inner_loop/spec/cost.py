@@ -129,20 +129,41 @@ def model_factor(model: CostModel, name: str, algorithm: str | None = None, prom
     profile first; then the reference profile for the algorithm and prompt format (chat prompts are several
     times longer), the cost model's factors, the registry entry's (``base_models.<name>.cost_factor``), or
     the largest."""
+    return model_factors(model, name, algorithm, prompt_format, wall)[0]
+
+
+def model_factors(model: CostModel, name: str, algorithm: str | None = None, prompt_format: str = "raw",
+                  wall: bool = False) -> tuple[float, float]:
+    """(factor of a step's fixed cost, factor of its per-row or per-completion cost) of base model ``name``
+    relative to tiny-s. A profile that measured two batch sizes (``at-models calibrate``) stores the second as
+    ``<algorithm>/row``; otherwise both parts scale alike (``model_factor``'s order of sources)."""
     keys = ([f"{algorithm}:{prompt_format}"] if prompt_format != "raw" else []) + [algorithm]
     for profile in ([model.machine] if wall else []) + [model.profile]:
         measured = profile.get(name, {})
         for key in keys:
             if algorithm and measured.get(key):
-                return float(measured[key])
+                step = float(measured[key])
+                return step, float(measured.get(f"{key}/row") or step)
     if name in model.model_factors:
-        return float(model.model_factors[name])
+        factor = float(model.model_factors[name])
+        return factor, factor
     from agent_trainer.inner_loop.models.registry import BASE_MODELS
 
     info = BASE_MODELS.get(name)
     if info is not None and info.cost_factor is not None:
-        return float(info.cost_factor)
-    return float(max(model.model_factors.values()))
+        return float(info.cost_factor), float(info.cost_factor)
+    factor = float(max(model.model_factors.values()))
+    return factor, factor
+
+
+def sample_factor(model: CostModel, name: str, prompt_format: str, default: float) -> float:
+    """This machine's sampling speed for base model ``name`` relative to the reference's tiny-s (its profile's
+    ``sample[:format]``, measured on DPO's pairs by ``at-models calibrate``); ``default`` without one."""
+    measured = model.machine.get(name, {})
+    for key in ([f"sample:{prompt_format}"] if prompt_format != "raw" else []) + ["sample"]:
+        if measured.get(key):
+            return float(measured[key])
+    return default
 
 
 def row_tokens(rows: list[dict]) -> RowTokens:
@@ -176,6 +197,31 @@ def _reference_tokenizer():
     return _TOKENIZER[0]
 
 
+def step_parts(spec, model: CostModel, tokens: RowTokens | None = None) -> tuple[float, float, float, str]:
+    """(fixed seconds, seconds of the rows or completions, LoRA factor, formula) of one step of a single-stage
+    spec on tiny-s under ``model``'s coefficients; a base model's factors scale the first two."""
+    hp = spec.hyperparameters
+    tokens = tokens or RowTokens()
+    longer, longer_prompt = tokens.row - REF_ROW_TOKENS, tokens.prompt - REF_PROMPT_TOKENS
+    # A row or completion shorter than the reference costs less, never under half the reference's cost.
+    if spec.algorithm == "grpo":
+        per = hp.max_completion_length * model.grpo_token_s
+        fixed, rows = model.grpo_step_s, hp.batch_size * max(per / 2, per + longer_prompt * model.grpo_prompt_token_s)
+        lora = model.lora_factor_grpo
+        formula = f"grpo, {hp.batch_size} completions x {hp.max_completion_length} tokens"
+    elif spec.algorithm == "dpo":
+        per = model.dpo_pair_s
+        fixed, rows = model.dpo_step_s, hp.batch_size * max(per / 2, per + longer * model.dpo_token_s)
+        lora = model.lora_factor_dpo
+        formula = f"dpo, {hp.batch_size} pairs"
+    else:
+        per = model.sft_sequence_s
+        fixed, rows = model.sft_step_s, hp.batch_size * max(per / 2, per + longer * model.sft_token_s)
+        lora = model.lora_factor_sft
+        formula = f"sft, batch {hp.batch_size}"
+    return fixed, rows, (lora if spec.peft else 1.0), formula
+
+
 def estimate_cost(spec, model: CostModel | None = None, steps: int | None = None,
                   prompt_format: str = "raw", wall: bool = False, tokens: RowTokens | None = None) -> CostEstimate:
     """Estimate the compute of a JobSpec (``wall``: this machine's seconds); ``steps`` overrides ``max_steps``;
@@ -183,31 +229,17 @@ def estimate_cost(spec, model: CostModel | None = None, steps: int | None = None
     model = model or CostModel()
     hp = spec.hyperparameters
     steps = hp.max_steps if steps is None else steps
-    tokens = tokens or RowTokens()
-    longer, longer_prompt = tokens.row - REF_ROW_TOKENS, tokens.prompt - REF_PROMPT_TOKENS
-    factor = model_factor(model, spec.base_model, spec.algorithm, prompt_format, wall)
-    # A row or completion shorter than the reference costs less, never under half the reference's cost.
-    if spec.algorithm == "grpo":
-        per = hp.max_completion_length * model.grpo_token_s
-        step = model.grpo_step_s + hp.batch_size * max(per / 2, per + longer_prompt * model.grpo_prompt_token_s)
-        lora = model.lora_factor_grpo if spec.peft else 1.0
-        formula = f"grpo, {hp.batch_size} completions x {hp.max_completion_length} tokens"
-    elif spec.algorithm == "dpo":
-        per = model.dpo_pair_s
-        step = model.dpo_step_s + hp.batch_size * max(per / 2, per + longer * model.dpo_token_s)
-        lora = model.lora_factor_dpo if spec.peft else 1.0
-        formula = f"dpo, {hp.batch_size} pairs"
-    else:
-        per = model.sft_sequence_s
-        step = model.sft_step_s + hp.batch_size * max(per / 2, per + longer * model.sft_token_s)
-        lora = model.lora_factor_sft if spec.peft else 1.0
-        formula = f"sft, batch {hp.batch_size}"
-    step *= factor * lora
-    formula += f", {spec.base_model} x{factor:g}" + (f", lora x{lora:g}" if spec.peft else "")
-    tokens = sampled_tokens(spec)
-    sampling = tokens * model.sample_token_s * factor
-    if tokens:
-        formula += f", sampling {tokens} tokens"
+    factor, per_row = model_factors(model, spec.base_model, spec.algorithm, prompt_format, wall)
+    fixed, rows, lora, formula = step_parts(spec, model, tokens)
+    # One factor: priced as (fixed + rows) x factor, so the reference's compute units stay bit for bit.
+    step = (fixed + rows) * (factor * lora) if per_row == factor else (fixed * factor + rows * per_row) * lora
+    formula += f", {spec.base_model} x{factor:g}" + (f" a step, x{per_row:g} a row" if per_row != factor else "") \
+        + (f", lora x{lora:g}" if spec.peft else "")
+    sampled = sampled_tokens(spec)
+    sampling = sampled * model.sample_token_s * (sample_factor(model, spec.base_model, prompt_format, factor) if wall
+                                                 else factor)
+    if sampled:
+        formula += f", sampling {sampled} tokens"
     seconds = model.startup_s + steps * step + sampling
     return CostEstimate(seconds=round(seconds, 2), usd=round(seconds / 3600 * model.usd_per_hour, 6), steps=steps,
                         step_seconds=round(step, 5), startup_seconds=model.startup_s,
