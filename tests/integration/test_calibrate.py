@@ -24,8 +24,9 @@ def _job(folder, steps: int, model: str = "smollm2-135m", batch: int = 16):
 
 def test_a_gpu_profile_prices_the_wall_clock_not_the_compute(tmp_path):
     """The reference CPU prices 20,000 SmolLM2 steps at ~12 hours of compute (over a 2-hour budget); a GPU's
-    measured profile expects them to take under an hour here, which sizes the safety cap, but admission reads
-    compute, the same on every machine: the job is refused on both."""
+    measured profile expects them to take under an hour here, which sizes the safety cap, but admission and what
+    the agent is told read compute (its seconds and its dollars), the same on every machine: the job is refused on
+    both, in the same words."""
     task = TaskSpec(name="gpu_task", family="calc_chain", allowed_base_models=["smollm2-135m"],
                     budget={"max_steps": 20_000, "max_seconds": 7200, "max_usd": 10.0})
     job = _job(tmp_path / "job", 20_000)
@@ -33,11 +34,13 @@ def test_a_gpu_profile_prices_the_wall_clock_not_the_compute(tmp_path):
     assert not cpu.ok and any("budget" in f.message for f in cpu.errors), cpu.to_text()
     save_profile(machine_key("cuda"), "smollm2-135m", {"sft": 6.0, "grpo": 12.0, "dpo": 6.0},
                  {"sft": {"seconds_per_step": 0.034}}, cache_dir=tmp_path / "cache")
-    gpu = CostModel.measured("cuda", tmp_path / "cache", usd_per_hour=3.0)
+    gpu = CostModel.measured("cuda", tmp_path / "cache")
     assert {k: gpu.machine["smollm2-135m"][k] for k in ("sft", "grpo", "dpo")} == {"sft": 6.0, "grpo": 12.0, "dpo": 6.0}
     report = validate_job(job, task, dry_run=False, cost_model=gpu)
     assert [f.message for f in report.errors] == [f.message for f in cpu.errors], report.to_text()
-    assert report.estimated_cost.seconds == cpu.estimated_cost.seconds
+    assert (report.estimated_cost.seconds, report.estimated_cost.usd) == (cpu.estimated_cost.seconds,
+                                                                           cpu.estimated_cost.usd)
+    assert report.to_text().replace(str(job), "") == cpu.to_text().replace(str(job), "")
     assert 1800 < report.wall_estimate.seconds < 3600 and "x6" in report.wall_estimate.formula
     assert load_profile(machine_key("cpu"), tmp_path / "cache") == {}, "profiles are per machine"
 

@@ -506,8 +506,8 @@ def check_spec(report: ValidationReport, spec: JobSpec, job_dir: Path, task: Tas
                                              tokens=tokens)
         report.wall_estimate = estimate_job(spec, cost_model, steps=steps, prompt_format=task.prompt_format,
                                             wall=True, tokens=tokens)
-        # Dollars are this machine's: its expected seconds at its price (the same as compute's without a profile).
-        report.estimated_cost.usd = report.wall_estimate.usd
+        # Admission, the agent's messages and the reward read the compute estimate only (its dollars included):
+        # a machine's calibration moves the safety cap, never what the agent sees or whether a job is admitted.
         _check_budget(report, task, report.estimated_cost, spec)
         if dry_run and stage_rows and reward_ok and not report.errors:
             _dry_run(report, spec, job_dir, stage_rows, task.family, cache_dir=cache_dir, model_dir=model_dir,
