@@ -152,3 +152,21 @@ def test_a_calibration_that_cannot_finish_keeps_what_it_measured(tmp_path, monke
     stored = load_profile(machine_key("cpu"), tmp_path)["tiny-s"]
     assert {"sft", "sft/row", "grpo", "grpo/row", "sample"} <= set(stored) and "dpo" not in stored
     assert stored["sft"] != 9.0 and stored["sample"] == 0.7, "new measurements replace old ones, the rest is kept"
+
+
+def test_what_the_agent_reads_of_a_job_is_its_compute_not_the_clock():
+    """A job result's agent view (and its text in the conversation) gives the compute of what ran and the
+    validation's dollars: the same job on a loaded machine (more seconds, more measured dollars) reads the same."""
+    from agent_trainer.inner_loop.run.result import JobResult
+    from agent_trainer.outer_loop.episode.tools import _job_text
+
+    def result(train: float, total: float, usd: float) -> JobResult:
+        return JobResult(task="t", family="calc_chain", job_dir="j", output_dir="o", job_hash="h", status="ok",
+                         steps=30, planned_steps=30, estimated_usd=0.0004, usd=usd,
+                         seconds={"validate": 0.1, "train": train, "process": total - 1, "eval": 1.0, "total": total,
+                                  "train_estimated": 3.25})
+
+    quiet, loaded = result(4.0, 9.0, 0.0002), result(31.0, 58.0, 0.0016)
+    assert quiet.visible() == loaded.visible()
+    assert _job_text(quiet.visible(), 1) == _job_text(loaded.visible(), 1)
+    assert "compute: 3.2 s training" in _job_text(loaded.visible(), 1) and "$0.0004" in _job_text(loaded.visible(), 1)

@@ -102,14 +102,14 @@ class JobResult:
     def visible(self) -> dict[str, Any]:
         """What an agent may see: status, findings, errors of its own code, training curves, time and cost.
 
-        Never the hidden score, the baseline or the uplift.
+        Never the hidden score, the baseline or the uplift; time and cost as compute (``train_seconds``, the
+        validation's dollars), never the clock: what an agent reads must not depend on the machine or its load.
         """
         return {"status": self.status, "detail": self.detail, "error": self.error, "findings": self.findings,
                 "steps": self.steps, "planned_steps": self.planned_steps,
                 "final_train_reward": self.final_train_reward, "final_train_loss": self.final_train_loss,
                 "reward_curve": self.reward_curve, "loss_curve": self.loss_curve,
-                "seconds": {k: self.seconds[k] for k in ("train", "process", "total")},
-                "estimated_usd": self.estimated_usd, "usd": self.usd, "ran": self.ran}
+                "seconds": {"train": self.train_seconds}, "usd": self.estimated_usd or 0.0, "ran": self.ran}
 
 
 def library_versions() -> dict[str, str]:

@@ -394,7 +394,7 @@ class ToolBox:
 
 
 def _job_text(v: dict[str, Any], jobs_left: int) -> str:
-    """The agent's view of a job result: status, errors, a few curve points, time and cost."""
+    """The agent's view of a job result: status, errors, a few curve points, compute and cost."""
     lines = [f"job status: {v['status']}" + (f" ({v['detail']})" if v.get("detail") else "")]
     if v.get("error"):
         lines.append("error: " + str(v["error"])[-1500:])
@@ -409,6 +409,6 @@ def _job_text(v: dict[str, Any], jobs_left: int) -> str:
             picks = curve if len(curve) <= 6 else [curve[int(i * (len(curve) - 1) / 5)] for i in range(6)]
             lines.append(f"{label} (step: value): " + ", ".join(f"{int(s)}: {x:.3f}" for s, x in picks))
     secs = v.get("seconds") or {}
-    lines.append(f"time: {secs.get('train', 0):.1f} s training, {secs.get('total', 0):.1f} s in all; "
+    lines.append(f"compute: {secs.get('train', 0):.1f} s training (the cost model's, as budgets count it); "
                  f"cost ${v.get('usd', 0):.4f}; jobs left: {jobs_left}")
     return "\n".join(lines)
