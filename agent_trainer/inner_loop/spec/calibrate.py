@@ -1,6 +1,6 @@
 """Cost profiles: how fast a base model trains on this machine, measured, for the validation's estimates.
 
-    at-models calibrate model=smollm2-135m          # a few minutes for SmolLM2 on 2 cores
+    at-models calibrate model=smollm2-135m          # ~40 min for SmolLM2 on 2 cores (~3 min for tiny-m)
     >>> from agent_trainer.inner_loop.spec.calibrate import calibrate
     >>> calibrate("smollm2-135m")["factors"]         # {"sft": ..., "grpo": ..., "sft:chat": ..., ...}
 
