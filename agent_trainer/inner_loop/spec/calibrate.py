@@ -6,8 +6,8 @@
 
 Times short SFT-, GRPO- and DPO-LoRA jobs (raw and chat format) at two batch sizes against the tiny-s
 coefficients, fits a factor for a step's fixed cost and one for its rows (``sft``, ``sft/row``, ...) and one for
-sampling (``sample``, from DPO's pairs), and stores them in ``<cache>/cost_profiles.json``, which ``CostModel.measured`` reads: docs/real_models.md, "Costs per
-machine".
+sampling (``sample``, from DPO's pairs), and stores them in ``<cache>/cost_profiles.json``, which
+``CostModel.measured`` reads: docs/real_models.md, "Costs per machine".
 """
 
 from __future__ import annotations
@@ -67,8 +67,8 @@ def _data(job: dict, family: str) -> dict:
 
 def _timed_job(name: str, model_dir: Path, job: dict, device: str, folder: Path, fmt=None,
                threads: int | None = None, family: str = "calc_chain") -> tuple[float, int, float, float]:
-    """(seconds of the median step after the first, steps timed, CPU seconds per wall second over those steps, seconds of
-    sampling before training) of one calibration job, run as jobs run (its own process)."""
+    """(seconds of the median step after the first, steps timed, CPU seconds per wall second over those steps,
+    seconds of sampling before training) of one calibration job, run as jobs run (its own process)."""
     from agent_trainer.inner_loop.run.worker import Training, run_worker
     from agent_trainer.inner_loop.train.train import TRAIN_LOG
 
@@ -88,8 +88,8 @@ def _timed_job(name: str, model_dir: Path, job: dict, device: str, folder: Path,
     first, last = min(times), max(times)
     wall, cpu = times[last][0] - times[first][0], times[last][1] - times[first][1]
     # The median step (a pause of the process, a collection, lands on one step, not on every step's price).
-    steps = sorted(times)
-    median = statistics.median((times[b][0] - times[a][0]) / (b - a) for a, b in zip(steps, steps[1:]))
+    logged = sorted(times)
+    median = statistics.median((times[b][0] - times[a][0]) / (b - a) for a, b in zip(logged, logged[1:]))
     generation = folder / "out" / "generation.json"
     sampling = sum(g["seconds"] for g in json.loads(generation.read_text())) if generation.is_file() else 0.0
     return median, last - first, cpu / wall if wall > 0 else 0.0, sampling
@@ -112,8 +112,6 @@ def calibrate(name: str, cache_dir=None, device: str = "cpu", progress: bool = T
     formats = ["raw"] + (["chat"] if AutoTokenizer.from_pretrained(model_dir).chat_template else [])
     base = CostModel()
     factors, measured = {}, {}
-    earlier = _stored(machine_key(device), name, cache_dir)
-    kept, kept_measured = earlier.get("factors", {}), earlier.get("measured", {})
     for kind in formats:
         suffix = "" if kind == "raw" else f":{kind}"
         for algorithm, job in JOBS.items():
@@ -130,32 +128,22 @@ def calibrate(name: str, cache_dir=None, device: str = "cpu", progress: bool = T
                         raise CalibrationError(f"{e}; the factors measured before it are stored ({done})") from None
                 spec = JobSpec.model_validate({"base_model": "tiny-s", "seed": 0, **sized},
                                               context={"task_family": family})
-                fixed, rows, lora, _ = step_parts(spec, base, row_tokens(build_rows_with_origins(spec, None, family)[0]))
+                rows_here = row_tokens(build_rows_with_origins(spec, None, family)[0])
+                fixed, rows, lora, _ = step_parts(spec, base, rows_here)
                 points.append((fixed * lora, rows * lora, step_s))  # tiny-s's, by the coefficients; and here
-                if sampled_tokens(spec):
-                    sampling.append(sampling_s / (sampled_tokens(spec) * base.sample_token_s))
+                if sampled := sampled_tokens(spec):
+                    sampling.append(sampling_s / (sampled * base.sample_token_s))
                 measured[key + size] = {"seconds_per_step": round(step_s, 4), "steps_timed": timed,
                                         "batch_size": hp["batch_size"], "cpu_share": round(cpu_share, 2),
                                         **({"sampling_seconds": round(sampling_s, 2)} if sampling_s else {})}
             factors[key], factors[key + "/row"] = fit_factors(*points)
             if sampling:
                 factors["sample" + suffix] = round(sum(sampling) / len(sampling), 2)
-            # Stored as each algorithm is done, over what an earlier calibration stored: a job that cannot
-            # finish (out of memory on a large model) loses its own factors only.
-            save_profile(machine_key(device), name, {**kept, **factors}, {**kept_measured, **measured}, cache_dir)
+            # Stored as each algorithm is done (over what was stored before): a job that cannot finish (out of
+            # memory on a large model) loses its own factors only.
+            save_profile(machine_key(device), name, factors, measured, cache_dir)
     return {"machine": machine_key(device), "factors": factors, "measured": measured,
             "busy": busy_warning(measured, device)}
-
-
-def _stored(machine: str, name: str, cache_dir=None) -> dict:
-    """What an earlier calibration stored for model ``name`` on ``machine`` ({} when none)."""
-    from agent_trainer.inner_loop.spec.cost import PROFILE_FILE
-    from agent_trainer.paths import cache_dir as default_cache_dir
-
-    try:
-        return json.loads((default_cache_dir(cache_dir) / PROFILE_FILE).read_text()).get(machine, {}).get(name, {})
-    except (OSError, ValueError, AttributeError):
-        return {}
 
 
 BUSY_SHARE = 0.5   # CPU seconds per wall second under which a CPU job shared its cores with other work

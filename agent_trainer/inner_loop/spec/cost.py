@@ -307,7 +307,9 @@ def load_profile(machine: str, cache_dir=None) -> dict:
 
 
 def save_profile(machine: str, model: str, factors: dict, measured: dict, cache_dir=None) -> None:
-    """Record a model's measured factors (and what was measured) for ``machine`` in the cache."""
+    """Record a model's measured factors (and what was measured) for ``machine`` in the cache, over what was stored
+    for it before: a key measured again is replaced, the others are kept (a calibration stores as it goes, and one
+    that stops early loses only what it had not measured)."""
     import json
     import os
     import tempfile
@@ -322,8 +324,10 @@ def save_profile(machine: str, model: str, factors: dict, measured: dict, cache_
         data = json.loads(path.read_text())
     except (OSError, ValueError):
         data = {}
-    data.setdefault(machine, {})[model] = {"factors": factors, "measured": measured,
-                                           "at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    earlier = data.setdefault(machine, {}).get(model) or {}
+    data[machine][model] = {"factors": {**earlier.get("factors", {}), **factors},
+                            "measured": {**earlier.get("measured", {}), **measured},
+                            "at": time.strftime("%Y-%m-%dT%H:%M:%S")}
     fd, tmp = tempfile.mkstemp(prefix=f".{PROFILE_FILE}.", dir=root)
     with os.fdopen(fd, "w") as f:
         json.dump(data, f, indent=1, sort_keys=True)
