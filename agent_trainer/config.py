@@ -404,6 +404,12 @@ class ModelsCommand(Config):
     force: bool = doc(False, "rebuild (re-import) models that are already in the cache")
     build_shipped: bool = doc(False, "build the shipped models (tiny-s, tiny-m, tiny-agent) here too, into the cache, "
                              "and say whether this machine's bytes equal the shipped sha256s")
+    algorithms: list[str] = doc([], "calibrate: these algorithms only (sft, grpo, dpo; dpo's pairs give the sampling "
+                                    "factor); [] = all three. What was stored for the others is kept")
+    formats: list[str] = doc([], "calibrate: these prompt formats only (raw, chat); [] = raw, and chat when the "
+                                 "model's tokenizer has a chat template")
+    refit: bool = doc(False, "calibrate: no job runs; fit the factors again from the seconds the model's profile "
+                             "stored (after an upgrade changed the fit or the reference coefficients)")
 
 
 @dataclass
@@ -600,6 +606,10 @@ def validate(cfg: DictConfig) -> Config:
            f"prompt_format must be raw or chat, got {getattr(obj, 'prompt_format', None)!r}")
     _check(getattr(obj, "action", "build") in ("build", "import", "calibrate", "ship"),
            f"at-models takes build, import, calibrate or ship, got {getattr(obj, 'action', None)!r}")
+    _check(set(getattr(obj, "algorithms", [])) <= {"sft", "grpo", "dpo"},
+           f"algorithms: sft, grpo or dpo, got {list(getattr(obj, 'algorithms', []))}")
+    _check(set(getattr(obj, "formats", [])) <= {"raw", "chat"},
+           f"formats: raw or chat, got {list(getattr(obj, 'formats', []))}")
     _check(obj.inner.timeout_s is None or obj.inner.timeout_s > 0, "inner.timeout_s must be > 0 or null")
     _check(obj.inner.eval_batch_size >= 1, "inner.eval_batch_size must be >= 1")
     _check(obj.inner.eval_size is None or obj.inner.eval_size >= 1, "inner.eval_size must be >= 1 or null")

@@ -15,6 +15,7 @@
     .venv/bin/python bench/agent_step.py                  # all three (~30 min on 2 cores)
     .venv/bin/python bench/agent_step.py --skip-step      # 1 and 2 only
     .venv/bin/python bench/agent_step.py --skip-step --skip-update   # 1 only (~8 min)
+    .venv/bin/python bench/agent_step.py --skip-sampling  # 3 only (~7 min; 2 needs 1's episodes)
     .venv/bin/python bench/agent_step.py --max-turns 2    # shorter episodes (a quicker look)
 
 Prints ``RATIO agent_sampling_batched`` (target >= 3), ``RATIO agent_update_memory`` (target >= 3, the after side
@@ -187,6 +188,8 @@ def main() -> None:
     p.add_argument("--max-turns", type=int, default=None, help="agent.max_turns (default: the recipe's)")
     p.add_argument("--skip-step", action="store_true", help="skip the end-to-end outer step")
     p.add_argument("--skip-update", action="store_true", help="skip the update's before vs after")
+    p.add_argument("--skip-sampling", action="store_true",
+                   help="skip the sampling's one by one vs together, and so the update's sides (they train its episodes)")
     p.add_argument("--update-child", nargs=2, default=None, help=argparse_hidden())
     p.add_argument("overrides", nargs="*", help="more Hydra overrides of the recipe (after --)")
     args = p.parse_args()
@@ -197,6 +200,19 @@ def main() -> None:
     folder = C.workdir(args.workdir, "agent-step")
     conf = recipe_config(overrides)
     results: dict = {}
+    claims = [] if args.skip_sampling else sampling_and_update(args, conf, folder, overrides, results)
+    if not args.skip_step:
+        print("3. one outer step of at-train experiment=smollm2_cpu ...", flush=True)
+        results["step"] = st = step_side(folder, overrides)
+        print(json.dumps(st))
+        if "seconds_step" in st and st["seconds_step"] is not None:
+            claims.append(C.ratio("agent_step_seconds", st["seconds_step"], "<= 360"))
+    results["claims"] = claims
+    C.write(args.json, "agent_step", results)
+
+
+def sampling_and_update(args, conf, folder: Path, overrides: list[str], results: dict) -> list:
+    """Parts 1 and 2: the sampling both ways, then (unless skipped) the update of its episodes both ways."""
     print(f"1. sampling {2 * args.group} episodes of smollm2-agent, one by one vs together ...", flush=True)
     results["sampling"], rows = sampling_side(conf, folder, args.group)
     rows_file = folder / "episodes.json"
@@ -220,14 +236,7 @@ def main() -> None:
         claims.append(C.ratio("agent_update_after_gb", u["after"]["peak_rss_gb"], "<= 4"))
         same = abs(before["loss"] - u["after"]["loss"]) <= 1e-4 * max(1e-3, abs(before["loss"]))
         print(f"same loss both sides: {same} ({before['loss']:.6g} vs {u['after']['loss']:.6g})")
-    if not args.skip_step:
-        print("3. one outer step of at-train experiment=smollm2_cpu ...", flush=True)
-        results["step"] = st = step_side(folder, overrides)
-        print(json.dumps(st))
-        if "seconds_step" in st and st["seconds_step"] is not None:
-            claims.append(C.ratio("agent_step_seconds", st["seconds_step"], "<= 360"))
-    results["claims"] = claims
-    C.write(args.json, "agent_step", results)
+    return claims
 
 
 def argparse_hidden():

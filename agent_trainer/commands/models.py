@@ -8,6 +8,8 @@
     at-models ship            # maintainers: build them here and make them the package's shipped files
     at-models calibrate model=smollm2-135m   # its cost profile on this machine
                                              # (agent_trainer.inner_loop.spec.calibrate)
+    at-models calibrate model=smollm2-135m algorithms=[sft] formats=[chat]   # only what your jobs use
+    at-models calibrate model=smollm2-135m refit=true   # the factors fitted again from the stored seconds
 """
 
 from __future__ import annotations
@@ -34,10 +36,14 @@ def run(cfg: DictConfig) -> dict[str, Path] | None:
     if conf.action == "import":
         return _import(conf)
     if conf.action == "calibrate":
-        from agent_trainer.inner_loop.spec.calibrate import calibrate
+        from agent_trainer.inner_loop.spec.calibrate import calibrate, refit
 
-        profile = calibrate(conf.model.name, cache_dir=conf.cache_dir, device=conf.hardware.device.value,
-                            threads=conf.hardware.threads_per_job)
+        if conf.refit:
+            profile = refit(conf.model.name, cache_dir=conf.cache_dir, device=conf.hardware.device.value)
+        else:
+            profile = calibrate(conf.model.name, cache_dir=conf.cache_dir, device=conf.hardware.device.value,
+                                threads=conf.hardware.threads_per_job, algorithms=conf.algorithms or None,
+                                formats=conf.formats or None)
         cli.print_kv({"machine": profile["machine"], **{
             f"{a} factor": f"{f:g}" + (f"  ({m['seconds_per_step']:.3f} s a step at batch {m['batch_size']})"
                                        if (m := profile["measured"].get(a)) else "  (sampling DPO's pairs)")

@@ -4,6 +4,7 @@
     at-train experiment=smoke                  # a couple of minutes, for tests
     at-train experiment=seed_scale dry_run=true   # the published setting (GPU): resolved config only
     at-train resume=true                       # continue the newest run after its last complete step
+    at-train -m seed=0,1,2 resume=true         # ... each seed its own (the newest run with its settings)
     at-train resume=true 'resume_allow_changes=[hardware]'   # ... on other hardware settings (others are refused)
     at-train -m experiment=smoke outer.lora_r=4,16    # a sweep: a table of its jobs at the end
     at-train -m seed=0,1,2 run_id=seeds            # three seeds; then at-compare runs=[runs/seeds] writes seeds.md
@@ -15,7 +16,9 @@ holds one parent run with per-step metrics. Returns the mean reward of the last 
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -55,20 +58,75 @@ def steps_completed(folder: Path) -> int:
         return 0
 
 
-def resume_folder(conf: TrainCommand, folder: Path) -> Path | None:
+LOCK_FILE = ".train.lock"   # held (flock) by the at-train process training in the folder, while it trains
+
+
+def hold_run(folder: Path):
+    """Take ``folder``'s run lock, or refuse: one at-train process trains a run at a time (two resuming the same
+    run would write the same steps' checkpoints, ledger and MLflow metrics). Returns the open lock file; the lock
+    lasts until it is closed or the process ends, however it ends."""
+    fh = open(Path(folder) / LOCK_FILE, "a+")
+    try:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        fh.seek(0)
+        pid = fh.read().strip() or "?"
+        fh.close()
+        raise cli.UserError(f"{folder} is being trained by another at-train process (pid {pid}); wait for it to end, "
+                            f"or stop it (its complete steps are kept) and resume then") from None
+    fh.truncate(0)
+    fh.write(str(os.getpid()))
+    fh.flush()
+    return fh
+
+
+def in_training(folder: Path) -> bool:
+    """Whether another process holds ``folder``'s run lock (trains it now)."""
+    path = Path(folder) / LOCK_FILE
+    if not path.is_file():
+        return False
+    with open(path) as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(fh, fcntl.LOCK_UN)
+    return False
+
+
+def resume_folder(conf: TrainCommand, folder: Path, cfg: DictConfig | None = None) -> Path | None:
     """The run folder to continue, or None: ``resume=true`` takes the newest at-train run in runs_dir (sweep jobs
-    included) that completed a step; folders of runs that failed before their first step are never taken."""
+    included) that completed a step, that no other process trains now and, given ``cfg``, that this command may
+    continue (its settings, as ``resume_changes`` allows): ``at-train -m seed=0,1,2 resume=true`` continues each
+    seed's own run. Folders of runs that failed before their first step are never taken."""
     value = conf.resume
     if value == "false":
         return None
     if value == "true":
         runs = [p.parent for p in Path(conf.runs_dir).glob(f"**/{RUN_MARKER}") if p.parent != folder]
-        done = sorted((p for p in runs if steps_completed(p) > 0), key=lambda p: (p / RUN_MARKER).stat().st_mtime)
+        busy = [p for p in runs if in_training(p)]
+        done = sorted((p for p in runs if steps_completed(p) > 0 and p not in busy),
+                      key=lambda p: (p / RUN_MARKER).stat().st_mtime, reverse=True)
         if not done:
-            more = f" ({len(runs)} ended before their first step)" if runs else ""
+            more = ", ".join(filter(None, [
+                f"{len(busy)} being trained by another process" if busy else "",
+                f"{len(runs) - len(busy)} ended before their first step" if len(runs) > len(busy) else ""]))
+            more = f" ({more})" if more else ""
             raise cli.UserError(f"resume=true: no at-train run in {conf.runs_dir} completed a step{more}; "
                                 f"start one without resume")
-        return done[-1]
+        if cfg is None:
+            return done[0]
+        for run in done:
+            try:
+                resume_changes(cfg, run)
+                return run
+            except cli.UserError:
+                continue
+        try:
+            resume_changes(cfg, done[0])
+        except cli.UserError as e:
+            raise cli.UserError(f"resume=true: none of the {len(done)} runs in {conf.runs_dir} that completed a "
+                                f"step has this command's settings; the newest: {e}") from None
     path = resolve_path(value)
     if not (path / RUN_MARKER).is_file():
         inside = sorted(p.parent for p in path.glob(f"*/{RUN_MARKER}")) if path.is_dir() else []
@@ -134,7 +192,7 @@ def run(cfg: DictConfig) -> float | None:
     warning = heldout_warning(conf)
     if warning:
         print(warning, file=sys.stderr)
-    previous = resume_folder(conf, folder) if not conf.dry_run else None  # a missing run is reported at once
+    previous = resume_folder(conf, folder, cfg) if not conf.dry_run else None  # a missing run is reported at once
     changes = resume_changes(cfg, previous) if previous is not None else {}
     resolve_specs(conf, previous or folder)   # every family's spec (or card), dry run included
     if cfg.dry_run:
@@ -148,10 +206,21 @@ def run(cfg: DictConfig) -> float | None:
             print("sbatch script of one outer step's batch:\n" + plan["sbatch"])
         return None
     check_reachable(cfg)  # a closed MLflow server fails here, in seconds
-    from agent_trainer.outer_loop.rl.run_config import build_trainer, quiet_libraries
+    from agent_trainer.outer_loop.rl.run_config import quiet_libraries
 
     quiet_libraries()  # one progress bar (outer steps), not one per model load and inner job
     run_dir = previous or folder
+    lock = hold_run(run_dir)   # before anything is written there: a second process on the same run is refused
+    try:
+        return _train(cfg, conf, run_dir, previous, changes)
+    finally:
+        lock.close()
+
+
+def _train(cfg: DictConfig, conf: TrainCommand, run_dir: Path, previous: Path | None, changes: dict) -> float | None:
+    """``run`` in the run folder it holds: resume bookkeeping, the MLflow run, the outer loop, the summary."""
+    from agent_trainer.outer_loop.rl.run_config import build_trainer
+
     if previous is not None:
         done = steps_completed(run_dir)
         if conf.outer.steps < done:   # refused before the resumed folder is touched
@@ -159,7 +228,7 @@ def run(cfg: DictConfig) -> float | None:
                                 f"completed; a resume cannot undo steps (resume with outer.steps>={done})")
         cli.continue_in(previous)  # run.json, train.log and the outcome go to the resumed folder
         record_resume(run_dir, done, changes)
-        how = "the newest run with a complete step" if conf.resume == "true" else "given"
+        how = "the newest run with these settings" if conf.resume == "true" else "given"
         print(f"at-train: resuming {run_dir} ({how}) after its step {done - 1}")
         if done >= conf.outer.steps:
             print(f"at-train: {run_dir} has all its {conf.outer.steps} steps: nothing to train (raise outer.steps to "

@@ -49,16 +49,19 @@ def test_a_gpu_profile_prices_the_wall_clock_not_the_compute(tmp_path):
 def test_calibration_measures_a_model_and_predicts_its_steps(built_models, tmp_path):
     from agent_trainer.inner_loop.spec.calibrate import calibrate
 
-    profile = calibrate("tiny-s", cache_dir=tmp_path / "cache", progress=False)
+    save_profile(machine_key("cpu"), "tiny-s", {"grpo": 9.0, "grpo/row": 9.0}, {}, tmp_path / "cache")
+    # SFT and DPO (which gives the sampling factor), raw and chat; what grpo had stays stored.
+    profile = calibrate("tiny-s", cache_dir=tmp_path / "cache", progress=False, algorithms=["sft", "dpo"])
     factors = profile["factors"]
-    kinds = {"sft", "grpo", "dpo", "sft:chat", "grpo:chat", "dpo:chat"}
+    kinds = {"sft", "dpo", "sft:chat", "dpo:chat"}
     assert kinds | {k + "/row" for k in kinds} | {"sample", "sample:chat"} == set(factors), factors
     # Factors are timings of this machine as it is: beside the other test worker one of them moves 10x, so
     # their sizes are the bench's to compare (quiet, chat is 4x raw for SFT), not a test's.
     assert all(f > 0 for f in factors.values()), factors
     assert all(m["cpu_share"] > 0 for m in profile["measured"].values()), profile["measured"]
     stored = json.loads((tmp_path / "cache" / "cost_profiles.json").read_text())[machine_key("cpu")]["tiny-s"]
-    assert stored["factors"] == factors and stored["measured"]["sft"]["steps_timed"] >= 10
+    assert stored["factors"] == {**factors, "grpo": 9.0, "grpo/row": 9.0}
+    assert stored["measured"]["sft"]["steps_timed"] >= 10
     # The profile gives back the measured seconds per step for the jobs it timed (both batch sizes when the two
     # factors separate; the larger when noise made them one).
     machine = CostModel.measured("cpu", tmp_path / "cache")

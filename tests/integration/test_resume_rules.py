@@ -12,7 +12,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from agent_trainer.cli import UserError
-from agent_trainer.commands.train import RUN_MARKER, resume_changes, resume_folder, steps_completed
+from agent_trainer.commands.train import (RUN_MARKER, hold_run, in_training, resume_changes, resume_folder,
+                                          steps_completed)
 from agent_trainer.config import compose_config, validate
 
 
@@ -40,6 +41,45 @@ def test_resume_true_takes_the_newest_run_that_completed_a_step(tmp_path):
     (done / RUN_MARKER).unlink()
     with pytest.raises(UserError, match=r"no at-train run .* completed a step \(1 ended before"):
         resume_folder(validate(cfg), tmp_path / "new")
+
+
+def test_resume_true_in_a_sweep_continues_each_jobs_own_run(tmp_path):
+    """``at-train -m seed=0,1 resume=true``: each job takes the newest run it may continue (its own seed's), not
+    the newest run, which a seed of its own would refuse; a job no run matches is told the newest's differences."""
+    def cfg(seed, *more):
+        return compose_config([f"runs_dir={tmp_path}", "experiment=smoke", f"seed={seed}", "resume=true", *more],
+                              "train")
+
+    seed0 = outer_run(tmp_path / "sweep" / "0", 2, cfg(0))
+    seed1 = outer_run(tmp_path / "sweep" / "1", 1, cfg(1))
+    os.utime(seed0 / RUN_MARKER, (time.time() - 60,) * 2)
+    assert resume_folder(validate(cfg(0)), tmp_path / "new", cfg(0)) == seed0
+    assert resume_folder(validate(cfg(1)), tmp_path / "new", cfg(1)) == seed1
+    assert resume_folder(validate(cfg(0, "outer.steps=6")), tmp_path / "new", cfg(0, "outer.steps=6")) == seed0
+    with pytest.raises(UserError, match=r"none of the 2 runs .* the newest: resume=.*/sweep/1: settings differ "
+                                        r"from the saved run \(seed 1 -> 2\)"):
+        resume_folder(validate(cfg(2)), tmp_path / "new", cfg(2))
+
+
+def test_a_run_another_process_trains_is_neither_resumed_nor_taken(tmp_path):
+    """One at-train process trains a run at a time: while one holds a run (its lock, a real flock), resume=true
+    passes it by and a second hold is refused in one line naming the holder; closed, the run is free again."""
+    cfg = compose_config([f"runs_dir={tmp_path}", "experiment=smoke", "resume=true"], "train")
+    older = outer_run(tmp_path / "older", 1, cfg)
+    busy = outer_run(tmp_path / "busy", 2, cfg)
+    os.utime(older / RUN_MARKER, (time.time() - 60,) * 2)
+    lock = hold_run(busy)
+    try:
+        assert in_training(busy) and not in_training(older)
+        assert resume_folder(validate(cfg), tmp_path / "new", cfg) == older
+        with pytest.raises(UserError, match=rf"busy is being trained by another at-train process \(pid {os.getpid()}\)"):
+            hold_run(busy)
+    finally:
+        lock.close()
+    assert not in_training(busy) and resume_folder(validate(cfg), tmp_path / "new", cfg) == busy
+    only = compose_config([f"runs_dir={tmp_path / 'busy'}", "experiment=smoke", "resume=true"], "train")
+    with hold_run(busy), pytest.raises(UserError, match=r"\(1 being trained by another process\)"):
+        resume_folder(validate(only), tmp_path / "new", only)
 
 
 def test_a_changed_setting_is_refused_unless_allowed(tmp_path):

@@ -204,3 +204,16 @@ def test_overlapped_jobs_give_the_same_episodes_as_jobs_after_sampling(tmp_path,
     together, after = episodes(True), episodes(False)
     assert together and together == after
     assert any(jobs for *_, jobs in together.values()), "at least one episode submitted a job"
+    # Runs made with tracking=off compare from their folders alone (no MLflow run to read).
+    import csv
+
+    from agent_trainer.commands import compare as at_compare
+
+    at_compare.run(compose_config([f"runs_dir={tmp_path}", "run_id=cmp", "runs=[overlap_true,overlap_false]"],
+                                  "compare"))
+    with open(tmp_path / "cmp" / "compare.csv") as fh:
+        table = list(csv.DictReader(fh))
+    metrics = [json.loads(line) for line in (tmp_path / "overlap_true" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["outer.overlap_jobs"] for r in table] == ["True", "False"]
+    assert float(table[0]["reward"]) == pytest.approx(metrics[-1]["reward_mean"])
+    assert table[0]["run"] == "pytest overlap_true" and table[0]["reward"] == table[1]["reward"]

@@ -13,7 +13,7 @@ import pytest
 
 from agent_trainer.evaluation.staged_reward import JobOutcome, staged_reward
 from agent_trainer.inner_loop.run.request import KILL_FACTOR, KILL_MARGIN_S, safety_cap
-from agent_trainer.inner_loop.spec.cost import CostModel, estimate_job
+from agent_trainer.inner_loop.spec.cost import CostModel, estimate_job, load_profile, machine_key
 from agent_trainer.inner_loop.spec.jobspec import JobSpec
 
 SPEC = JobSpec.model_validate({"base_model": "smollm2-135m", "algorithm": "sft", "seed": 0,
@@ -130,6 +130,12 @@ def test_calibration_separates_a_steps_fixed_cost_from_its_rows():
     assert "x2 a step, x3 a row" in wall.formula
     assert estimate_cost(spec, machine).seconds == estimate_cost(spec, ref).seconds, "compute ignores the machine"
     assert fit_factors(small, (0.0126, 64 * 0.00079, small[2])) == (round(small[2] / (0.0126 + 64 * 0.00079), 2),) * 2
+    # SmolLM2's chat SFT here: 16.65 s a step at batch 16, 74.2 s at 64 (4.45x for 4x the rows): its step is all
+    # rows, so the rows take the whole price and both batch sizes come back within 11%, not the one factor's 1.8x.
+    fixed, per_row = fit_factors((0.0126, 16 * 0.00079, 16.65), (0.0126, 64 * 0.00079, 74.2))
+    assert fixed == 0.01 and per_row == pytest.approx(1458, rel=0.01)
+    for rows, measured in ((16, 16.65), (64, 74.2)):
+        assert fixed * 0.0126 + per_row * rows * 0.00079 == pytest.approx(measured, rel=0.11)
 
 
 def test_a_calibration_that_cannot_finish_keeps_what_it_measured(tmp_path, monkeypatch):
@@ -152,6 +158,52 @@ def test_a_calibration_that_cannot_finish_keeps_what_it_measured(tmp_path, monke
     stored = load_profile(machine_key("cpu"), tmp_path)["tiny-s"]
     assert {"sft", "sft/row", "grpo", "grpo/row", "sample"} <= set(stored) and "dpo" not in stored
     assert stored["sft"] != 9.0 and stored["sample"] == 0.7, "new measurements replace old ones, the rest is kept"
+
+
+def test_a_calibration_of_some_algorithms_and_formats_measures_those_only(tmp_path, monkeypatch):
+    """``algorithms`` and ``formats`` pick what a calibration times (a large model's 40 minutes cut to the jobs a
+    user runs); a chat format asked of a model without a chat template is one line, not a traceback."""
+    from agent_trainer.inner_loop.spec import calibrate as cal
+
+    ran = []
+
+    def timed(name, model_dir, job, device, folder, fmt=None, threads=None, family="calc_chain"):
+        ran.append((job["algorithm"], fmt.kind, job["hyperparameters"]["batch_size"]))
+        return 0.05 * (1 + job["hyperparameters"]["batch_size"] / 16), 5, 1.0, 0.0
+
+    monkeypatch.setattr(cal, "_timed_job", timed)
+    profile = cal.calibrate("tiny-s", cache_dir=tmp_path, progress=False, algorithms=["sft"], formats=["chat"])
+    assert ran == [("sft", "chat", 16), ("sft", "chat", 64)]
+    assert set(profile["factors"]) == {"sft:chat", "sft:chat/row"}
+    import json
+    import shutil
+
+    from agent_trainer.inner_loop.models.registry import resolve_model
+    from agent_trainer.registry import BASE_MODELS_ENV
+
+    plain = tmp_path / "plain"   # a model folder whose tokenizer has no chat template
+    shutil.copytree(resolve_model("tiny-s"), plain, ignore=shutil.ignore_patterns("chat_template.jinja"))
+    monkeypatch.setenv(BASE_MODELS_ENV, json.dumps({"plain": {"path": str(plain)}}))
+    with pytest.raises(cal.CalibrationError, match="no chat template: calibrate it with formats=\\[raw\\]"):
+        cal.calibrate("plain", cache_dir=tmp_path, progress=False, formats=["chat"])
+
+
+def test_refit_gives_a_calibrations_factors_from_its_stored_seconds_alone(tmp_path, monkeypatch):
+    """``at-models calibrate refit=true`` fits the stored seconds again without running a job: on an unchanged fit
+    it gives back the calibration's factors (the sampling's too); a model never calibrated is one line."""
+    from agent_trainer.inner_loop.spec import calibrate as cal
+
+    def timed(name, model_dir, job, device, folder, fmt=None, threads=None, family="calc_chain"):
+        hp = job["hyperparameters"]
+        return 0.02 + 0.004 * hp["batch_size"] * (3 if fmt.kind == "chat" else 1), 5, 1.9, 0.1 * hp["batch_size"]
+
+    monkeypatch.setattr(cal, "_timed_job", timed)
+    measured = cal.calibrate("tiny-s", cache_dir=tmp_path, progress=False)["factors"]
+    monkeypatch.setattr(cal, "_timed_job", None)   # refit must not time anything
+    assert cal.refit("tiny-s", cache_dir=tmp_path)["factors"] == pytest.approx(measured, abs=0.011)
+    assert load_profile(machine_key("cpu"), tmp_path)["tiny-s"] == pytest.approx(measured, abs=0.011)
+    with pytest.raises(cal.CalibrationError, match="no cost profile of tiny-m .*at-models calibrate model=tiny-m"):
+        cal.refit("tiny-m", cache_dir=tmp_path)
 
 
 def test_what_the_agent_reads_of_a_job_is_its_compute_not_the_clock():

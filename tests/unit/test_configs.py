@@ -132,6 +132,14 @@ def test_impossible_combinations_are_rejected(composer, overrides, text):
         validate(composer(overrides))
 
 
+@pytest.mark.parametrize("override,text", [("algorithms=[ppo]", "algorithms: sft, grpo or dpo, got ['ppo']"),
+                                           ("formats=[chatml]", "formats: raw or chat, got ['chatml']")])
+def test_at_models_calibrate_names_what_it_can_measure(composer, override, text):
+    assert validate(composer(["action=calibrate", "algorithms=[sft,dpo]", "formats=[chat]"], name="models"))
+    with pytest.raises(ConfigError, match=text.replace("[", r"\[").replace("]", r"\]")):
+        validate(composer(["action=calibrate", override], name="models"))
+
+
 def test_a_registered_executor_is_a_valid_setting_with_no_other_edit(composer):
     from agent_trainer.inner_loop.run.executor import EXECUTORS, SequentialExecutor
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import yaml
 
 from agent_trainer.inner_loop.spec.cost import (CostModel, machine_key, row_tokens, sampled_tokens, save_profile,
-                                                step_parts)
+                                                step_parts, stored_measurements)
 
 # The calibration jobs (LoRA, as real models are trained here); steps after the first are timed. Each runs at
 # two batch sizes, so a step's fixed cost and its cost per row (completion) get a factor each.
@@ -45,16 +45,24 @@ class CalibrationError(RuntimeError):
     """A calibration job did not finish (out of memory, a crash): what was measured before it is kept."""
 
 
+FIXED_FLOOR = 0.01   # the fixed-cost factor of a model whose steps are all rows (a factor of 0 reads as none)
+
+
 def fit_factors(small: tuple[float, float, float], large: tuple[float, float, float]) -> tuple[float, float]:
     """(factor of the fixed cost, factor of the rows' cost) from two timed jobs, each ``(fixed, rows, measured)``:
-    the reference's fixed and row seconds of a step (LoRA included) and the seconds it took here. When the two
-    do not separate (noise: a negative part), one factor, the larger job's ratio, prices both."""
+    the reference's fixed and row seconds of a step (LoRA included) and the seconds it took here. When the
+    larger job costs more than its rows alone explain (a large model, whose step is all rows: the fixed part
+    fits negative), the rows carry the step: ``FIXED_FLOOR`` and the row factor closest to both timings. When
+    the two do not separate otherwise (noise: the larger job no slower), one factor, the larger job's ratio,
+    prices both."""
     (f1, r1, m1), (f2, r2, m2) = small, large
     if r2 > r1:
         per_row = (m2 - m1) / (r2 - r1)
         fixed = (m1 - r1 * per_row) / f1 if f1 else 0.0
         if per_row > 0 and fixed > 0:
             return round(fixed, 2), round(per_row, 2)
+        if per_row > 0:
+            return FIXED_FLOOR, round((m1 * r1 + m2 * r2) / (r1 * r1 + r2 * r2), 2)
     one = round(m2 / (f2 + r2), 2)
     return one, one
 
@@ -96,25 +104,27 @@ def _timed_job(name: str, model_dir: Path, job: dict, device: str, folder: Path,
 
 
 def calibrate(name: str, cache_dir=None, device: str = "cpu", progress: bool = True,
-              threads: int | None = None, family: str = "calc_chain") -> dict:
+              threads: int | None = None, family: str = "calc_chain", algorithms=None, formats=None) -> dict:
     """Measure model ``name``'s factors here (sft, grpo, dpo and sampling, and all again in the chat format when
-    its tokenizer has a chat template) on rows of ``family`` (those of the jobs to price), store them in
-    the cache's profile, return them. A factor is per token: the rows' lengths are priced first
-    (``cost.row_tokens``), so rows of another length reuse it."""
+    its tokenizer has a chat template; ``algorithms`` and ``formats``: those only) on rows of ``family`` (those
+    of the jobs to price), store them in the cache's profile (over what it held), return them. A factor is per
+    token: the rows' lengths are priced first (``cost.row_tokens``), so rows of another length reuse it."""
     from transformers import AutoTokenizer
 
     from agent_trainer.evaluation.prompts import for_family
     from agent_trainer.inner_loop.models.registry import resolve_model
-    from agent_trainer.inner_loop.spec.jobspec import JobSpec
-    from agent_trainer.inner_loop.train.data import build_rows_with_origins
 
     model_dir = resolve_model(name, cache_dir=cache_dir, progress=progress)
-    formats = ["raw"] + (["chat"] if AutoTokenizer.from_pretrained(model_dir).chat_template else [])
-    base = CostModel()
+    has_chat = bool(AutoTokenizer.from_pretrained(model_dir).chat_template)
+    if formats and "chat" in formats and not has_chat:
+        raise CalibrationError(f"{name}'s tokenizer has no chat template: calibrate it with formats=[raw]")
+    formats = list(formats or ["raw"] + (["chat"] if has_chat else []))
     factors, measured = {}, {}
     for kind in formats:
         suffix = "" if kind == "raw" else f":{kind}"
         for algorithm, job in JOBS.items():
+            if algorithms and algorithm not in algorithms:
+                continue
             key = algorithm + suffix
             points, sampling = [], []
             for size, hp in (("", job["hyperparameters"]), ("/row", {**job["hyperparameters"], **LARGE[algorithm]})):
@@ -126,13 +136,10 @@ def calibrate(name: str, cache_dir=None, device: str = "cpu", progress: bool = T
                     except CalibrationError as e:
                         done = ", ".join(factors) or "none"
                         raise CalibrationError(f"{e}; the factors measured before it are stored ({done})") from None
-                spec = JobSpec.model_validate({"base_model": "tiny-s", "seed": 0, **sized},
-                                              context={"task_family": family})
-                rows_here = row_tokens(build_rows_with_origins(spec, None, family)[0])
-                fixed, rows, lora, _ = step_parts(spec, base, rows_here)
-                points.append((fixed * lora, rows * lora, step_s))  # tiny-s's, by the coefficients; and here
-                if sampled := sampled_tokens(spec):
-                    sampling.append(sampling_s / (sampled * base.sample_token_s))
+                fixed, rows, sampled = _reference(sized, family)
+                points.append((fixed, rows, step_s))  # tiny-s's, by the coefficients; and here
+                if sampled:
+                    sampling.append(sampling_s / sampled)
                 measured[key + size] = {"seconds_per_step": round(step_s, 4), "steps_timed": timed,
                                         "batch_size": hp["batch_size"], "cpu_share": round(cpu_share, 2),
                                         **({"sampling_seconds": round(sampling_s, 2)} if sampling_s else {})}
@@ -142,6 +149,44 @@ def calibrate(name: str, cache_dir=None, device: str = "cpu", progress: bool = T
             # Stored as each algorithm is done (over what was stored before): a job that cannot finish (out of
             # memory on a large model) loses its own factors only.
             save_profile(machine_key(device), name, factors, measured, cache_dir)
+    return {"machine": machine_key(device), "factors": factors, "measured": measured,
+            "busy": busy_warning(measured, device)}
+
+
+def _reference(job: dict, family: str) -> tuple[float, float, float]:
+    """What a calibration job's step costs tiny-s on the reference machine, by the coefficients: (its fixed
+    seconds, its rows' seconds, LoRA included) and the seconds of its sampling (DPO's pairs; 0 without)."""
+    from agent_trainer.inner_loop.spec.jobspec import JobSpec
+    from agent_trainer.inner_loop.train.data import build_rows_with_origins
+
+    base = CostModel()
+    spec = JobSpec.model_validate({"base_model": "tiny-s", "seed": 0, **job}, context={"task_family": family})
+    fixed, rows, lora, _ = step_parts(spec, base, row_tokens(build_rows_with_origins(spec, None, family)[0]))
+    return fixed * lora, rows * lora, sampled_tokens(spec) * base.sample_token_s
+
+
+def refit(name: str, cache_dir=None, device: str = "cpu", family: str = "calc_chain") -> dict:
+    """``name``'s factors fitted again from the seconds its stored profile holds, no job run: after the fit or
+    the reference coefficients changed (``at-models calibrate refit=true``). Stored and returned as
+    ``calibrate``'s."""
+    measured = stored_measurements(machine_key(device), name, cache_dir)
+    if not measured:
+        raise CalibrationError(f"no cost profile of {name} on {machine_key(device)} to fit again: "
+                               f"at-models calibrate model={name}")
+    factors = {}
+    for key in sorted(k for k in measured if "/" not in k and f"{k}/row" in measured):
+        algorithm, _, kind = key.partition(":")
+        points, sampling = [], []
+        for m, hp in ((measured[key], JOBS[algorithm]["hyperparameters"]),
+                      (measured[key + "/row"], {**JOBS[algorithm]["hyperparameters"], **LARGE[algorithm]})):
+            fixed, rows, sampled = _reference(_data({**JOBS[algorithm], "hyperparameters": hp}, family), family)
+            points.append((fixed, rows, m["seconds_per_step"]))
+            if sampled and m.get("sampling_seconds"):
+                sampling.append(m["sampling_seconds"] / sampled)
+        factors[key], factors[key + "/row"] = fit_factors(*points)
+        if sampling:
+            factors["sample" + (f":{kind}" if kind else "")] = round(sum(sampling) / len(sampling), 2)
+    save_profile(machine_key(device), name, factors, {}, cache_dir)
     return {"machine": machine_key(device), "factors": factors, "measured": measured,
             "busy": busy_warning(measured, device)}
 

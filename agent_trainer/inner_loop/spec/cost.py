@@ -306,6 +306,20 @@ def load_profile(machine: str, cache_dir=None) -> dict:
     return {m: {a: float(f) for a, f in per.get("factors", {}).items()} for m, per in data.get(machine, {}).items()}
 
 
+def stored_measurements(machine: str, model: str, cache_dir=None) -> dict:
+    """What ``at-models calibrate`` measured of ``model`` on ``machine`` (seconds a step, batch size, ... per key;
+    {} when nothing was)."""
+    import json
+
+    from agent_trainer.paths import cache_dir as default_cache_dir
+
+    try:
+        data = json.loads((default_cache_dir(cache_dir) / PROFILE_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return dict(data.get(machine, {}).get(model, {}).get("measured", {}))
+
+
 def save_profile(machine: str, model: str, factors: dict, measured: dict, cache_dir=None) -> None:
     """Record a model's measured factors (and what was measured) for ``machine`` in the cache, over what was stored
     for it before: a key measured again is replaced, the others are kept (a calibration stores as it goes, and one

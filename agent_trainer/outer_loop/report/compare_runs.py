@@ -3,8 +3,9 @@
     >>> runs = collect("sqlite:///runs/mlflow.db", ["<mlflow run id>", "runs/<sweep>", "runs/<sweep>/3"])
     >>> runs[0].metrics["reward_mean"], runs[0].history["reward_mean"], runs[0].params["outer.lr"]
 
-A run folder names its MLflow run in ``run.json`` (else at-train's ``outer_run.json``); a sweep folder
-stands for its numbered run sub-folders; a fork's parent run for its branches. Tables and plots of
+A run folder names its MLflow run in ``run.json`` (else at-train's ``outer_run.json``); a run made with
+``tracking=off`` is read from its folder alone (``metrics.jsonl``, ``config.resolved.yaml``, ``run.json``); a sweep
+folder stands for its numbered run sub-folders; a fork's parent run for its branches. Tables and plots of
 the runs: ``agent_trainer.outer_loop.report.compare``.
 """
 
@@ -24,6 +25,7 @@ REWARD_KEYS = ("reward_mean", "reward_total")
 HISTORY_KEYS = (*REWARD_KEYS, "job_hidden_score", "heldout_reward_mean", "heldout_reward_lo", "heldout_reward_hi",
                 "share_algorithm_sft", "valid_first_try")
 RUN_FILES = ("run.json", "outer_run.json")  # run.json (every command) first, at-train's marker as the fallback
+METRICS_FILE = "metrics.jsonl"              # at-train's step metrics, bare names, one line a step
 
 Note = Callable[[str], None]
 
@@ -55,11 +57,13 @@ class RunData:
 
 @dataclass
 class RunRef:
-    """One MLflow run to read, and the run folder that named it (None for a run id)."""
+    """One MLflow run to read, and the run folder that named it (None for a run id); a run without MLflow
+    (``tracking=off``) has ``run_id`` None and its folder's ``run.json`` as ``record``."""
 
-    run_id: str
+    run_id: str | None
     tracking_uri: str
     folder: Path | None = None
+    record: dict | None = None
 
 
 # --- what to compare ----------------------------------------------------------------------------
@@ -121,6 +125,8 @@ def _folder_ref(folder: Path, tracking_uri: str, note: Note) -> RunRef | None:
     run_id = next((r["mlflow_run_id"] for r in records if r.get("mlflow_run_id")), None)
     if run_id is None:
         rec = records[0]
+        if (folder / METRICS_FILE).is_file():   # an at-train run with tracking=off: its folder's numbers
+            return RunRef(None, tracking_uri, folder, {k: v for r in reversed(records) for k, v in r.items()})
         why = rec.get("error") or ("tracking was off" if rec.get("status") == "ok" else f"status {rec.get('status')}")
         note(f"skipped {folder}: no MLflow run ({why})")
         return None
@@ -159,6 +165,9 @@ def collect(tracking_uri: str, run_ids: Sequence[str] = (), experiments: Sequenc
 
     found: list[tuple[str, Any, Path | None]] = []
     for ref in resolve(run_ids, tracking_uri, runs_dir, note):
+        if ref.run_id is None:
+            found.append(("", ref, ref.folder))
+            continue
         try:
             found.append((ref.tracking_uri, client(ref.tracking_uri).get_run(ref.run_id), ref.folder))
         except MlflowException:
@@ -179,6 +188,11 @@ def collect(tracking_uri: str, run_ids: Sequence[str] = (), experiments: Sequenc
     out: list[RunData] = []
     seen: set[tuple[str, str]] = set()
     for uri, r, folder in found:
+        if isinstance(r, RunRef):
+            if ("", str(r.folder)) not in seen:
+                seen.add(("", str(r.folder)))
+                out.append(_folder_data(r.folder, r.record or {}))
+            continue
         # A fork's parent holds no numbers of its own: its branches stand for it.
         fork = r.data.tags.get("command") == "at-fork"
         for run in _children(client(uri), r) if fork else [r]:
@@ -213,3 +227,40 @@ def _data(client, run, uri: str, folder: str | None) -> RunData:
     value = metrics.get(bare_key(returned)) if returned else None
     return RunData(run.info.run_id, name, tags.get("command", "-"), dict(run.data.params), metrics, history,
                    uri, folder, run.info.status, value, returned)
+
+
+_STATUS = {"ok": "FINISHED", "failed": "FAILED", "killed": "KILLED", "running": "RUNNING"}
+
+
+def _folder_data(folder: Path, record: dict) -> RunData:
+    """A run's numbers from its folder alone (a run made with ``tracking=off``): the last value of each metric and
+    the history of ``HISTORY_KEYS`` from ``metrics.jsonl``, the params from ``config.resolved.yaml`` as MLflow
+    would hold them, the name, status and returned value from ``run.json``."""
+    from omegaconf import OmegaConf
+
+    from agent_trainer.tracking import flatten, safe_params
+
+    metrics: dict[str, float] = {}
+    history: dict[str, dict[int, float]] = {}
+    for line in (folder / METRICS_FILE).read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:   # a line cut short by a kill
+            continue
+        step = int(row.get("step", 0))
+        for key, value in row.items():
+            if key == "step" or isinstance(value, bool) or not isinstance(value, (int, float)):
+                continue
+            metrics[key] = float(value)
+            if key in HISTORY_KEYS:
+                history.setdefault(key, {})[step] = float(value)   # a step logged again (a resume): the last
+    config = folder / "config.resolved.yaml"
+    params = safe_params(flatten(OmegaConf.to_container(OmegaConf.load(config)))) if config.is_file() else {}
+    returned = record.get("value_name")
+    value = record.get("value") if isinstance(record.get("value"), (int, float)) else None
+    if returned and value is not None:
+        metrics.setdefault(bare_key(returned), float(value))
+    return RunData(str(record.get("run_id") or folder.name), str(record.get("run_name") or folder.name),
+                   str(record.get("command") or "-"), params, metrics, {k: sorted(v.items()) for k, v in history.items()},
+                   "", str(folder), _STATUS.get(str(record.get("status")), str(record.get("status") or "")),
+                   value, returned)
