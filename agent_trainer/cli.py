@@ -241,7 +241,12 @@ def continue_in(folder: Path) -> None:
             finally:
                 h.release()
     sweeps.write_run_file(folder, status="running", error=None, value=None)
-    _drop_stub(sweeps.job_info(_command()))  # at once: a resume killed later leaves no "running" stub behind
+    info = sweeps.job_info(_command())
+    if info.multirun and info.folder is not None and info.folder.resolve() != folder:
+        # A sweep job's own folder stays (the sweep's table lists it) and names the run it continued, whose
+        # run.json holds the outcome.
+        sweeps.write_run_file(info.folder, continued=str(folder))
+    _drop_stub(info)  # at once: a resume killed later leaves no "running" stub behind
 
 
 def _drop_stub(info: sweeps.JobInfo) -> None:

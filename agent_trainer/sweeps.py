@@ -186,16 +186,25 @@ def read_run_file(folder: Path) -> dict[str, Any] | None:
         return None
 
 
+# What a sweep job that continued another run (``at-train -m ... resume=true``) reads from that run's run.json.
+CONTINUED_KEYS = ("status", "error", "value", "value_name", "jobs", "jobs_crashed", "mlflow_run_id", "tracking_uri")
+
+
 def sweep_rows(sweep_dir: Path) -> list[dict[str, Any]]:
     """One row per job folder of a sweep (numbered sub-folders), from their ``run.json``."""
     rows = []
     jobs = sorted((p for p in Path(sweep_dir).iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name))
     for job in jobs:
         rec = read_run_file(job) or {"status": "failed", "error": f"no {RUN_FILE}: the job ended before it started"}
+        where = str(job)
+        if rec.get("continued"):   # a job that resumed another run: the outcome is in that run's folder
+            outcome = read_run_file(Path(rec["continued"])) or {}
+            rec = {**rec, **{k: outcome[k] for k in CONTINUED_KEYS if k in outcome}}
+            where = f"{job} (continued {rec['continued']})"
         rows.append({"job": int(job.name), "status": rec.get("status", "?"), "value": rec.get("value"),
                      "settings": " ".join(short_settings(rec.get("swept") or {}))
                                  or " ".join(rec.get("overrides") or []),
-                     "folder": str(job), "log": rec.get("log"), "error": rec.get("error"),
+                     "folder": where, "log": rec.get("log"), "error": rec.get("error"),
                      "run_name": rec.get("run_name"), "value_name": rec.get("value_name"),
                      "jobs_crashed": rec.get("jobs_crashed"), "jobs": rec.get("jobs")})
     return rows

@@ -82,6 +82,27 @@ def test_a_run_another_process_trains_is_neither_resumed_nor_taken(tmp_path):
         resume_folder(validate(only), tmp_path / "new", only)
 
 
+def test_a_sweep_job_that_continued_a_run_reports_that_runs_outcome(tmp_path):
+    """``at-train -m ... resume=true``: each job's own folder names the run it continued; the sweep's table takes
+    status, value and inner jobs from there (not the job folder's "running"), and at-compare reads that run."""
+    import json as _json
+
+    from agent_trainer import sweeps
+    from agent_trainer.outer_loop.report.compare_runs import resolve
+
+    run = tmp_path / "sw" / "0"
+    run.mkdir(parents=True)
+    (run / "metrics.jsonl").write_text(_json.dumps({"step": 0, "reward_mean": 0.25}) + "\n")
+    sweeps.write_run_file(run, status="ok", value=0.25, value_name="reward/reward_last3", jobs=6, jobs_crashed=0)
+    job = tmp_path / "new" / "0"
+    job.mkdir(parents=True)
+    sweeps.write_run_file(job, status="running", swept={"seed": "0"}, continued=str(run))
+    [row] = sweeps.sweep_rows(tmp_path / "new")
+    assert (row["status"], row["value"], row["jobs"]) == ("ok", 0.25, 6)
+    assert row["folder"] == f"{job} (continued {run})"
+    assert [r.folder for r in resolve([str(tmp_path / "new")], "sqlite:///none.db")] == [run]
+
+
 def test_a_changed_setting_is_refused_unless_allowed(tmp_path):
     saved = compose_config([f"runs_dir={tmp_path}", "experiment=smoke"], "train")
     job = outer_run(tmp_path / "r", 1, saved)

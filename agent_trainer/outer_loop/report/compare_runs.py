@@ -119,6 +119,9 @@ def _folder_ref(folder: Path, tracking_uri: str, note: Note) -> RunRef | None:
         except (OSError, ValueError) as e:
             raise CompareError(f"{folder / name}: unreadable ({e}); repair or remove it") from None
     records = [r for r in records if isinstance(r, dict)]
+    continued = next((r["continued"] for r in records if r.get("continued")), None)
+    if continued and Path(continued).resolve() != folder.resolve():   # a sweep job that resumed another run
+        return _folder_ref(Path(continued), tracking_uri, note)
     if not records:
         note(f"skipped {folder}: no {' or '.join(RUN_FILES)} (the job ended before it started, or predates run.json)")
         return None
