@@ -247,6 +247,10 @@ class OuterConfig:
     gradient_checkpointing: bool = doc(False, "recompute each layer's activations in the backward pass instead of "
                                               "keeping them (the update's memory: ~1/3 of the time more, a fraction "
                                               "of the memory; for agents of 100M+ parameters on long episodes)")
+    share_prefix: bool = doc(False, "the update runs the tokens a micro-batch's rows open with (the system prompt and "
+                                    "tool list, the task) once for all of them, with their gradient: the same loss "
+                                    "and gradients in fewer tokens; micro_batch_tokens then counts the shared part "
+                                    "once")
     loss_aggregation: str = doc("token", "token: mean over all agent tokens (DAPO); episode: every episode "
                                          "weighs the same whatever its length")
     focus_top_frac: float = doc(1.0, "share of the step's agent tokens the loss covers, highest policy entropy "

@@ -16,6 +16,8 @@
     .venv/bin/python bench/agent_step.py --skip-step      # 1 and 2 only
     .venv/bin/python bench/agent_step.py --skip-step --skip-update   # 1 only (~8 min)
     .venv/bin/python bench/agent_step.py --skip-sampling  # 3 only (~7 min; 2 needs 1's episodes)
+    .venv/bin/python bench/agent_step.py --skip-step --episodes <work folder>/episodes.json \
+        --update-sides after,after_shared                # 2 only: the shared prefix run once, or with each row
     .venv/bin/python bench/agent_step.py --max-turns 2    # shorter episodes (a quicker look)
 
 Prints ``RATIO agent_sampling_batched`` (target >= 3), ``RATIO agent_update_memory`` (target >= 3, the after side
@@ -148,11 +150,17 @@ def update_child(side: str, rows_file: str, overrides: list[str]) -> None:
                       "tokens": sum(len(s.context_ids) + len(s.completion_ids) for s in samples)}))
 
 
-def update_side(rows_file: Path, overrides: list[str]) -> dict:
-    """Before with the recipe's micro-batch rows, before with one row a micro-batch (the least memory the old
-    update can take), after; a side the kernel kills for memory is reported as such."""
+# The update's sides: before with the recipe's micro-batch rows, before with one row a micro-batch (the least
+# memory the old update can take), after (the recipe), and after with the rows' shared prefix run once.
+UPDATE_SIDES = {"before": [], "before_1row": ["outer.micro_batch_size=1"], "after": [],
+                "after_shared": ["outer.share_prefix=true"]}
+
+
+def update_side(rows_file: Path, overrides: list[str], sides: list[str]) -> dict:
+    """Each of ``sides`` (``UPDATE_SIDES``) in a process of its own; a side the kernel kills for memory is reported
+    as such."""
     out = {}
-    for side, extra in (("before", []), ("before_1row", ["outer.micro_batch_size=1"]), ("after", [])):
+    for side, extra in ((k, UPDATE_SIDES[k]) for k in sides):
         proc = subprocess.run([sys.executable, __file__, "--update-child", side.split("_")[0], str(rows_file), "--",
                                *overrides, *extra], capture_output=True, text=True)
         lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
@@ -189,10 +197,17 @@ def main() -> None:
     p.add_argument("--skip-step", action="store_true", help="skip the end-to-end outer step")
     p.add_argument("--skip-update", action="store_true", help="skip the update's before vs after")
     p.add_argument("--skip-sampling", action="store_true",
-                   help="skip the sampling's one by one vs together, and so the update's sides (they train its episodes)")
+                   help="skip the sampling's one by one vs together, and the update's sides (they train its "
+                        "episodes; --episodes gives them others)")
+    p.add_argument("--update-sides", default="before,before_1row,after",
+                   help=f"the update's sides, of {','.join(UPDATE_SIDES)} (default: the first three)")
+    p.add_argument("--episodes", type=Path, default=None, metavar="JSON",
+                   help="no sampling: the update's sides on an earlier run's episodes.json (its work folder)")
     p.add_argument("--update-child", nargs=2, default=None, help=argparse_hidden())
     p.add_argument("overrides", nargs="*", help="more Hydra overrides of the recipe (after --)")
     args = p.parse_args()
+    if unknown := set(args.update_sides.split(",")) - set(UPDATE_SIDES):
+        p.error(f"--update-sides: unknown {', '.join(sorted(unknown))}; known: {', '.join(UPDATE_SIDES)}")
     overrides = list(args.overrides) + ([f"agent.max_turns={args.max_turns}"] if args.max_turns else [])
     if args.update_child:
         update_child(args.update_child[0], args.update_child[1], overrides)
@@ -200,7 +215,10 @@ def main() -> None:
     folder = C.workdir(args.workdir, "agent-step")
     conf = recipe_config(overrides)
     results: dict = {}
-    claims = [] if args.skip_sampling else sampling_and_update(args, conf, folder, overrides, results)
+    if args.episodes:
+        claims = update_claims(args.episodes, overrides, args.update_sides.split(","), results)
+    else:
+        claims = [] if args.skip_sampling else sampling_and_update(args, conf, folder, overrides, results)
     if not args.skip_step:
         print("3. one outer step of at-train experiment=smollm2_cpu ...", flush=True)
         results["step"] = st = step_side(folder, overrides)
@@ -222,20 +240,33 @@ def sampling_and_update(args, conf, folder: Path, overrides: list[str], results:
     print(f"same episodes both ways: {s['same_episodes']} of {s['episodes']}; {s['turns']} turns, "
           f"{s['tokens_out']} tokens sampled, {s['tokens_in']} prompt tokens", flush=True)
     claims = [C.ratio("agent_sampling_batched", s["one_by_one_s"] / max(s["together_s"], 1e-9), ">= 3")]
-    u: dict = {}
     if not args.skip_update:
-        print("2. the update of the same episodes, before vs after ...", flush=True)
-        results["update"] = u = update_side(rows_file, overrides)
-        C.table([(side, u[side].get("peak_rss_gb"), u[side].get("seconds"), u[side].get("loss"),
-                  u[side].get("error", "")) for side in u], ("update", "peak RSS GB", "seconds", "loss", ""))
-    before = next((u[k] for k in ("before", "before_1row") if k in u and "error" not in u[k]), None)
-    if before is not None and "error" not in u["after"]:
+        claims += update_claims(rows_file, overrides, args.update_sides.split(","), results)
+    return claims
+
+
+def update_claims(rows_file: Path, overrides: list[str], sides: list[str], results: dict) -> list:
+    """Part 2: the update of the episodes in ``rows_file``, each side of ``sides`` in its own process; the ratios."""
+    print("2. the update of the same episodes: " + ", ".join(sides) + " ...", flush=True)
+    results["update"] = u = update_side(rows_file, overrides, sides)
+    C.table([(side, u[side].get("peak_rss_gb"), u[side].get("seconds"), u[side].get("loss"),
+              u[side].get("error", "")) for side in u], ("update", "peak RSS GB", "seconds", "loss", ""))
+    ok = {k: v for k, v in u.items() if "error" not in v}
+    claims = []
+    before = next((ok[k] for k in ("before", "before_1row") if k in ok), None)
+    if before is not None and "after" in ok:
         # Against the least memory the old update needs on these episodes (one row a micro-batch when the
         # recipe's rows did not fit in the machine at all).
-        claims.append(C.ratio("agent_update_memory", before["peak_rss_gb"] / u["after"]["peak_rss_gb"], ">= 3"))
-        claims.append(C.ratio("agent_update_after_gb", u["after"]["peak_rss_gb"], "<= 4"))
-        same = abs(before["loss"] - u["after"]["loss"]) <= 1e-4 * max(1e-3, abs(before["loss"]))
-        print(f"same loss both sides: {same} ({before['loss']:.6g} vs {u['after']['loss']:.6g})")
+        claims.append(C.ratio("agent_update_memory", before["peak_rss_gb"] / ok["after"]["peak_rss_gb"], ">= 3"))
+        claims.append(C.ratio("agent_update_after_gb", ok["after"]["peak_rss_gb"], "<= 4"))
+    if "after" in ok and "after_shared" in ok:
+        claims.append(C.ratio("agent_update_shared_prefix_speed",
+                              ok["after"]["seconds"] / max(ok["after_shared"]["seconds"], 1e-9), "> 1"))
+        claims.append(C.ratio("agent_update_shared_gb", ok["after_shared"]["peak_rss_gb"], "<= 4"))
+    losses = [(k, v["loss"]) for k, v in ok.items()]
+    if len(losses) > 1:
+        same = all(abs(x - losses[0][1]) <= 1e-4 * max(1e-3, abs(losses[0][1])) for _, x in losses)
+        print(f"same loss on every side: {same} ({', '.join(f'{k} {x:.6g}' for k, x in losses)})")
     return claims
 
 

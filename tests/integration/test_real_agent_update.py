@@ -1,7 +1,10 @@
 """The lean update on a real agent (SmolLM2-135M-Instruct): log-probs at the loss positions only give the loss and
-gradients of the full-vocabulary log-softmax within 1e-5, with gradient checkpointing on."""
+gradients of the full-vocabulary log-softmax within 1e-5, with gradient checkpointing on; with the rows' shared
+opening run once (``outer.share_prefix``), the same loss and gradients."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 import torch
@@ -35,10 +38,21 @@ def test_selective_logprobs_on_smollm2_give_the_same_loss_and_gradients(smollm2,
             batch["old_logprobs"] = full_logprobs(policy.model, batch) * batch["loss_mask"]
         loss_full, g_full = loss_and_grads(policy, batch, full_logprobs, monkeypatch)
         loss_sel, g_sel = loss_and_grads(policy, batch, token_logprobs, monkeypatch)   # the project's, as imported
+        # outer.share_prefix: rows opening alike (a step's system prompt) run that opening once
+        head = torch.randint(100, 40000, (64,), generator=g).tolist()
+        opened = [replace(s, context_ids=head + s.context_ids) for s in samples]
+        whole, shared = collate(opened, 0), collate(opened, 0, share_prefix=True)
+        whole["old_logprobs"] = shared["old_logprobs"] = torch.zeros_like(whole["loss_mask"]) - 5.0
+        loss_whole, g_whole = loss_and_grads(policy, whole, token_logprobs, monkeypatch)
+        loss_shared, g_shared = loss_and_grads(policy, shared, token_logprobs, monkeypatch)
     finally:
         torch.set_num_threads(before)
     assert torch.allclose(loss_sel, loss_full, atol=1e-5)
     worst = max((g_sel[n] - g_full[n]).abs().max().item() for n in g_full)
     assert worst <= 1e-5, f"largest gradient difference {worst:.2e}"
     assert sum(v.abs().sum().item() for v in g_sel.values()) > 0
+    assert int(shared["shared_prefix"]) == 64 and torch.allclose(loss_shared, loss_whole, atol=1e-5)
+    scale = max(v.abs().max().item() for v in g_whole.values())
+    worst = max((g_shared[n] - g_whole[n]).abs().max().item() for n in g_whole)
+    assert worst <= 1e-5 * scale, f"largest gradient difference with the prefix shared {worst:.2e} (of {scale:.2e})"
 

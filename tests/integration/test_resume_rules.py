@@ -72,7 +72,8 @@ def test_a_run_another_process_trains_is_neither_resumed_nor_taken(tmp_path):
     try:
         assert in_training(busy) and not in_training(older)
         assert resume_folder(validate(cfg), tmp_path / "new", cfg) == older
-        with pytest.raises(UserError, match=rf"busy is being trained by another at-train process \(pid {os.getpid()}\)"):
+        held = rf"busy is being trained by another at-train process \(pid {os.getpid()}\)"
+        with pytest.raises(UserError, match=held):
             hold_run(busy)
     finally:
         lock.close()

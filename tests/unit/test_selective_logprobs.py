@@ -13,7 +13,7 @@ import torch
 from helpers.logprobs import full_logprobs, loss_and_grads
 
 from agent_trainer.outer_loop.rl.policy import (
-    AgentPolicy, PolicyConfig, TurnSample, collate, micro_batches, token_entropies, token_logprobs,
+    AgentPolicy, PolicyConfig, TurnSample, collate, micro_batches, shared_length, token_entropies, token_logprobs,
 )
 
 
@@ -100,13 +100,61 @@ def test_the_update_is_the_same_by_rows_by_tokens_and_with_checkpointing():
     """One update of the same samples: 8-row micro-batches, token-capped ones, and gradient checkpointing give
     the same adapter (the loss is normalised over the whole step, gradients accumulate to one optimizer step)."""
     states = []
-    for kw in ({}, {"micro_batch_tokens": 60}, {"gradient_checkpointing": True, "micro_batch_size": 2}):
+    for kw in ({}, {"micro_batch_tokens": 60}, {"gradient_checkpointing": True, "micro_batch_size": 2},
+               {"gradient_checkpointing": True, "share_prefix": True, "micro_batch_tokens": 90}):
         pol = tiny_policy(**kw)
         # SGD: the step is the gradient itself (Adam's first step is lr x its sign, which float noise can flip)
         pol.module._optimizer = torch.optim.SGD([p for p in pol.model.parameters() if p.requires_grad], lr=1.0)
-        stats = pol.update(samples(6))
+        stats = pol.update(with_prefix(samples(6)))
         assert stats["samples"] == 6
         states.append(pol.trainable_state())
     for other in states[1:]:
         assert all(torch.allclose(other[n], states[0][n], atol=1e-5) for n in states[0])
     assert any(not torch.equal(states[0][n], tiny_policy().trainable_state()[n]) for n in states[0])
+
+
+def with_prefix(ss: list[TurnSample], n: int = 30) -> list[TurnSample]:
+    """The samples opening with the same ``n`` tokens (a step's system prompt and tool list)."""
+    from dataclasses import replace
+
+    head = torch.randint(1, 300, (n,), generator=torch.Generator().manual_seed(7)).tolist()
+    return [replace(s, context_ids=head + s.context_ids) for s in ss]
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_a_shared_prefix_run_once_gives_the_same_logprobs_loss_and_gradients(checkpointing, monkeypatch):
+    """``outer.share_prefix``: the rows' common opening runs once, its keys and values (with their gradient) read
+    by every row; log-probs, entropies, loss and gradients equal one pass over the whole rows, with gradient
+    checkpointing too (a recomputed layer must not append to the shared cache a second time)."""
+    pol = tiny_policy(gradient_checkpointing=checkpointing)
+    if checkpointing:
+        pol.model.get_base_model().gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    ss = with_prefix(samples())
+    whole, shared = collate(ss, 0), collate(ss, 0, share_prefix=True)
+    assert int(shared["shared_prefix"]) == 30 + shared_length([s.context_ids for s in samples()])
+    import agent_trainer.outer_loop.rl.policy as P
+
+    runs, sharing = [], P._hidden_sharing_prefix
+    monkeypatch.setattr(P, "_hidden_sharing_prefix", lambda *a: runs.append(a[-1]) or sharing(*a))
+    pol.model.train()
+    assert torch.allclose(token_logprobs(pol.model, shared), token_logprobs(pol.model, whole), atol=1e-5)
+    assert runs == [int(shared["shared_prefix"])], "the shared pass ran, once"
+    assert torch.allclose(token_entropies(pol.model, shared), token_entropies(pol.model, whole), atol=1e-5)
+    with torch.no_grad():
+        old = token_logprobs(pol.model, whole) * whole["loss_mask"]
+    whole["old_logprobs"] = shared["old_logprobs"] = old
+    loss_whole, g_whole = loss_and_grads(pol, whole, token_logprobs, monkeypatch)
+    loss_shared, g_shared = loss_and_grads(pol, shared, token_logprobs, monkeypatch)
+    assert torch.allclose(loss_shared, loss_whole, atol=1e-6)
+    scale = max(g.abs().max() for g in g_whole.values())
+    assert all(torch.allclose(g_shared[n], g_whole[n], atol=1e-5 * scale) for n in g_whole)
+    prefix_only = [n for n in g_whole if "k_proj.lora_B" in n]   # reached through the prefix's keys too
+    assert prefix_only and all(g_shared[n].abs().sum() > 0 for n in prefix_only)
+
+
+def test_micro_batches_count_a_shared_prefix_once():
+    ss = with_prefix(samples(4), n=100)
+    longest = max(len(s.context_ids) + len(s.completion_ids) for s in ss)
+    assert [len(b) for b in micro_batches(ss, max_rows=8, max_tokens=2 * longest)] == [2, 2]
+    assert [len(b) for b in micro_batches(ss, max_rows=8, max_tokens=2 * longest, share_prefix=True)] == [4]
+    assert collate(samples(1), 0, share_prefix=True)["shared_prefix"] == 0, "one row shares nothing"

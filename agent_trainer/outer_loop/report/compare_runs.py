@@ -263,7 +263,8 @@ def _folder_data(folder: Path, record: dict) -> RunData:
     value = record.get("value") if isinstance(record.get("value"), (int, float)) else None
     if returned and value is not None:
         metrics.setdefault(bare_key(returned), float(value))
+    steps = {k: sorted(v.items()) for k, v in history.items()}
     return RunData(str(record.get("run_id") or folder.name), str(record.get("run_name") or folder.name),
-                   str(record.get("command") or "-"), params, metrics, {k: sorted(v.items()) for k, v in history.items()},
+                   str(record.get("command") or "-"), params, metrics, steps,
                    "", str(folder), _STATUS.get(str(record.get("status")), str(record.get("status") or "")),
                    value, returned)

@@ -13,6 +13,8 @@ docs/outer_loop.md, "The update, precisely".
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -46,6 +48,7 @@ class PolicyConfig:
     micro_batch_size: int = OuterConfig.micro_batch_size
     micro_batch_tokens: int = OuterConfig.micro_batch_tokens
     gradient_checkpointing: bool = OuterConfig.gradient_checkpointing
+    share_prefix: bool = OuterConfig.share_prefix
     max_grad_norm: float = OuterConfig.max_grad_norm
     loss_aggregation: str = OuterConfig.loss_aggregation
     focus_top_frac: float = OuterConfig.focus_top_frac
@@ -136,8 +139,9 @@ def group_advantages(rewards: Sequence[float], scale_by_std: bool = False) -> li
     return adv
 
 
-def collate(samples: list[TurnSample], pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-pad context+completion; the loss mask covers completion tokens only."""
+def collate(samples: list[TurnSample], pad_id: int, share_prefix: bool = False) -> dict[str, torch.Tensor]:
+    """Right-pad context+completion; the loss mask covers completion tokens only. ``share_prefix``: the batch's
+    ``shared_prefix`` is the number of leading tokens every row has alike (``shared_length``), run once."""
     seqs = [s.context_ids + s.completion_ids for s in samples]
     width = max(len(x) for x in seqs)
     ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
@@ -167,7 +171,26 @@ def collate(samples: list[TurnSample], pad_id: int) -> dict[str, torch.Tensor]:
         "weights": torch.tensor([s.weight for s in samples], dtype=torch.float32),
         "focus_mask": focus,
         "focus_weights": torch.tensor([s.pg_weight for s in samples], dtype=torch.float32),
+        **({"shared_prefix": torch.tensor(shared_length(seqs))} if share_prefix else {}),
     }
+
+
+MIN_SHARED = 16   # a shared prefix shorter than this is run with the rows (two passes would cost more)
+
+
+def shared_length(seqs: list[list[int]]) -> int:
+    """How many leading tokens all of ``seqs`` (two or more) have alike, leaving each row one of its own; 0 when
+    that is under ``MIN_SHARED``."""
+    if len(seqs) < 2:
+        return 0
+    n = min(len(x) for x in seqs) - 1
+    first = seqs[0]
+    for other in seqs[1:]:
+        i = 0
+        while i < n and first[i] == other[i]:
+            i += 1
+        n = i
+    return n if n >= MIN_SHARED else 0
 
 
 # Loss positions per LM-head chunk: the head's logits (chunk x vocab) exist for one chunk at a time, in the
@@ -228,7 +251,11 @@ def _at_positions(model, batch: dict[str, torch.Tensor], per_chunk) -> torch.Ten
         head = torch.nn.Identity()
     else:
         backbone, head = parts
-        hidden = backbone(input_ids=ids, attention_mask=batch["attention_mask"]).last_hidden_state
+        shared = int(batch.get("shared_prefix", 0))
+        if shared and _can_share(backbone):
+            hidden = _hidden_sharing_prefix(backbone, ids, batch["attention_mask"], shared)
+        else:
+            hidden = backbone(input_ids=ids, attention_mask=batch["attention_mask"]).last_hidden_state
         hidden_at = hidden[rows, cols - 1]
     targets = ids[rows, cols]
     chunks = []
@@ -239,6 +266,78 @@ def _at_positions(model, batch: dict[str, torch.Tensor], per_chunk) -> torch.Ten
     values = torch.cat(chunks) if chunks else hidden_at.new_zeros(0, dtype=torch.float32)
     out = torch.zeros(ids.shape, dtype=torch.float32, device=ids.device)
     return out.index_put((rows, cols), values.float())
+
+
+@functools.cache
+def _prefix_layers() -> tuple[type, type]:
+    """The cache layers of a shared prefix (transformers is imported lazily): ``Keep`` holds what the prefix's pass
+    gives it, ``Read`` gives every row the prefix's keys and values before its own. Neither appends, so a layer
+    that gradient checkpointing runs again in the backward pass reads and writes the same as the first time."""
+    from transformers.cache_utils import DynamicLayer
+
+    class Keep(DynamicLayer):
+        def update(self, key_states, value_states, *args, **kwargs):
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+            self.keys, self.values = key_states, value_states
+            return key_states, value_states
+
+    class Read(DynamicLayer):
+        def update(self, key_states, value_states, *args, **kwargs):
+            rows = key_states.shape[0]
+            return (torch.cat([self.keys.expand(rows, -1, -1, -1), key_states], dim=-2),
+                    torch.cat([self.values.expand(rows, -1, -1, -1), value_states], dim=-2))
+
+    return Keep, Read
+
+
+def _can_share(backbone) -> bool:
+    """Whether this transformers lets a layer keep its cache under gradient checkpointing (it drops it otherwise,
+    and the rows would run without their prefix)."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    return hasattr(GradientCheckpointingLayer, "_can_checkpoint_with_cache") and "cache" in \
+        inspect.signature(type(backbone).forward).parameters
+
+
+@contextlib.contextmanager
+def _layers_keep_cache(backbone):
+    """Decoder layers pass their cache through gradient checkpointing (our layers never append: see
+    ``_prefix_layers``)."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    layers = [m for m in backbone.modules() if isinstance(m, GradientCheckpointingLayer)]
+    for m in layers:
+        m._can_checkpoint_with_cache = True
+    try:
+        yield
+    finally:
+        for m in layers:
+            del m._can_checkpoint_with_cache
+
+
+def _hidden_sharing_prefix(backbone, ids: torch.Tensor, attention: torch.Tensor, shared: int) -> torch.Tensor:
+    """The body's hidden states of right-padded rows whose first ``shared`` tokens are the same: those tokens run
+    once (their keys and values, with their gradient, read by every row), then each row's own tokens. The same
+    numbers as one pass over the whole rows, within float rounding."""
+    from transformers.cache_utils import Cache, DynamicCache
+
+    keep, read = _prefix_layers()
+    prefix_cache = DynamicCache()
+    Cache.__init__(prefix_cache, layer_class_to_replicate=keep)
+    with _layers_keep_cache(backbone):
+        prefix = backbone(input_ids=ids[:1, :shared], attention_mask=attention[:1, :shared], cache=prefix_cache,
+                          use_cache=False).last_hidden_state
+        rows_cache = DynamicCache()
+        Cache.__init__(rows_cache, layer_class_to_replicate=read)
+        for layer in prefix_cache.layers:
+            mine = read()
+            mine.lazy_initialization(layer.keys, layer.values)
+            mine.keys, mine.values = layer.keys, layer.values
+            rows_cache.layers.append(mine)
+        rest = backbone(input_ids=ids[:, shared:], attention_mask=attention, cache=rows_cache,
+                        use_cache=False).last_hidden_state
+    return torch.cat([prefix.expand(ids.shape[0], -1, -1), rest], dim=1)
 
 
 def token_logprobs(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -254,26 +353,34 @@ def token_entropies(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
                          _chunk_entropies(head, hidden, temperature))
 
 
-def micro_batches(samples: list[TurnSample], max_rows: int, max_tokens: int = 0) -> list[list[TurnSample]]:
+def micro_batches(samples: list[TurnSample], max_rows: int, max_tokens: int = 0,
+                  share_prefix: bool = False) -> list[list[TurnSample]]:
     """``samples`` in order, cut into micro-batches of at most ``max_rows`` rows and, with ``max_tokens`` > 0, at
-    most ``max_tokens`` padded tokens (rows x the longest row); a longer row is a micro-batch of its own."""
+    most ``max_tokens`` padded tokens (rows x the longest row; with ``share_prefix`` the rows' shared prefix counts
+    once: ``shared_length``); a longer row is a micro-batch of its own."""
     out: list[list[TurnSample]] = []
     cur: list[TurnSample] = []
-    longest = 0
     for s in samples:
-        n = len(s.context_ids) + len(s.completion_ids)
-        if cur and (len(cur) >= max_rows or (max_tokens > 0 and (len(cur) + 1) * max(longest, n) > max_tokens)):
+        if cur and (len(cur) >= max_rows or (max_tokens > 0 and _padded_tokens(cur + [s], share_prefix) > max_tokens)):
             out.append(cur)
-            cur, longest = [], 0
+            cur = []
         cur.append(s)
-        longest = max(longest, n)
     if cur:
         out.append(cur)
     return out
 
 
+def _padded_tokens(rows: list[TurnSample], share_prefix: bool) -> int:
+    """The tokens a micro-batch of ``rows`` runs: rows x the longest, the shared prefix once when shared."""
+    seqs = [s.context_ids + s.completion_ids for s in rows]
+    longest = max(len(x) for x in seqs)
+    shared = shared_length(seqs) if share_prefix else 0
+    return shared + len(seqs) * (longest - shared)
+
+
 def focus_samples(model, samples: list[TurnSample], frac: float, pad_id: int, micro_batch_size: int,
-                  per_episode_weights: bool, micro_batch_tokens: int = 0) -> tuple[list[TurnSample], float]:
+                  per_episode_weights: bool, micro_batch_tokens: int = 0,
+                  share_prefix: bool = False) -> tuple[list[TurnSample], float]:
     """The samples with ``focus_mask`` set to the top ``frac`` of agent tokens by entropy (ties kept).
 
     Returns the new samples and the entropy threshold. With ``per_episode_weights`` an episode's
@@ -283,8 +390,8 @@ def focus_samples(model, samples: list[TurnSample], frac: float, pad_id: int, mi
 
     per_sample: list[torch.Tensor] = []
     device = next(model.parameters()).device
-    for chunk in micro_batches(samples, micro_batch_size, micro_batch_tokens):
-        batch = {k: v.to(device) for k, v in collate(chunk, pad_id).items()}
+    for chunk in micro_batches(samples, micro_batch_size, micro_batch_tokens, share_prefix):
+        batch = {k: v.to(device) for k, v in collate(chunk, pad_id, share_prefix).items()}
         ent = token_entropies(model, batch).cpu()
         for r, s in enumerate(chunk):
             start = len(s.context_ids)
@@ -492,11 +599,13 @@ class AgentPolicy:
                 samples, threshold = focus_samples(self.model, samples, self.config.focus_top_frac, pad,
                                                    self.config.micro_batch_size,
                                                    per_episode_weights=self.config.loss_aggregation == "episode",
-                                                   micro_batch_tokens=self.config.micro_batch_tokens)
+                                                   micro_batch_tokens=self.config.micro_batch_tokens,
+                                                   share_prefix=self.config.share_prefix)
             focus = {"focus_entropy_threshold": threshold,
                      "focus_kept": sum(s.n_focus for s in samples) / max(1, before)}
-        batches = micro_batches(samples, self.config.micro_batch_size, self.config.micro_batch_tokens)
-        loader = DataLoader(batches, batch_size=None, shuffle=False, collate_fn=lambda b: collate(b, pad))
+        share = self.config.share_prefix
+        batches = micro_batches(samples, self.config.micro_batch_size, self.config.micro_batch_tokens, share)
+        loader = DataLoader(batches, batch_size=None, shuffle=False, collate_fn=lambda b: collate(b, pad, share))
         n_batches = len(batches)
         self.module.norm = max(1e-12, sum(s.weight * s.n_targets for s in samples))
         self.module.pg_norm = max(1e-12, sum(s.pg_weight * s.n_focus for s in samples))
