@@ -67,4 +67,5 @@ def test_the_recipe_on_a_gpu_is_configuration(tmp_path):
                                           f"+base_models.qwen3-agent.path={folder}"], "train"))
     assert plan["device"] == "cuda" and plan["agent"] == "local on cuda" and plan["agent_model"] == "qwen3-agent"
     assert plan["episodes_per_step"].startswith("2 tasks x 4")
-    assert "gradient checkpointing" in plan["update"] and "2048 tokens" in plan["update"]
+    assert "gradient checkpointing" in plan["update"] and "4096 tokens" in plan["update"]
+    assert "shared opening run once" in plan["update"]

@@ -135,7 +135,8 @@ def execution_plan(cfg: Conf) -> dict[str, Any]:
             "episodes_per_step": f"{settings.tasks_per_step} tasks x {settings.group_size}, sampled together",
             "update": (f"LoRA r{c.outer.lora_r}, micro-batches of <= {c.outer.micro_batch_size} rows"
                        + (f" and <= {c.outer.micro_batch_tokens} tokens" if c.outer.micro_batch_tokens else "")
-                       + (", gradient checkpointing" if c.outer.gradient_checkpointing else "")),
+                       + (", gradient checkpointing" if c.outer.gradient_checkpointing else "")
+                       + (", the rows' shared opening run once" if c.outer.share_prefix else "")),
             "jobs_per_step_max": n_jobs,
             "job_cache": c.inner.cache, "warm_workers": c.inner.warm_workers, **executor.plan(batch)}
 
