@@ -216,4 +216,5 @@ def test_overlapped_jobs_give_the_same_episodes_as_jobs_after_sampling(tmp_path,
     metrics = [json.loads(line) for line in (tmp_path / "overlap_true" / "metrics.jsonl").read_text().splitlines()]
     assert [r["outer.overlap_jobs"] for r in table] == ["True", "False"]
     assert float(table[0]["reward"]) == pytest.approx(metrics[-1]["reward_mean"])
-    assert table[0]["run"] == "pytest overlap_true" and table[0]["reward"] == table[1]["reward"]
+    named = json.loads((tmp_path / "overlap_true" / "run.json").read_text())["run_name"]
+    assert table[0]["run"] == named and table[0]["reward"] == table[1]["reward"]
