@@ -183,13 +183,11 @@ def shared_length(seqs: list[list[int]]) -> int:
     that is under ``MIN_SHARED``."""
     if len(seqs) < 2:
         return 0
+    from agent_trainer.outer_loop.agents.prefix_cache import common_length
+
     n = min(len(x) for x in seqs) - 1
-    first = seqs[0]
     for other in seqs[1:]:
-        i = 0
-        while i < n and first[i] == other[i]:
-            i += 1
-        n = i
+        n = min(n, common_length(seqs[0], other))
     return n if n >= MIN_SHARED else 0
 
 
@@ -293,10 +291,12 @@ def _prefix_layers() -> tuple[type, type]:
 
 def _can_share(backbone) -> bool:
     """Whether this transformers lets a layer keep its cache under gradient checkpointing (it drops it otherwise,
-    and the rows would run without their prefix)."""
+    and the rows would run without their prefix), and the model has no sliding-window layers (whose cache and mask
+    the shared prefix's layers do not model): otherwise the rows run whole."""
     from transformers.modeling_layers import GradientCheckpointingLayer
 
-    return hasattr(GradientCheckpointingLayer, "_can_checkpoint_with_cache") and "cache" in \
+    sliding = any("sliding" in str(t) for t in getattr(backbone.config, "layer_types", None) or ())
+    return not sliding and hasattr(GradientCheckpointingLayer, "_can_checkpoint_with_cache") and "cache" in \
         inspect.signature(type(backbone).forward).parameters
 
 
