@@ -126,8 +126,8 @@ def calibrate(name: str, cache_dir=None, device: str = "cpu", progress: bool = T
             if algorithms and algorithm not in algorithms:
                 continue
             key = algorithm + suffix
-            points, sampling = [], []
-            for size, hp in (("", job["hyperparameters"]), ("/row", {**job["hyperparameters"], **LARGE[algorithm]})):
+            timings = []
+            for size, hp in _sizes(algorithm):
                 sized = _data({**job, "hyperparameters": hp}, family)
                 with tempfile.TemporaryDirectory(prefix=f"calibrate-{algorithm}-") as tmp:
                     try:
@@ -136,21 +136,38 @@ def calibrate(name: str, cache_dir=None, device: str = "cpu", progress: bool = T
                     except CalibrationError as e:
                         done = ", ".join(factors) or "none"
                         raise CalibrationError(f"{e}; the factors measured before it are stored ({done})") from None
-                fixed, rows, sampled = _reference(sized, family)
-                points.append((fixed, rows, step_s))  # tiny-s's, by the coefficients; and here
-                if sampled:
-                    sampling.append(sampling_s / sampled)
+                timings.append((step_s, sampling_s))
                 measured[key + size] = {"seconds_per_step": round(step_s, 4), "steps_timed": timed,
                                         "batch_size": hp["batch_size"], "cpu_share": round(cpu_share, 2),
                                         **({"sampling_seconds": round(sampling_s, 2)} if sampling_s else {})}
-            factors[key], factors[key + "/row"] = fit_factors(*points)
-            if sampling:
-                factors["sample" + suffix] = round(sum(sampling) / len(sampling), 2)
+            factors.update(_fitted(algorithm, suffix, timings, family))
             # Stored as each algorithm is done (over what was stored before): a job that cannot finish (out of
             # memory on a large model) loses its own factors only.
             save_profile(machine_key(device), name, factors, measured, cache_dir)
     return {"machine": machine_key(device), "factors": factors, "measured": measured,
             "busy": busy_warning(measured, device)}
+
+
+def _sizes(algorithm: str) -> list[tuple[str, dict]]:
+    """A calibration job's two batch sizes: (the suffix of its key, its hyperparameters)."""
+    small = JOBS[algorithm]["hyperparameters"]
+    return [("", small), ("/row", {**small, **LARGE[algorithm]})]
+
+
+def _fitted(algorithm: str, suffix: str, timings: list[tuple[float, float]], family: str) -> dict:
+    """The factors of ``algorithm`` in a format (``suffix``: "" or ":chat") from its two jobs' timings, in
+    ``_sizes`` order, each ``(seconds a step, seconds of sampling)``: the step's two factors and, for a job that
+    samples (DPO's pairs), the sampling's."""
+    points, sampling = [], []
+    for (_, hp), (step_s, sampling_s) in zip(_sizes(algorithm), timings):
+        fixed, rows, sampled = _reference(_data({**JOBS[algorithm], "hyperparameters": hp}, family), family)
+        points.append((fixed, rows, step_s))  # tiny-s's, by the coefficients; and here
+        if sampled:
+            sampling.append(sampling_s / sampled)
+    out = dict(zip((algorithm + suffix, algorithm + suffix + "/row"), fit_factors(*points)))
+    if sampling:
+        out["sample" + suffix] = round(sum(sampling) / len(sampling), 2)
+    return out
 
 
 def _reference(job: dict, family: str) -> tuple[float, float, float]:
@@ -176,16 +193,9 @@ def refit(name: str, cache_dir=None, device: str = "cpu", family: str = "calc_ch
     factors = {}
     for key in sorted(k for k in measured if "/" not in k and f"{k}/row" in measured):
         algorithm, _, kind = key.partition(":")
-        points, sampling = [], []
-        for m, hp in ((measured[key], JOBS[algorithm]["hyperparameters"]),
-                      (measured[key + "/row"], {**JOBS[algorithm]["hyperparameters"], **LARGE[algorithm]})):
-            fixed, rows, sampled = _reference(_data({**JOBS[algorithm], "hyperparameters": hp}, family), family)
-            points.append((fixed, rows, m["seconds_per_step"]))
-            if sampled and m.get("sampling_seconds"):
-                sampling.append(m["sampling_seconds"] / sampled)
-        factors[key], factors[key + "/row"] = fit_factors(*points)
-        if sampling:
-            factors["sample" + (f":{kind}" if kind else "")] = round(sum(sampling) / len(sampling), 2)
+        timings = [(m["seconds_per_step"], m.get("sampling_seconds", 0.0))
+                   for m in (measured[key], measured[key + "/row"])]
+        factors.update(_fitted(algorithm, f":{kind}" if kind else "", timings, family))
     save_profile(machine_key(device), name, factors, {}, cache_dir)
     return {"machine": machine_key(device), "factors": factors, "measured": measured,
             "busy": busy_warning(measured, device)}

@@ -292,32 +292,28 @@ def machine_key(device: str = "cpu") -> str:
     return f"{device}-{key}"
 
 
-def load_profile(machine: str, cache_dir=None) -> dict:
-    """``model -> {algorithm: factor}`` measured on ``machine`` ({} when none was)."""
+def _profiles(cache_dir=None) -> dict:
+    """The whole profile file, ``machine -> model -> {factors, measured, at}`` ({} when absent or unreadable)."""
     import json
 
     from agent_trainer.paths import cache_dir as default_cache_dir
 
-    path = default_cache_dir(cache_dir) / PROFILE_FILE
     try:
-        data = json.loads(path.read_text())
+        return json.loads((default_cache_dir(cache_dir) / PROFILE_FILE).read_text())
     except (OSError, ValueError):
         return {}
-    return {m: {a: float(f) for a, f in per.get("factors", {}).items()} for m, per in data.get(machine, {}).items()}
+
+
+def load_profile(machine: str, cache_dir=None) -> dict:
+    """``model -> {algorithm: factor}`` measured on ``machine`` ({} when none was)."""
+    return {m: {a: float(f) for a, f in per.get("factors", {}).items()}
+            for m, per in _profiles(cache_dir).get(machine, {}).items()}
 
 
 def stored_measurements(machine: str, model: str, cache_dir=None) -> dict:
     """What ``at-models calibrate`` measured of ``model`` on ``machine`` (seconds a step, batch size, ... per key;
     {} when nothing was)."""
-    import json
-
-    from agent_trainer.paths import cache_dir as default_cache_dir
-
-    try:
-        data = json.loads((default_cache_dir(cache_dir) / PROFILE_FILE).read_text())
-    except (OSError, ValueError):
-        return {}
-    return dict(data.get(machine, {}).get(model, {}).get("measured", {}))
+    return dict(_profiles(cache_dir).get(machine, {}).get(model, {}).get("measured", {}))
 
 
 def save_profile(machine: str, model: str, factors: dict, measured: dict, cache_dir=None) -> None:
@@ -334,10 +330,7 @@ def save_profile(machine: str, model: str, factors: dict, measured: dict, cache_
     root = default_cache_dir(cache_dir)
     root.mkdir(parents=True, exist_ok=True)
     path = root / PROFILE_FILE
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        data = {}
+    data = _profiles(cache_dir)
     earlier = data.setdefault(machine, {}).get(model) or {}
     data[machine][model] = {"factors": {**earlier.get("factors", {}), **factors},
                             "measured": {**earlier.get("measured", {}), **measured},
