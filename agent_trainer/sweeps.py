@@ -187,7 +187,7 @@ def read_run_file(folder: Path) -> dict[str, Any] | None:
 
 
 # What a sweep job that continued another run (``at-train -m ... resume=true``) reads from that run's run.json.
-CONTINUED_KEYS = ("status", "error", "value", "value_name", "jobs", "jobs_crashed", "mlflow_run_id", "tracking_uri")
+CONTINUED_KEYS = ("status", "error", "value", "value_name", "jobs", "jobs_crashed")
 
 
 def sweep_rows(sweep_dir: Path) -> list[dict[str, Any]]:

@@ -116,17 +116,15 @@ def resume_folder(conf: TrainCommand, folder: Path, cfg: DictConfig | None = Non
                                 f"start one without resume")
         if cfg is None:
             return done[0]
+        newest = None   # why the newest run cannot be continued, if none can
         for run in done:
             try:
                 resume_changes(cfg, run)
                 return run
-            except cli.UserError:
-                continue
-        try:
-            resume_changes(cfg, done[0])
-        except cli.UserError as e:
-            raise cli.UserError(f"resume=true: none of the {len(done)} runs in {conf.runs_dir} that completed a "
-                                f"step has this command's settings; the newest: {e}") from None
+            except cli.UserError as e:
+                newest = newest or e
+        raise cli.UserError(f"resume=true: none of the {len(done)} runs in {conf.runs_dir} that completed a step "
+                            f"has this command's settings; the newest: {newest}") from None
     path = resolve_path(value)
     if not (path / RUN_MARKER).is_file():
         inside = sorted(p.parent for p in path.glob(f"*/{RUN_MARKER}")) if path.is_dir() else []
