@@ -414,6 +414,9 @@ class ModelsCommand(Config):
                                  "model's tokenizer has a chat template")
     refit: bool = doc(False, "calibrate: no job runs; fit the factors again from the seconds the model's profile "
                              "stored (after an upgrade changed the fit or the reference coefficients)")
+    missing_only: bool = doc(False, "calibrate: time only the jobs the model's stored profile has no seconds for "
+                                    "(a point a newer version fits, e.g. GRPO's second completion length) and fit "
+                                    "them with the stored ones")
 
 
 @dataclass

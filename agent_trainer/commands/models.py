@@ -10,6 +10,7 @@
                                              # (agent_trainer.inner_loop.spec.calibrate)
     at-models calibrate model=smollm2-135m algorithms=[sft] formats=[chat]   # only what your jobs use
     at-models calibrate model=smollm2-135m refit=true   # the factors fitted again from the stored seconds
+    at-models calibrate model=smollm2-135m missing_only=true   # time only what the stored profile lacks
 """
 
 from __future__ import annotations
@@ -43,9 +44,11 @@ def run(cfg: DictConfig) -> dict[str, Path] | None:
         else:
             profile = calibrate(conf.model.name, cache_dir=conf.cache_dir, device=conf.hardware.device.value,
                                 threads=conf.hardware.threads_per_job, algorithms=conf.algorithms or None,
-                                formats=conf.formats or None)
+                                formats=conf.formats or None, missing_only=conf.missing_only)
         cli.print_kv({"machine": profile["machine"], **{
-            f"{a} factor": f"{f:g}" + (f"  ({m['seconds_per_step']:.3f} s a step at batch {m['batch_size']})"
+            f"{a} factor": f"{f:g}" + (f"  ({m['seconds_per_step']:.3f} s a step at batch {m['batch_size']}"
+                                       + (f", {m['completion_tokens']} completion tokens" if "completion_tokens" in m
+                                          else "") + ")"
                                        if (m := profile["measured"].get(a)) else "  (sampling DPO's pairs)")
             for a, f in profile["factors"].items()}})
         if profile["busy"]:

@@ -138,6 +138,98 @@ def test_calibration_separates_a_steps_fixed_cost_from_its_rows():
         assert fixed * 0.0126 + per_row * rows * 0.00079 == pytest.approx(measured, rel=0.11)
 
 
+def _grpo_machine(a: float, c: float, d: float, e: float):
+    """A fake calibration timer for a machine whose GRPO step costs ``a + batch x (c + d x completion tokens + e x
+    prompt tokens)`` seconds (SFT and DPO: a flat 0.05 + 0.01 a row); the jobs it timed are listed in ``ran``."""
+    from agent_trainer.inner_loop.spec import calibrate as cal
+    from agent_trainer.inner_loop.spec.cost import row_tokens
+
+    ran = []
+
+    def timed(name, model_dir, job, device, folder, fmt=None, threads=None, family="calc_chain", pad=""):
+        hp = job["hyperparameters"]
+        ran.append((job["algorithm"], fmt.kind, hp["batch_size"], hp.get("max_completion_length"), bool(pad)))
+        if job["algorithm"] == "grpo":
+            prompt = row_tokens(cal._rows(job, family, pad)).prompt
+            return a + hp["batch_size"] * (c + d * hp["max_completion_length"] + e * prompt), 4, 1.9, 0.0
+        return 0.05 + 0.01 * hp["batch_size"], 5, 1.9, 0.0
+
+    return timed, ran
+
+
+def _grpo_spec(batch: int, tokens: int, family: str = "calc_chain") -> JobSpec:
+    return JobSpec.model_validate({"base_model": "tiny-s", "algorithm": "grpo", "seed": 0, "peft": {"r": 8},
+                                   "hyperparameters": {"learning_rate": 1e-5, "batch_size": batch,
+                                                       "num_generations": 4, "max_completion_length": tokens,
+                                                       "max_steps": 10},
+                                   "reward": {"functions": [{"name": "numeric_closeness"}]},
+                                   "data": {"sources": [{"family": family, "seed": 1, "size": 400}]}},
+                                  context={"task_family": family})
+
+
+def test_grpo_calibrated_on_its_completions_and_prompts_prices_each_apart(tmp_path, monkeypatch):
+    """GRPO is timed at two batch sizes, at 4x the completion tokens and with longer prompts: a machine whose
+    completion costs mostly what does not grow with its length, and whose prompt tokens cost a tenth of a
+    completion token (SmolLM2 here: sampling is token by token, a prompt runs at once) is read back, and prices
+    completions shorter and longer than the calibration's, after longer prompts, within 2%, where the two-point
+    profile (the reference's shape) misses by more than 1.5x; the compute (the budget's unit) does not move."""
+    from agent_trainer.inner_loop.spec import calibrate as cal
+    from agent_trainer.inner_loop.spec.cost import estimate_cost, row_tokens
+    from agent_trainer.inner_loop.train.data import build_rows_with_origins
+
+    a, c, d, e = 0.4, 0.05, 0.002, 0.0002
+    timed, ran = _grpo_machine(a, c, d, e)
+    monkeypatch.setattr(cal, "_timed_job", timed)
+    factors = cal.calibrate("tiny-s", cache_dir=tmp_path, progress=False, algorithms=["grpo"],
+                            formats=["raw"])["factors"]
+    assert ran == [("grpo", "raw", 16, 8, False), ("grpo", "raw", 64, 8, False), ("grpo", "raw", 16, 32, False),
+                   ("grpo", "raw", 16, 8, True)]
+    assert set(factors) == {"grpo", "grpo/row", "grpo/token", "grpo/prompt"}
+    assert factors["grpo/prompt"] < factors["grpo/token"] / 5 < factors["grpo/row"]
+    machine = CostModel.measured("cpu", tmp_path)
+    two_point = CostModel(machine={"tiny-s": {k: factors[k] for k in ("grpo", "grpo/row")}})
+    for batch, tokens, family in ((32, 2, "calc_chain"), (32, 4, "count_char"), (128, 5, "sort_numbers"),
+                                  (16, 64, "reverse_text")):
+        spec = _grpo_spec(batch, tokens, family)
+        rows = row_tokens(build_rows_with_origins(spec, None, family)[0])
+        true = a + batch * (c + d * tokens + e * rows.prompt)
+        assert estimate_cost(spec, machine, wall=True, tokens=rows).step_seconds == pytest.approx(true, rel=0.02)
+        compute = estimate_cost(spec, machine, tokens=rows).seconds
+        assert compute == estimate_cost(spec, CostModel(), tokens=rows).seconds
+    short = estimate_cost(_grpo_spec(32, 2), two_point, wall=True).step_seconds
+    assert not 1 / 1.5 < short / (a + 32 * (c + 2 * d + e * 8.6)) < 1.5, "the two-point shape misses short ones"
+    assert "a completion of 8 tokens" in estimate_cost(_grpo_spec(32, 4), machine, wall=True).formula
+    # Longer completions no slower (noise): the tokens cost next to nothing, never a negative price.
+    assert cal.fit_part_factor((0.05, 1.0, 9.0), (0.05, 2.0, 8.5)) == cal.FIXED_FLOOR
+
+
+def test_calibrate_missing_only_times_what_the_stored_profile_lacks(tmp_path, monkeypatch):
+    """A profile stored before GRPO's extra jobs existed prices as it did; ``missing_only`` times those jobs alone
+    and fits them with the stored seconds, giving the factors a whole calibration gives; refit of the old profile
+    keeps its two factors (no part factor without the seconds for one)."""
+    import json
+
+    from agent_trainer.inner_loop.spec import calibrate as cal
+    from agent_trainer.inner_loop.spec.cost import PROFILE_FILE
+
+    timed, ran = _grpo_machine(0.4, 0.05, 0.002, 0.0002)
+    monkeypatch.setattr(cal, "_timed_job", timed)
+    whole = cal.calibrate("tiny-s", cache_dir=tmp_path, progress=False, formats=["raw"])["factors"]
+    path = tmp_path / PROFILE_FILE
+    data = json.loads(path.read_text())
+    stored = data[machine_key("cpu")]["tiny-s"]
+    for part in ("factors", "measured"):
+        for key in ("grpo/token", "grpo/prompt"):
+            stored[part].pop(key)
+    path.write_text(json.dumps(data))
+    assert not {"grpo/token", "grpo/prompt"} & set(cal.refit("tiny-s", cache_dir=tmp_path)["factors"])
+    ran.clear()
+    again = cal.calibrate("tiny-s", cache_dir=tmp_path, progress=False, formats=["raw"], missing_only=True)
+    assert ran == [("grpo", "raw", 16, 32, False), ("grpo", "raw", 16, 8, True)]
+    assert again["factors"] == whole and load_profile(machine_key("cpu"), tmp_path)["tiny-s"] == whole
+    assert again["measured"]["sft"]["batch_size"] == 16, "what was reused is reported as measured"
+
+
 def test_a_calibration_that_cannot_finish_keeps_what_it_measured(tmp_path, monkeypatch):
     """A calibration job that dies (a large model out of memory at DPO's larger batch) ends in one line that says
     which job and what is stored; the factors measured before it are in the profile, beside an earlier
@@ -147,7 +239,7 @@ def test_a_calibration_that_cannot_finish_keeps_what_it_measured(tmp_path, monke
 
     save_profile(machine_key("cpu"), "tiny-s", {"sample": 0.7, "sft": 9.0}, {}, tmp_path)
 
-    def timed(name, model_dir, job, device, folder, fmt=None, threads=None, family="calc_chain"):
+    def timed(name, model_dir, job, device, folder, fmt=None, threads=None, family="calc_chain", pad=""):
         if job["algorithm"] == "dpo":
             raise cal.CalibrationError("the calibration job (dpo, raw format, batch 16) ended crashed: killed")
         return 0.05 * (1 + job["hyperparameters"]["batch_size"] / 16), 5, 1.0, 0.0
@@ -167,7 +259,7 @@ def test_a_calibration_of_some_algorithms_and_formats_measures_those_only(tmp_pa
 
     ran = []
 
-    def timed(name, model_dir, job, device, folder, fmt=None, threads=None, family="calc_chain"):
+    def timed(name, model_dir, job, device, folder, fmt=None, threads=None, family="calc_chain", pad=""):
         ran.append((job["algorithm"], fmt.kind, job["hyperparameters"]["batch_size"]))
         return 0.05 * (1 + job["hyperparameters"]["batch_size"] / 16), 5, 1.0, 0.0
 
@@ -193,7 +285,7 @@ def test_refit_gives_a_calibrations_factors_from_its_stored_seconds_alone(tmp_pa
     it gives back the calibration's factors (the sampling's too); a model never calibrated is one line."""
     from agent_trainer.inner_loop.spec import calibrate as cal
 
-    def timed(name, model_dir, job, device, folder, fmt=None, threads=None, family="calc_chain"):
+    def timed(name, model_dir, job, device, folder, fmt=None, threads=None, family="calc_chain", pad=""):
         hp = job["hyperparameters"]
         return 0.02 + 0.004 * hp["batch_size"] * (3 if fmt.kind == "chat" else 1), 5, 1.9, 0.1 * hp["batch_size"]
 

@@ -16,6 +16,7 @@ its calibration points: docs/inner_loop.md, "Cost model".
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 # Slowdown per step relative to tiny-s, on the same hardware. A model from configuration brings its
 # own (``base_models.<name>.cost_factor``); without one it is priced like the slowest model here.
@@ -34,6 +35,10 @@ DEFAULT_PROFILE = {"smollm2-135m": {"sft": 76.0, "grpo": 61.0, "dpo": 76.0, "sft
 # seed 1); ``*_token_s`` prices each token a row is longer (or shorter) than that.
 REF_ROW_TOKENS = 10.23      # prompt + answer
 REF_PROMPT_TOKENS = 8.57    # prompt
+# The completion length GRPO is calibrated at (``at-models calibrate``); a profile that also timed a longer one
+# (``grpo/token``) prices each token a job's completions are longer or shorter than that, one that timed longer
+# prompts (``grpo/prompt``) each token its prompts are longer or shorter than the reference's.
+CAL_COMPLETION_TOKENS = 8
 
 
 @dataclass(frozen=True)
@@ -132,28 +137,39 @@ def model_factor(model: CostModel, name: str, algorithm: str | None = None, prom
     return model_factors(model, name, algorithm, prompt_format, wall)[0]
 
 
+class Factors(NamedTuple):
+    """A base model's speed relative to tiny-s, per part of a step (``model_factors``)."""
+
+    step: float                   # a step's fixed cost
+    row: float                    # a row's or a completion's (GRPO: at CAL_COMPLETION_TOKENS)
+    token: float | None = None    # GRPO: each completion token more or fewer (None: as the row)
+    prompt: float | None = None   # GRPO: each prompt token over the reference's (None: as the row)
+
+
 def model_factors(model: CostModel, name: str, algorithm: str | None = None, prompt_format: str = "raw",
-                  wall: bool = False) -> tuple[float, float]:
-    """(factor of a step's fixed cost, factor of its per-row or per-completion cost) of base model ``name``
-    relative to tiny-s. A profile that measured two batch sizes (``at-models calibrate``) stores the second as
-    ``<algorithm>/row``; otherwise both parts scale alike (``model_factor``'s order of sources)."""
+                  wall: bool = False) -> Factors:
+    """Base model ``name``'s ``Factors``. A profile that measured two batch sizes (``at-models calibrate``) stores
+    the second as ``<algorithm>/row``, GRPO's longer completions and prompts as ``grpo/token`` and
+    ``grpo/prompt``; otherwise all parts scale alike (``model_factor``'s order of sources)."""
     keys = ([f"{algorithm}:{prompt_format}"] if prompt_format != "raw" else []) + [algorithm]
     for profile in ([model.machine] if wall else []) + [model.profile]:
         measured = profile.get(name, {})
         for key in keys:
             if algorithm and measured.get(key):
                 step = float(measured[key])
-                return step, float(measured.get(f"{key}/row") or step)
+                part = {p: float(measured[f"{key}/{p}"]) if measured.get(f"{key}/{p}") else None
+                        for p in ("token", "prompt")}
+                return Factors(step, float(measured.get(f"{key}/row") or step), **part)
     if name in model.model_factors:
         factor = float(model.model_factors[name])
-        return factor, factor
+        return Factors(factor, factor)
     from agent_trainer.inner_loop.models.registry import BASE_MODELS
 
     info = BASE_MODELS.get(name)
     if info is not None and info.cost_factor is not None:
-        return float(info.cost_factor), float(info.cost_factor)
+        return Factors(float(info.cost_factor), float(info.cost_factor))
     factor = float(max(model.model_factors.values()))
-    return factor, factor
+    return Factors(factor, factor)
 
 
 def sample_factor(model: CostModel, name: str, prompt_format: str, default: float) -> float:
@@ -205,8 +221,7 @@ def step_parts(spec, model: CostModel, tokens: RowTokens | None = None) -> tuple
     longer, longer_prompt = tokens.row - REF_ROW_TOKENS, tokens.prompt - REF_PROMPT_TOKENS
     # A row or completion shorter than the reference costs less, never under half the reference's cost.
     if spec.algorithm == "grpo":
-        per = hp.max_completion_length * model.grpo_token_s
-        fixed, rows = model.grpo_step_s, hp.batch_size * max(per / 2, per + longer_prompt * model.grpo_prompt_token_s)
+        fixed, rows = model.grpo_step_s, grpo_rows(model, hp.batch_size, hp.max_completion_length, longer_prompt)
         lora = model.lora_factor_grpo
         formula = f"grpo, {hp.batch_size} completions x {hp.max_completion_length} tokens"
     elif spec.algorithm == "dpo":
@@ -222,6 +237,13 @@ def step_parts(spec, model: CostModel, tokens: RowTokens | None = None) -> tuple
     return fixed, rows, (lora if spec.peft else 1.0), formula
 
 
+def grpo_rows(model: CostModel, completions: int, length: int, longer_prompt: float) -> float:
+    """Seconds of ``completions`` GRPO completions of ``length`` tokens after prompts ``longer_prompt`` tokens
+    longer than the reference's, on tiny-s by the coefficients (never under half a completion's token cost)."""
+    per = length * model.grpo_token_s
+    return completions * max(per / 2, per + longer_prompt * model.grpo_prompt_token_s)
+
+
 def estimate_cost(spec, model: CostModel | None = None, steps: int | None = None,
                   prompt_format: str = "raw", wall: bool = False, tokens: RowTokens | None = None) -> CostEstimate:
     """Estimate the compute of a JobSpec (``wall``: this machine's seconds); ``steps`` overrides ``max_steps``;
@@ -229,12 +251,24 @@ def estimate_cost(spec, model: CostModel | None = None, steps: int | None = None
     model = model or CostModel()
     hp = spec.hyperparameters
     steps = hp.max_steps if steps is None else steps
-    factor, per_row = model_factors(model, spec.base_model, spec.algorithm, prompt_format, wall)
+    factor, per_row, per_token, per_prompt = model_factors(model, spec.base_model, spec.algorithm, prompt_format, wall)
     fixed, rows, lora, formula = step_parts(spec, model, tokens)
-    # One factor: priced as (fixed + rows) x factor, so the reference's compute units stay bit for bit.
-    step = (fixed + rows) * (factor * lora) if per_row == factor else (fixed * factor + rows * per_row) * lora
-    formula += f", {spec.base_model} x{factor:g}" + (f" a step, x{per_row:g} a row" if per_row != factor else "") \
-        + (f", lora x{lora:g}" if spec.peft else "")
+    if spec.algorithm == "grpo" and (per_token, per_prompt) != (None, None):
+        # A completion of the calibration's length at the row factor, each completion token more or fewer at the
+        # token factor, each prompt token over the reference's at the prompt factor (measured apart: on a large
+        # model a completion's tokens cost far more than its prompt's, against the reference's ratio).
+        per_token, per_prompt = per_token or per_row, per_prompt or per_row
+        at_cal = grpo_rows(model, hp.batch_size, CAL_COMPLETION_TOKENS, 0.0) * per_row
+        more = hp.batch_size * ((hp.max_completion_length - CAL_COMPLETION_TOKENS) * model.grpo_token_s * per_token
+                                + ((tokens or RowTokens()).prompt - REF_PROMPT_TOKENS) * model.grpo_prompt_token_s
+                                * per_prompt)
+        step = (fixed * factor + max(at_cal / 4, at_cal + more)) * lora
+        parts = (f" a step, x{per_row:g} a completion of {CAL_COMPLETION_TOKENS} tokens, x{per_token:g} a token "
+                 f"more, x{per_prompt:g} a prompt token")
+    else:  # one factor: (fixed + rows) x factor, so the reference's compute units stay bit for bit
+        step = (fixed + rows) * (factor * lora) if per_row == factor else (fixed * factor + rows * per_row) * lora
+        parts = f" a step, x{per_row:g} a row" if per_row != factor else ""
+    formula += f", {spec.base_model} x{factor:g}{parts}" + (f", lora x{lora:g}" if spec.peft else "")
     sampled = sampled_tokens(spec)
     sampling = sampled * model.sample_token_s * (sample_factor(model, spec.base_model, prompt_format, factor) if wall
                                                  else factor)
