@@ -20,8 +20,9 @@ from pathlib import Path
 
 import yaml
 
-from agent_trainer.inner_loop.spec.cost import (CAL_COMPLETION_TOKENS, CostModel, machine_key, row_tokens,
-                                                sampled_tokens, save_profile, step_parts, stored_measurements)
+from agent_trainer.inner_loop.spec.cost import (CAL_COMPLETION_TOKENS, CAL_LONG_COMPLETION_TOKENS, CostModel,
+                                                machine_key, row_tokens, sampled_tokens, save_profile, step_parts,
+                                                stored_measurements)
 
 # The calibration jobs (LoRA, as real models are trained here); steps after the first are timed. Each runs at
 # two batch sizes, so a step's fixed cost and its cost per row (completion) get a factor each.
@@ -43,7 +44,7 @@ LARGE = {"sft": {"batch_size": 64, "max_steps": 6}, "grpo": {"batch_size": 64, "
 # GRPO's extra jobs, the small batch with one thing changed each, so a completion's cost splits into its tokens
 # (4x the completion tokens), its prompt's (every prompt opened by PROMPT_PAD: 31 more tokens of the project's
 # tokenizer) and the rest (the step's work per completion): (suffix, hyperparameters changed, prompt prefix).
-EXTRA = {"grpo": [("/token", {"max_completion_length": 4 * CAL_COMPLETION_TOKENS}, ""), ("/prompt", {}, "pad")]}
+EXTRA = {"grpo": [("/token", {"max_completion_length": CAL_LONG_COMPLETION_TOKENS}, ""), ("/prompt", {}, "pad")]}
 PROMPT_PAD = "Work out the expression below and answer with the final number only, no words. "
 
 

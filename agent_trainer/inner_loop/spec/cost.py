@@ -35,10 +35,11 @@ DEFAULT_PROFILE = {"smollm2-135m": {"sft": 76.0, "grpo": 61.0, "dpo": 76.0, "sft
 # seed 1); ``*_token_s`` prices each token a row is longer (or shorter) than that.
 REF_ROW_TOKENS = 10.23      # prompt + answer
 REF_PROMPT_TOKENS = 8.57    # prompt
-# The completion length GRPO is calibrated at (``at-models calibrate``); a profile that also timed a longer one
-# (``grpo/token``) prices each token a job's completions are longer or shorter than that, one that timed longer
-# prompts (``grpo/prompt``) each token its prompts are longer or shorter than the reference's.
-CAL_COMPLETION_TOKENS = 8
+# The completion lengths GRPO is calibrated at (``at-models calibrate``): a profile that timed both (``grpo/token``)
+# prices each token a job's completions are longer or shorter than the first, up to the second; tokens beyond it
+# at no less than the row factor (a model that stops early on the calibration's rows may not on a job's); one that
+# timed longer prompts (``grpo/prompt``) each token its prompts are longer or shorter than the reference's.
+CAL_COMPLETION_TOKENS, CAL_LONG_COMPLETION_TOKENS = 8, 32
 
 
 @dataclass(frozen=True)
@@ -259,9 +260,11 @@ def estimate_cost(spec, model: CostModel | None = None, steps: int | None = None
         # model a completion's tokens cost far more than its prompt's, against the reference's ratio).
         per_token, per_prompt = per_token or per_row, per_prompt or per_row
         at_cal = grpo_rows(model, hp.batch_size, CAL_COMPLETION_TOKENS, 0.0) * per_row
-        more = hp.batch_size * ((hp.max_completion_length - CAL_COMPLETION_TOKENS) * model.grpo_token_s * per_token
-                                + ((tokens or RowTokens()).prompt - REF_PROMPT_TOKENS) * model.grpo_prompt_token_s
-                                * per_prompt)
+        length = hp.max_completion_length
+        more = hp.batch_size * (
+            (min(length, CAL_LONG_COMPLETION_TOKENS) - CAL_COMPLETION_TOKENS) * model.grpo_token_s * per_token
+            + max(0, length - CAL_LONG_COMPLETION_TOKENS) * model.grpo_token_s * max(per_token, per_row)
+            + ((tokens or RowTokens()).prompt - REF_PROMPT_TOKENS) * model.grpo_prompt_token_s * per_prompt)
         step = (fixed * factor + max(at_cal / 4, at_cal + more)) * lora
         parts = (f" a step, x{per_row:g} a completion of {CAL_COMPLETION_TOKENS} tokens, x{per_token:g} a token "
                  f"more, x{per_prompt:g} a prompt token")
