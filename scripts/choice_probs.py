@@ -8,8 +8,9 @@ token, read from the episode's stored log-probs (no model run; the agent's token
 It also prints what the reward paid each choice: the mean advantage (reward minus the mean of its group, a step's
 episodes of one task) and the validation and quality stages of the training episodes whose last job.yaml named
 SFT or GRPO. p(sft) is exp(logprob) where the sampled token starts ``sft`` and 1 - exp(logprob) where it starts
-``grpo`` (a two-way choice; DPO, rarely written, is left out), averaged over the step's choices. The share of SFT among the
-sampled choices moves with the step's tasks and the sampling; p(sft) shows whether the update moved the policy.
+``grpo`` (a two-way choice; DPO, rarely written, is left out), averaged over the step's choices. The share of SFT
+among the sampled choices moves with the step's tasks and the sampling; p(sft) shows whether the update moved the
+policy.
 """
 
 from __future__ import annotations
