@@ -37,8 +37,11 @@ def run(cfg: DictConfig) -> dict[str, Path] | None:
     if conf.action == "import":
         return _import(conf)
     if conf.action == "calibrate":
-        from agent_trainer.inner_loop.spec.calibrate import calibrate, refit
+        from agent_trainer.inner_loop.spec.calibrate import CalibrationError, calibrate, refit
 
+        if conf.refit and conf.missing_only:
+            raise CalibrationError("refit=true times no job (it fits the stored seconds again) and missing_only=true "
+                                   "times the jobs the profile lacks: give one of them")
         if conf.refit:
             profile = refit(conf.model.name, cache_dir=conf.cache_dir, device=conf.hardware.device.value)
         else:
@@ -48,7 +51,7 @@ def run(cfg: DictConfig) -> dict[str, Path] | None:
         cli.print_kv({"machine": profile["machine"], **{
             f"{a} factor": f"{f:g}" + (f"  ({m['seconds_per_step']:.3f} s a step at batch {m['batch_size']}"
                                        + (f", {m['completion_tokens']} completion tokens" if "completion_tokens" in m
-                                          else "") + ")"
+                                          else "") + (", longer prompts" if m.get("longer_prompts") else "") + ")"
                                        if (m := profile["measured"].get(a)) else "  (sampling DPO's pairs)")
             for a, f in profile["factors"].items()}})
         if profile["busy"]:

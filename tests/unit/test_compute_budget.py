@@ -233,6 +233,7 @@ def test_calibrate_missing_only_times_what_the_stored_profile_lacks(tmp_path, mo
     assert ran == [("grpo", "raw", 16, 32, False), ("grpo", "raw", 16, 8, True)]
     assert again["factors"] == whole and load_profile(machine_key("cpu"), tmp_path)["tiny-s"] == whole
     assert again["measured"]["sft"]["batch_size"] == 16, "what was reused is reported as measured"
+    assert again["measured"]["grpo/prompt"]["longer_prompts"] and "longer_prompts" not in again["measured"]["grpo"]
 
 
 def test_a_calibration_that_cannot_finish_keeps_what_it_measured(tmp_path, monkeypatch):
@@ -301,6 +302,21 @@ def test_refit_gives_a_calibrations_factors_from_its_stored_seconds_alone(tmp_pa
     assert load_profile(machine_key("cpu"), tmp_path)["tiny-s"] == pytest.approx(measured, abs=0.011)
     with pytest.raises(cal.CalibrationError, match="no cost profile of tiny-m .*at-models calibrate model=tiny-m"):
         cal.refit("tiny-m", cache_dir=tmp_path)
+
+
+def test_refit_and_missing_only_together_are_refused_before_anything_runs(tmp_path, monkeypatch):
+    """The two ask for different things (fit the stored seconds, no job; time the missing jobs): at-models says so
+    in one line instead of silently doing the first."""
+    from agent_trainer.commands import models as at_models
+    from agent_trainer.config import compose_config
+    from agent_trainer.inner_loop.spec import calibrate as cal
+
+    monkeypatch.setattr(cal, "refit", None)
+    monkeypatch.setattr(cal, "calibrate", None)
+    cfg = compose_config([f"runs_dir={tmp_path}", "run_id=cal", f"cache_dir={tmp_path}", "action=calibrate",
+                          "refit=true", "missing_only=true", "tracking=off"], "models")
+    with pytest.raises(cal.CalibrationError, match="give one of them"):
+        at_models.run(cfg)
 
 
 def test_what_the_agent_reads_of_a_job_is_its_compute_not_the_clock():

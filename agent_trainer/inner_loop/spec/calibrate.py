@@ -181,7 +181,8 @@ def calibrate(name: str, cache_dir=None, device: str = "cpu", progress: bool = T
                                         "batch_size": hp["batch_size"], "cpu_share": round(cpu_share, 2),
                                         **({"completion_tokens": hp["max_completion_length"]}
                                            if algorithm == "grpo" else {}),
-                                        **({"sampling_seconds": round(sampling_s, 2)} if sampling_s else {})}
+                                        **({"sampling_seconds": round(sampling_s, 2)} if sampling_s else {}),
+                                        **({"longer_prompts": True} if pad else {})}
             factors.update(_fitted(algorithm, suffix, timings, family))
             # Stored as each algorithm is done (over what was stored before): a job that cannot finish (out of
             # memory on a large model) loses its own factors only.
