@@ -11,10 +11,12 @@ import pytest
 from agent_trainer.config import compose_config, validate
 
 
-@pytest.mark.parametrize("recipe", ["smollm2_cpu", "smollm2_cpu_v3", "smollm2_cpu_v4", "smollm2_cpu_v5"])
+@pytest.mark.parametrize("recipe", ["smollm2_cpu", "smollm2_cpu_v3", "smollm2_cpu_v4", "smollm2_cpu_v5",
+                                    "smollm2_cpu_v6", "smollm2_cpu_v7"])
 def test_the_recipe_is_what_the_docs_say(recipe):
     c = validate(compose_config([f"experiment={recipe}"], "train"))
-    assert c.agent.model == "smollm2-agent" and c.agent.backend == "local"
+    assert c.agent.model == ("smollm2-agent-valid" if recipe == "smollm2_cpu_v7" else "smollm2-agent")
+    assert c.agent.backend == "local"
     assert c.outer.tasks_per_step * c.outer.group_size >= 8 and c.outer.tasks_per_step >= 2
     assert c.outer.group_size >= 4 and c.outer.steps >= 12
     assert list(c.task.train_families) == ["calc_chain", "reverse_text", "sort_numbers", "unit_convert", "count_char"]
@@ -37,6 +39,17 @@ def test_the_recipe_is_what_the_docs_say(recipe):
         base = validate(compose_config(["experiment=smollm2_cpu_v4"], "train"))
         assert (c.agent.submit_at_turn_limit, base.agent.submit_at_turn_limit) == (True, False)
         c.agent.submit_at_turn_limit = False
+        c.run_id = base.run_id
+        assert c == base
+    if recipe == "smollm2_cpu_v6":     # v5 and the loss on the top 20% of tokens by entropy
+        base = validate(compose_config(["experiment=smollm2_cpu_v5"], "train"))
+        assert (c.outer.focus_top_frac, base.outer.focus_top_frac) == (0.2, 1.0)
+        c.outer.focus_top_frac = base.outer.focus_top_frac
+        c.run_id = base.run_id
+        assert c == base
+    if recipe == "smollm2_cpu_v7":     # v5 with the warm start that does not learn the novice's invalid files
+        base = validate(compose_config(["experiment=smollm2_cpu_v5"], "train"))
+        c.agent.model = base.agent.model
         c.run_id = base.run_id
         assert c == base
 

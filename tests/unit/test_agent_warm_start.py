@@ -3,9 +3,11 @@ format."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from agent_trainer.outer_loop.agents.agent_warm_start import WARM_STARTS, resolve_agent, successful
+from agent_trainer.outer_loop.agents.agent_warm_start import WARM_STARTS, invalid_writes, resolve_agent, successful
 
 
 def test_only_episodes_whose_last_validation_passed_are_kept():
@@ -15,6 +17,57 @@ def test_only_episodes_whose_last_validation_passed_are_kept():
     assert successful(episode("job .: INVALID (1 errors, 0 warnings)", "job .: VALID (0 errors, 2 warnings)"))
     assert not successful(episode("job .: VALID (0 errors, 0 warnings)", "job .: INVALID (2 errors, 0 warnings)"))
     assert not successful([{"role": "tool", "name": "write_file", "content": "wrote job.yaml"}])
+
+
+def _call(name: str, **arguments) -> dict:
+    return {"role": "assistant", "content": "", "tool_calls": [
+        {"id": name, "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}]}
+
+
+def _tool(name: str, content: str) -> dict:
+    return {"role": "tool", "tool_call_id": name, "name": name, "content": content}
+
+
+FIXED = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
+         _call("write_file", path="job.yaml", content="algorithm: grpo\n"), _tool("write_file", "wrote"),
+         _call("validate_job", path="job.yaml"), _tool("validate_job", "job .: INVALID (1 errors, 0 warnings)"),
+         _call("write_file", path="job.yaml", content="algorithm: sft\n"), _tool("write_file", "wrote"),
+         _call("validate_job", path="job.yaml"), _tool("validate_job", "job .: VALID (0 errors, 0 warnings)"),
+         _call("submit_job", path="job.yaml")]
+
+
+def test_the_writes_validation_refused_are_found():
+    """Only the write the next validation called INVALID: not the validate call, not the fix, not the submission."""
+    assert invalid_writes(FIXED) == {2}
+    assert invalid_writes(FIXED[:2] + FIXED[6:]) == set()
+    # a write no validation followed is not judged
+    assert invalid_writes(FIXED[:4]) == set()
+
+
+def test_a_refused_write_is_context_not_a_target():
+    """learn_invalid_writes=False: the novice's invalid file stays in the transcript (the fix follows from the
+    validator's message) but none of its tokens is a target; every other assistant turn is one, unchanged."""
+    from agent_trainer.inner_loop.models import build_tokenizer
+    from agent_trainer.outer_loop.agents.agent_model import encode_transcript
+
+    tok = build_tokenizer()
+    ids, mask = encode_transcript(FIXED, tok, None)
+    quiet_ids, quiet = encode_transcript(FIXED, tok, None, context_only=frozenset(invalid_writes(FIXED)))
+    assert quiet_ids == ids
+    targets = tok.decode([t for t, m in zip(ids, mask) if m])
+    kept = tok.decode([t for t, m in zip(ids, quiet) if m])
+    assert "grpo" in targets and "grpo" not in kept and "sft" in kept
+    assert kept.count("<|im_end|>") == targets.count("<|im_end|>") - 1 == 4
+    assert all(q <= m for q, m in zip(quiet, mask))
+
+
+def test_the_valid_warm_start_is_the_same_recipe_without_the_mistakes():
+    """smollm2-agent-valid changes only what its docs say: transcripts, epochs, invalid writes not learned."""
+    import dataclasses
+
+    a, b = WARM_STARTS["smollm2-agent"], WARM_STARTS["smollm2-agent-valid"]
+    assert a.learn_invalid_writes and not b.learn_invalid_writes
+    assert dataclasses.replace(b, n_transcripts=a.n_transcripts, epochs=a.epochs, learn_invalid_writes=True) == a
 
 
 def test_other_names_are_the_registrys():

@@ -115,8 +115,10 @@ def play_novice(task, rng: random.Random, work: Path, tool_style: str = TOOL_STY
 
 
 def encode_transcript(messages: list[dict[str, Any]], tokenizer, tools: list[dict] | None,
-                      support=None, tool_format: str | None = None) -> tuple[list[int], list[int]]:
-    """Token ids of the whole conversation and a 0/1 mask marking the assistant's own tokens.
+                      support=None, tool_format: str | None = None,
+                      context_only: frozenset[int] | set[int] = frozenset()) -> tuple[list[int], list[int]]:
+    """Token ids of the whole conversation and a 0/1 mask marking the assistant's own tokens (those of the
+    assistant messages at the indices in ``context_only`` are marked 0: context, not a target).
 
     Each assistant turn is the difference between the rendering up to and including it and the
     rendering of what came before plus the generation prompt: exactly what the agent backend
@@ -152,7 +154,7 @@ def encode_transcript(messages: list[dict[str, Any]], tokenizer, tools: list[dic
         eot = tokenizer.convert_tokens_to_ids("<|im_end|>")
         cut = target.index(eot) + 1 if eot in target else len(target)
         ids += context + target[:cut]
-        mask += [0] * len(context) + [1] * cut
+        mask += [0] * len(context) + [0 if i in context_only else 1] * cut
         ids += target[cut:]
         mask += [0] * (len(target) - cut)
     return ids, mask

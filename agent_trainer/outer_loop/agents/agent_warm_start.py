@@ -42,13 +42,22 @@ class WarmStart:
     tool_format: str = "auto"
     n_transcripts: int = 32          # successful novice episodes (more are played and the rest dropped)
     epochs: int = 1
+    # False: a turn that wrote a job file the next validate_job called INVALID stays in the transcript as context
+    # (the agent still learns to fix what validation reports) but is no target: the agent is not taught the
+    # novice's mistakes.
+    learn_invalid_writes: bool = True
     lr: float = 1e-3
     lora_r: int = 16
     lora_alpha: float = 32.0
     threads: int = 1
 
 
-WARM_STARTS: dict[str, WarmStart] = {"smollm2-agent": WarmStart(base="smollm2-135m")}
+WARM_STARTS: dict[str, WarmStart] = {
+    "smollm2-agent": WarmStart(base="smollm2-135m"),
+    # Twice the transcripts, two epochs, and the novice's invalid files not learned: a warm start whose SFT jobs
+    # pass validation as often as its GRPO ones (docs/real_models.md, "experiment=smollm2_cpu_v7").
+    "smollm2-agent-valid": WarmStart(base="smollm2-135m", n_transcripts=64, epochs=2, learn_invalid_writes=False),
+}
 
 
 def warm_start_dir(name: str, seed: int = 0, cache_dir=None) -> Path:
@@ -96,6 +105,22 @@ def successful(messages: list[dict[str, Any]]) -> bool:
     return bool(results) and bool(_VALID.search(results[-1]))
 
 
+def invalid_writes(messages: list[dict[str, Any]]) -> set[int]:
+    """Indices of the assistant messages that wrote a file the next ``validate_job`` called INVALID (before any
+    other write)."""
+    out: set[int] = set()
+    writes: list[int] = []
+    for i, m in enumerate(messages):
+        calls = [c["function"]["name"] for c in m.get("tool_calls") or []] if m.get("role") == "assistant" else []
+        if "write_file" in calls:
+            writes.append(i)
+        elif m.get("role") == "tool" and m.get("name") == "validate_job" and writes:
+            if not _VALID.search(m.get("content") or ""):
+                out.update(writes)
+            writes = []
+    return out
+
+
 def _progress_bar(progress: bool, **kwargs):
     """A ``tqdm.auto`` bar (``kwargs``: total, desc, unit) drawn on a terminal only (tqdm's ``disable=None``), and
     not at all when ``progress`` is false; it is cleared when it closes."""
@@ -127,8 +152,9 @@ def transcripts(tokenizer, cfg: WarmStart, seed: int = 0, max_tries: int = 8,
                 messages = play_novice(tasks[i % len(tasks)], rng, work / f"{i:04d}", tool_style=cfg.tool_schemas)
                 bar.set_postfix(played=i + 1, refresh=False)
                 if successful(messages):
+                    quiet = frozenset() if cfg.learn_invalid_writes else frozenset(invalid_writes(messages))
                     out.append(encode_transcript(messages, tokenizer, tools, support=support,
-                                                 tool_format=cfg.tool_format))
+                                                 tool_format=cfg.tool_format, context_only=quiet))
                     bar.update(1)
     finally:
         shutil.rmtree(work, ignore_errors=True)
