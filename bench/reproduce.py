@@ -8,6 +8,7 @@ jobs' uplifts on calc_chain and the main job's first steps, each compared with t
     .venv/bin/python bench/reproduce.py --main-steps 13          # the whole main job (`make run`, ~9 min more)
     .venv/bin/python bench/reproduce.py --markdown               # also print the docs' tables of this run
     .venv/bin/python bench/reproduce.py --parts main --burn 2    # the same numbers with 2 busy loops beside it
+    .venv/bin/python bench/reproduce.py --exact                  # every digit that differs, on any kind of CPU
     .venv/bin/python bench/reproduce.py --record                 # make the record (after a change meant to move
                                                                  # the numbers; then re-make the docs' tables)
 
@@ -32,6 +33,11 @@ the same bytes and every step is deterministic, so every number must match to th
 numbers are compared within ``TOLERANCE`` (absolute, per part) and the verdict says so. Timings are printed,
 never compared. Exit 0 when every compared number matches, 1 when not (each difference listed), 2 when there is
 no record.
+
+The reference record (``bench/results/reproduce.json``) holds the docs' numbers. Another kind of CPU trains the
+example jobs slightly differently (bench/RESULTS.md (i)); once a machine of that kind has run ``--record``, its
+record (``bench/results/reproduce_kinds/<machine>-<vendor>-<level>.json``) is what every machine of that kind is
+compared with, exactly. ``--record`` on the reference's kind of CPU re-makes the reference.
 """
 
 from __future__ import annotations
@@ -49,6 +55,8 @@ import _common as C  # noqa: E402
 import same_steps  # noqa: E402
 
 RECORD = C.ROOT / "bench" / "results" / "reproduce.json"
+# Records of other kinds of CPU, one file a kind (``kind_record_path``): on such a CPU the check is exact too.
+KIND_RECORDS = C.ROOT / "bench" / "results" / "reproduce_kinds"
 PARTS = ("models", "baselines", "jobs", "main")
 JOB_TASK = C.ROOT / "examples" / "tasks" / "calc_chain_v1_fast.json"
 MAIN_STEPS = 3
@@ -81,6 +89,20 @@ def software() -> dict[str, str]:
     from agent_trainer.inner_loop.run.result import library_versions
 
     return library_versions()
+
+
+def kind_record_path(cpu: dict[str, str]) -> Path:
+    """Where the record of a kind of CPU other than the reference record's lives."""
+    return KIND_RECORDS / f"{cpu.get('machine', 'unknown')}-{cpu.get('vendor', 'unknown')}-{cpu.get('torch_capability', 'unknown')}.json"
+
+
+def record_for(reference: dict | None, cpu: dict[str, str]) -> tuple[dict | None, Path]:
+    """The record to compare this machine with and its file: the reference record (the docs' numbers) when this is
+    its kind of CPU or no record of this kind exists, else this kind's."""
+    if reference is None or reference.get("cpu") == cpu:
+        return reference, RECORD
+    path = kind_record_path(cpu)
+    return (json.loads(path.read_text()), path) if path.is_file() else (reference, RECORD)
 
 
 def same_source(record: dict, now: dict) -> tuple[bool, list[str]]:
@@ -230,12 +252,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--record", action="store_true", help=f"write what this run measured to {RECORD.name}")
     p.add_argument("--markdown", action="store_true")
     p.add_argument("--burn", type=int, default=0, metavar="N", help="N busy loops on the CPU beside the run")
+    p.add_argument("--exact", action="store_true",
+                   help="compare to the last digit even where the software or the kind of CPU differ")
     args = p.parse_args(argv)
     parts = [x for x in args.parts.split(",") if x]
     unknown = sorted(set(parts) - set(PARTS)) + sorted(set(filter(None, args.jobs.split(","))) - set(example_jobs()))
     if unknown:
         p.error(f"unknown: {', '.join(unknown)} (parts: {', '.join(PARTS)}; jobs: {', '.join(example_jobs())})")
-    record = json.loads(RECORD.read_text()) if RECORD.is_file() else None
+    record, where = record_for(json.loads(RECORD.read_text()) if RECORD.is_file() else None, cpu_kind())
     if record is None and not args.record:
         print(f"no record at {RECORD}: make one with --record", file=sys.stderr)
         return 2
@@ -243,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.burn and args.record:
         p.error("--record measures a quiet machine: drop --burn")
     with burners(args.burn):
-        return compare_or_record(args, parts, record)
+        return compare_or_record(args, parts, record, where)
 
 
 @contextlib.contextmanager
@@ -260,8 +284,10 @@ def burners(n: int):
             q.wait()
 
 
-def compare_or_record(args, parts: list[str], record: dict | None) -> int:
-    """Run the parts; record them (``--record``) or compare them with ``record``; the exit code."""
+def compare_or_record(args, parts: list[str], record: dict | None, where: Path = RECORD) -> int:
+    """Run the parts; record them (``--record``) or compare them with ``record`` (read from ``where``); the exit
+    code. ``--record`` writes the reference record on its own kind of CPU (or where there is none), else this kind's
+    record (``kind_record_path``), beside the reference."""
     work = C.workdir(args.workdir, "reproduce")
     from transformers.utils import logging as hf_logging
 
@@ -284,19 +310,22 @@ def compare_or_record(args, parts: list[str], record: dict | None) -> int:
     if args.markdown:
         print(markdown(now))
     if args.record:
+        if record is not None and record.get("cpu") != now["cpu"]:   # the first record of this kind of CPU
+            record, where = None, kind_record_path(now["cpu"])
         merged = {**(record or {}), **now}   # a partial --record keeps the other parts' record
         if "jobs" in now:                    # and the other jobs' (--jobs)
             merged["jobs"] = dict(sorted({**(record or {}).get("jobs", {}), **now["jobs"]}.items()))
         merged["time"] = C.machine()["time"]
-        RECORD.parent.mkdir(parents=True, exist_ok=True)
-        RECORD.write_text(json.dumps(merged, indent=1, sort_keys=True) + "\n")
-        print(f"recorded in {RECORD}")
+        where.parent.mkdir(parents=True, exist_ok=True)
+        where.write_text(json.dumps(merged, indent=1, sort_keys=True) + "\n")
+        print(f"recorded in {where}")
         return 0
 
     exact, why = same_source(record, now)
-    diffs = compare(record, now, exact)
-    print(f"record: {record.get('time')}, {record.get('cpu')}; here: {now['cpu']}")
+    diffs = compare(record, now, exact or args.exact)
+    print(f"record: {where.relative_to(C.ROOT)} ({record.get('time')}, {record.get('cpu')}); here: {now['cpu']}")
     print("compared exactly (the same software on the same kind of CPU)" if exact else
+          "compared exactly (--exact), although: " + "; ".join(why) if args.exact else
           "compared within tolerance " + json.dumps(TOLERANCE) + ", because: " + "; ".join(why))
     for part in parts:
         n = sum(d.startswith(part) for d in diffs)

@@ -68,13 +68,23 @@ def test_the_source_is_the_same_only_with_the_same_software_and_cpu_kind():
     assert not same and any("vendor" in w for w in why) and any("AVX512" in w for w in why)
 
 
-def test_the_record_is_whole():
-    assert set(reproduce.PARTS) <= set(RECORD), sorted(RECORD)
-    assert set(RECORD["jobs"]) == set(reproduce.example_jobs()), "every example job has a recorded result"
+KIND_RECORDS = sorted(reproduce.KIND_RECORDS.glob("*.json"))
+
+
+@pytest.mark.parametrize("path", [reproduce.RECORD, *KIND_RECORDS], ids=lambda p: p.name)
+def test_the_record_is_whole(path):
+    """The reference record and every kind of CPU's: all four parts, every example job, the shipped bytes, the
+    software the package pins, and (for a kind's record) the file named after the CPU it was made on."""
+    record = json.loads(path.read_text())
+    assert set(reproduce.PARTS) <= set(record), sorted(record)
+    assert set(record["jobs"]) == set(reproduce.example_jobs()), "every example job has a recorded result"
     from agent_trainer.inner_loop.models.registry import shipped_models
 
     for name, entry in shipped_models().items():
-        assert RECORD["models"][name] == entry["files"], f"{name}: the record's bytes are the shipped ones"
+        assert record["models"][name] == entry["files"], f"{name}: the record's bytes are the shipped ones"
+    assert record["software"] == RECORD["software"], "records of other kinds of CPU are made with the same software"
+    if path != reproduce.RECORD:
+        assert record["cpu"] != RECORD["cpu"] and reproduce.kind_record_path(record["cpu"]) == path
 
 
 def table_rows(doc: str, first: str) -> dict[str, list[str]]:
@@ -116,3 +126,42 @@ def test_the_burners_spin_while_the_check_runs_and_stop_after_it():
         assert len(procs) == 2 and all(q.poll() is None for q in procs), "spinning while the run runs"
         raise RuntimeError("the run failed")
     assert all(q.poll() is not None for q in procs), "stopped after it"
+
+
+def test_a_kind_of_cpu_with_its_own_record_is_compared_with_it(tmp_path, monkeypatch):
+    """The reference record on its own kind of CPU (or where no other record exists); a kind with a record of its
+    own gets that one; ``--record`` on another kind writes that kind's file and leaves the reference alone."""
+    monkeypatch.setattr(reproduce, "KIND_RECORDS", tmp_path / "kinds")
+    amd = {"machine": "x86_64", "vendor": "AuthenticAMD", "torch_capability": "AVX2"}
+    intel = {"machine": "x86_64", "vendor": "GenuineIntel", "torch_capability": "AVX512"}
+    reference = {"cpu": amd, "jobs": {"a": job(0.09)}}
+    assert reproduce.record_for(reference, amd) == (reference, reproduce.RECORD)
+    assert reproduce.record_for(reference, intel) == (reference, reproduce.RECORD), "no record of this kind yet"
+    assert reproduce.record_for(None, intel) == (None, reproduce.RECORD)
+    path = reproduce.kind_record_path(intel)
+    assert path.parent == tmp_path / "kinds" and path.name == "x86_64-GenuineIntel-AVX512.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps({"cpu": intel, "jobs": {"a": job(0.125)}}))
+    record, where = reproduce.record_for(reference, intel)
+    assert where == path and record["jobs"]["a"]["uplift"] == 0.125
+    assert reproduce.record_for(reference, amd)[1] == reproduce.RECORD
+
+
+def test_recording_on_another_kind_of_cpu_writes_that_kinds_record(tmp_path, monkeypatch, capsys):
+    import argparse
+
+    monkeypatch.setattr(reproduce, "KIND_RECORDS", tmp_path / "kinds")
+    monkeypatch.setattr(reproduce, "RECORD", tmp_path / "reference.json")
+    amd = {"machine": "x86_64", "vendor": "AuthenticAMD", "torch_capability": "AVX2"}
+    intel = {"machine": "x86_64", "vendor": "GenuineIntel", "torch_capability": "AVX512"}
+    reference = {"cpu": amd, "models": {"tiny-s": {"model.safetensors": "ab"}}}
+    reproduce.RECORD.write_text(json.dumps(reference))
+    monkeypatch.setattr(reproduce, "cpu_kind", lambda: intel)
+    monkeypatch.setattr(reproduce, "run_models", lambda: {"tiny-s": {"model.safetensors": "ab"}})
+    args = argparse.Namespace(workdir=tmp_path / "work", markdown=False, record=True, jobs="", exact=False,
+                              json=None, burn=0)
+    assert reproduce.compare_or_record(args, ["models"], reference, reproduce.RECORD) == 0
+    written = json.loads(reproduce.kind_record_path(intel).read_text())
+    assert written["cpu"] == intel and written["models"] == reference["models"]
+    assert json.loads(reproduce.RECORD.read_text()) == reference, "the reference is left alone"
+    assert "recorded in" in capsys.readouterr().out
