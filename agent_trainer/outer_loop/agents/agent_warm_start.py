@@ -54,8 +54,9 @@ class WarmStart:
 
 WARM_STARTS: dict[str, WarmStart] = {
     "smollm2-agent": WarmStart(base="smollm2-135m"),
-    # Twice the transcripts, two epochs, and the novice's invalid files not learned: a warm start whose SFT jobs
-    # pass validation as often as its GRPO ones (docs/real_models.md, "experiment=smollm2_cpu_v7").
+    # Twice the transcripts, two epochs, and the novice's invalid files not learned: its first job files pass
+    # validation 20 times in 20 before any RL, smollm2-agent's once (scripts/agent_probe.py; docs/real_models.md,
+    # "experiment=smollm2_cpu_v7"). ~35 minutes to build on 2 cores.
     "smollm2-agent-valid": WarmStart(base="smollm2-135m", n_transcripts=64, epochs=2, learn_invalid_writes=False),
 }
 
