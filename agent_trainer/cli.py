@@ -394,9 +394,22 @@ class FolderTaken(UserError):
     """The run folder holds an earlier run: refused with nothing written there (not even the refusal)."""
 
 
-def _taken(folder: Path, earlier: dict) -> str:
+def _taken(folder: Path, earlier: dict, resumes_it: bool = False) -> str:
+    if resumes_it:
+        return (f"run_id= names the folder resume={folder} continues: leave run_id= out (the resumed run keeps "
+                f"its folder; this call makes none of its own)")
+    how = ("continue it: the same overrides without run_id=, plus resume=" if earlier.get("command") == "at-train"
+           else "")
     return (f"run folder {folder} holds an earlier run ({earlier.get('command')}, {earlier['status']}); "
-            f"give a new run_id= (or at-train resume={folder})")
+            f"give a new run_id=" + (f" (or {how}{folder})" if how else ""))
+
+
+def _resumes(cfg: DictConfig, folder: Path) -> bool:
+    """Whether ``cfg`` continues the run in ``folder`` (``resume=<that folder>``)."""
+    value = str(cfg.get("resume", "false") if "resume" in cfg else "false").strip()
+    if value.lower() in ("false", "no", "0", "", "true", "yes", "1"):
+        return False
+    return resolve_path(value).resolve() == folder
 
 
 def refuse_taken(cfg: DictConfig, multirun: bool = False) -> None:
@@ -409,7 +422,7 @@ def refuse_taken(cfg: DictConfig, multirun: bool = False) -> None:
     for f in (sorted(p for p in folder.iterdir() if p.name.isdigit()) if multirun and folder.is_dir() else [folder]):
         earlier = sweeps.read_run_file(f)
         if earlier is not None and earlier.get("status") in ENDED:
-            raise FolderTaken(_taken(folder, earlier) if f == folder else
+            raise FolderTaken(_taken(folder, earlier, _resumes(cfg, folder)) if f == folder else
                               f"sweep folder {folder} holds earlier runs ({f.name}: {earlier.get('command')}, "
                               f"{earlier['status']}); give a new run_id=")
 

@@ -48,3 +48,25 @@ def test_other_exits_pass_through(tmp_path):
     with pytest.raises(SystemExit) as ended:
         cli.call(run, cfg)
     assert ended.value.code == 3
+
+
+def test_a_stopped_run_says_how_to_continue_it(tmp_path):
+    """A run stopped by SIGTERM is over (run.json: killed), so its run_id is refused before Hydra writes anything;
+    the one line says how to continue it, and typing run_id= and resume= for the same folder is named as the
+    mistake it is (resume= alone continues that folder)."""
+    from agent_trainer import sweeps
+
+    run = tmp_path / "0"
+    run.mkdir()
+    sweeps.write_run_file(run, status="killed", command="at-train", steps_completed=1)
+    again = compose_config([f"runs_dir={tmp_path}", "run_id=0", "experiment=smoke", "tracking=off"], "train")
+    with pytest.raises(cli.FolderTaken, match=f"the same overrides without run_id=, plus resume={run}"):
+        cli.refuse_taken(again)
+    both = compose_config([f"runs_dir={tmp_path}", "run_id=0", f"resume={run}", "tracking=off"], "train")
+    with pytest.raises(cli.FolderTaken, match="leave run_id= out"):
+        cli.refuse_taken(both)
+    cli.refuse_taken(compose_config([f"runs_dir={tmp_path}", f"resume={run}", "tracking=off"], "train"))
+    sweeps.write_run_file(run, command="at-eval")
+    with pytest.raises(cli.FolderTaken) as taken:
+        cli.refuse_taken(compose_config([f"runs_dir={tmp_path}", "run_id=0", "tracking=off"], "eval"))
+    assert str(taken.value).endswith("give a new run_id=") and "resume" not in str(taken.value)
