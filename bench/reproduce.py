@@ -93,7 +93,8 @@ def software() -> dict[str, str]:
 
 def kind_record_path(cpu: dict[str, str]) -> Path:
     """Where the record of a kind of CPU other than the reference record's lives."""
-    return KIND_RECORDS / f"{cpu.get('machine', 'unknown')}-{cpu.get('vendor', 'unknown')}-{cpu.get('torch_capability', 'unknown')}.json"
+    kind = "-".join(cpu.get(k, "unknown") for k in ("machine", "vendor", "torch_capability"))
+    return KIND_RECORDS / f"{kind}.json"
 
 
 def record_for(reference: dict | None, cpu: dict[str, str]) -> tuple[dict | None, Path]:

@@ -4,9 +4,9 @@
     .venv/bin/python scripts/agent_probe.py smollm2-agent --episodes 40 --json probe.json
 
 Each episode runs as at-train's do under ``experiment=smollm2_cpu_v5`` (6 turns, temperature 0.7, 192 new tokens a
-turn, full tool schemas, the last valid job submitted at the turn limit; each a flag), except that a submitted job is never run:
-the episode ends there. Every job file an episode writes is validated afresh (``validate_job``, no dry run), so
-a file counts whether or not the agent validated it. Printed per agent model, with Wilson 95% intervals:
+turn, full tool schemas, the last valid job submitted at the turn limit; each a flag), except that a submitted job
+is never run: the episode ends there. Every job file an episode writes is validated afresh (``validate_job``, no dry
+run), so a file counts whether or not the agent validated it. Printed per agent model, with Wilson 95% intervals:
 
 - ``valid first try``: at-train's metric (the episode's first ``validate_job`` call said VALID);
 - ``first file valid``: the episode's first job.yaml passes validation, by the algorithm it names (SFT, GRPO);
@@ -184,8 +184,8 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     settings = EpisodeSettings(max_turns=args.max_turns, max_jobs_per_episode=1, temperature=args.temperature,
-                               max_new_tokens=args.max_new_tokens, validate_dry_run=False, tool_schemas=args.tool_schemas,
-                               submit_at_turn_limit=True)
+                               max_new_tokens=args.max_new_tokens, validate_dry_run=False,
+                               tool_schemas=args.tool_schemas, submit_at_turn_limit=True)
     work = Path(tempfile.mkdtemp(prefix="agent-probe-"))
     rows: dict[str, list[dict[str, Any]]] = {}
     try:
