@@ -148,7 +148,10 @@ def test_local_logprobs_are_those_of_the_tempered_distribution(tok):
     a = backend.generate(MESSAGES, TOOLS, temperature=0.7, max_new_tokens=24, seed=3)
     b = backend.generate(MESSAGES, TOOLS, temperature=0.7, max_new_tokens=24, seed=3)
     c = backend.generate(MESSAGES, TOOLS, temperature=0.7, max_new_tokens=24, seed=4)
-    assert a.token_ids == b.token_ids and a.logprobs == b.logprobs and a.token_ids != c.token_ids
+    # The same seed samples the same tokens; the second call reuses the first's stored keys and values (another
+    # order of float sums), so its log-probs agree within float noise (exactly on AVX2, 5e-7 apart on AVX-512).
+    assert a.token_ids == b.token_ids and a.token_ids != c.token_ids
+    assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
     assert len(a.token_ids) == len(a.logprobs) == a.completion_tokens
     prompt = backend.render(MESSAGES, TOOLS)
     with torch.no_grad():

@@ -54,5 +54,6 @@ def test_selective_logprobs_on_smollm2_give_the_same_loss_and_gradients(smollm2,
     assert int(shared["shared_prefix"]) == 64 and torch.allclose(loss_shared, loss_whole, atol=1e-5)
     scale = max(v.abs().max().item() for v in g_whole.values())
     worst = max((g_shared[n] - g_whole[n]).abs().max().item() for n in g_whole)
-    assert worst <= 1e-5 * scale, f"largest gradient difference with the prefix shared {worst:.2e} (of {scale:.2e})"
+    # Float32 sums in another order through 30 layers: 1e-5 of the largest gradient on AVX2, 5.2e-5 on AVX-512.
+    assert worst <= 1e-4 * scale, f"largest gradient difference with the prefix shared {worst:.2e} (of {scale:.2e})"
 
