@@ -27,7 +27,7 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from agent_trainer.config import Config, ConfigError, check_installed, compose_config, validate
+from agent_trainer.config import Config, ConfigError, check_installed, compose_config, read_resume, validate
 from agent_trainer.paths import PROJECT_ROOT, resolve_path  # noqa: F401 (PROJECT_ROOT: cli.PROJECT_ROOT)
 from agent_trainer import sweeps
 from agent_trainer.cli_args import (  # noqa: F401 (re-exported: cli.UserError, cli.rewrite_args, ...)
@@ -406,10 +406,8 @@ def _taken(folder: Path, earlier: dict, resumes_it: bool = False) -> str:
 
 def _resumes(cfg: DictConfig, folder: Path) -> bool:
     """Whether ``cfg`` continues the run in ``folder`` (``resume=<that folder>``)."""
-    value = str(cfg.get("resume", "false") if "resume" in cfg else "false").strip()
-    if value.lower() in ("false", "no", "0", "", "true", "yes", "1"):
-        return False
-    return resolve_path(value).resolve() == folder
+    value = read_resume(cfg.get("resume", "false"))
+    return value not in ("false", "true") and resolve_path(value).resolve() == folder
 
 
 def refuse_taken(cfg: DictConfig, multirun: bool = False) -> None:

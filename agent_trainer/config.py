@@ -446,10 +446,15 @@ class TrainCommand(Config):
                                               "ones; others are refused (outer.steps may always grow)")
 
     def __post_init__(self) -> None:
-        """``resume`` is read here once: ``false``, ``true`` or a run folder's path (no/yes, 0/1 are read too)."""
-        value = str(self.resume).strip()
-        self.resume = ("false" if value.lower() in ("false", "no", "0", "")
-                       else "true" if value.lower() in ("true", "yes", "1") else value)
+        """``resume`` is read here once (``read_resume``)."""
+        self.resume = read_resume(self.resume)
+
+
+def read_resume(value: Any) -> str:
+    """An at-train ``resume`` value as ``false``, ``true`` or a run folder's path (no/yes, 0/1 are read too)."""
+    text = str(value).strip()
+    return "false" if text.lower() in ("false", "no", "0", "") else "true" if text.lower() in ("true", "yes", "1") \
+        else text
 
 
 @dataclass
