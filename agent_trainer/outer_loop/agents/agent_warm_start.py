@@ -153,7 +153,7 @@ def transcripts(tokenizer, cfg: WarmStart, seed: int = 0, max_tries: int = 8,
                 messages = play_novice(tasks[i % len(tasks)], rng, work / f"{i:04d}", tool_style=cfg.tool_schemas)
                 bar.set_postfix(played=i + 1, refresh=False)
                 if successful(messages):
-                    quiet = frozenset() if cfg.learn_invalid_writes else frozenset(invalid_writes(messages))
+                    quiet = set() if cfg.learn_invalid_writes else invalid_writes(messages)
                     out.append(encode_transcript(messages, tokenizer, tools, support=support,
                                                  tool_format=cfg.tool_format, context_only=quiet))
                     bar.update(1)
