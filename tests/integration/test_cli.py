@@ -73,6 +73,18 @@ def test_dry_run_writes_the_run_folder(tmp_path):
     assert versions["torch"].startswith("2.") and versions["python"].startswith("3.")
 
 
+def test_portable_kernels_are_the_ones_torch_runs_and_the_run_records_them(tmp_path):
+    """hardware.cpu_kernels=portable: the command's torch runs its AVX2 kernels and MKL its COMPATIBLE branch
+    (the settings go into the environment before torch's first kernel), and versions.json records them."""
+    if "avx2" not in Path("/proc/cpuinfo").read_text():
+        pytest.skip("portable kernels need an x86-64 CPU with AVX2")
+    proc = at("at-eval", f"task={SPEC}", "inner.eval_size=8", "hardware.cpu_kernels=portable", "tracking=off",
+              f"runs_dir={tmp_path}", "run_id=portable")
+    assert proc.returncode == 0, proc.stderr
+    cpu = json.loads((tmp_path / "portable" / "versions.json").read_text())["cpu"]
+    assert cpu["torch_capability"] == "AVX2" and cpu["MKL_CBWR"] == "COMPATIBLE", cpu
+
+
 @pytest.mark.slow
 def test_models_then_eval_end_to_end(tmp_path, built_agent, capsys):
     """at-models then at-eval through their run(cfg): a real score, logged to MLflow and read back."""

@@ -45,7 +45,7 @@ def test_same_content_same_key_wherever_the_folder_is(base_dir, tmp_path):
     assert _key(a, base_dir) == _key(b, base_dir)
 
 
-def test_every_part_of_a_jobs_content_changes_the_key(base_dir, tmp_path):
+def test_every_part_of_a_jobs_content_changes_the_key(base_dir, tmp_path, monkeypatch):
     ref = _key(_job(tmp_path, "ref"), base_dir)
     assert _key(_job(tmp_path, "seed", seed=1), base_dir) != ref
     assert _key(_job(tmp_path, "lr", lr=2e-3), base_dir) != ref
@@ -56,6 +56,11 @@ def test_every_part_of_a_jobs_content_changes_the_key(base_dir, tmp_path):
     assert _key(_job(tmp_path, "n"), base_dir) == ref
     assert _key(_job(tmp_path, "n2"), base_dir, hidden_n=32) != ref
     assert _key(_job(tmp_path, "sandbox"), base_dir, wrap=lambda argv: argv) != ref, "sandboxed"
+
+    # Another kernel path (torch's level, MKL's code branch) rounds differently: never a hit for the other one.
+    monkeypatch.setenv("MKL_CBWR", "COMPATIBLE")
+    assert _key(_job(tmp_path, "kernels"), base_dir) != ref
+    monkeypatch.delenv("MKL_CBWR")
 
     other_weights = tmp_path / "base2"
     shutil.copytree(base_dir, other_weights)

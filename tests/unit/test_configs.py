@@ -124,6 +124,7 @@ def test_bad_values_fail_with_the_choices(composer, override, text):
     (["outer.focus_top_frac=0"], "outer.focus_top_frac"),
     (["outer.focus_entropy_of=base"], "outer.focus_entropy_of"),
     (["hardware.agent_threads=0"], "hardware.agent_threads"),
+    (["hardware.cpu_kernels=fast"], "hardware.cpu_kernels must be native or portable, not 'fast'"),
     (["agent.tool_schemas=compakt"], "agent.tool_schemas must be full, compact or names"),
     (["agent.tool_format=hermez"], "agent.tool_format: unknown tool-call format 'hermez'; known: hermes, llama3"),
 ])

@@ -99,6 +99,20 @@ def test_each_job_process_sees_only_its_gpus(monkeypatch, tmp_path):
     assert "CUDA_VISIBLE_DEVICES" not in child_env(tmp_path, 1)
 
 
+def test_the_harness_kernel_settings_reach_the_jobs_process_and_secrets_do_not(tmp_path, monkeypatch):
+    from agent_trainer.inner_loop.isolation.launcher import scrub_env
+    from agent_trainer.inner_loop.run.job_env import cpu_kind
+
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    monkeypatch.setenv("MKL_CBWR", "COMPATIBLE")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-x")
+    env = scrub_env(child_env(tmp_path, 1))   # what the sandbox passes (--clearenv, then these)
+    assert env["ATEN_CPU_CAPABILITY"] == "avx2" and env["MKL_CBWR"] == "COMPATIBLE"
+    assert "OPENAI_API_KEY" not in env
+    kind = cpu_kind()
+    assert kind["MKL_CBWR"] == "COMPATIBLE" and {"machine", "vendor", "torch_capability"} <= set(kind)
+
+
 def test_gpu_slots_split_the_visible_gpus_among_concurrent_jobs():
     eight = [str(i) for i in range(8)]
     assert ex.gpu_slots(1, 8, eight) == eight

@@ -68,6 +68,26 @@ def test_the_source_is_the_same_only_with_the_same_software_and_cpu_kind():
     assert not same and any("vendor" in w for w in why) and any("AVX512" in w for w in why)
 
 
+def test_portable_kernels_are_one_kind_whatever_the_vendor(tmp_path, monkeypatch):
+    """hardware.cpu_kernels=portable: an Intel and an AMD CPU running torch's AVX2 kernels and MKL's COMPATIBLE
+    branch are compared exactly, with one record (no vendor in its name); native kernels still part by vendor."""
+    from agent_trainer.inner_loop.run.job_env import PORTABLE_KERNELS
+
+    monkeypatch.setattr(reproduce, "KIND_RECORDS", tmp_path / "kinds")
+    settings = {k: v for k, v in PORTABLE_KERNELS.items() if k != "ATEN_CPU_CAPABILITY"}
+    amd = {"machine": "x86_64", "vendor": "AuthenticAMD", "torch_capability": "AVX2", **settings}
+    intel = {**amd, "vendor": "GenuineIntel"}
+    soft = {"torch": "2.13.0"}
+    assert reproduce.same_source({"software": soft, "cpu": amd}, {"software": soft, "cpu": intel}) == (True, [])
+    path = reproduce.kind_record_path(intel)
+    assert path == reproduce.kind_record_path(amd) and "Intel" not in path.name and "COMPATIBLE" in path.name
+    native = {"machine": "x86_64", "vendor": "AuthenticAMD", "torch_capability": "AVX2"}
+    assert not reproduce.same_source({"software": soft, "cpu": native},
+                                     {"software": soft, "cpu": {**native, "vendor": "GenuineIntel"}})[0]
+    half = {**intel, "MKL_CBWR": "AVX2"}   # MKL's AVX2 branch: Intel CPUs only (MKL falls back on others)
+    assert not reproduce.same_source({"software": soft, "cpu": amd}, {"software": soft, "cpu": half})[0]
+
+
 KIND_RECORDS = sorted(reproduce.KIND_RECORDS.glob("*.json"))
 
 
@@ -84,7 +104,8 @@ def test_the_record_is_whole(path):
         assert record["models"][name] == entry["files"], f"{name}: the record's bytes are the shipped ones"
     assert record["software"] == RECORD["software"], "records of other kinds of CPU are made with the same software"
     if path != reproduce.RECORD:
-        assert record["cpu"] != RECORD["cpu"] and reproduce.kind_record_path(record["cpu"]) == path
+        assert reproduce.comparable(record["cpu"]) != reproduce.comparable(RECORD["cpu"])
+        assert reproduce.kind_record_path(record["cpu"]) == path
 
 
 def table_rows(doc: str, first: str) -> dict[str, list[str]]:
@@ -159,7 +180,7 @@ def test_recording_on_another_kind_of_cpu_writes_that_kinds_record(tmp_path, mon
     monkeypatch.setattr(reproduce, "cpu_kind", lambda: intel)
     monkeypatch.setattr(reproduce, "run_models", lambda: {"tiny-s": {"model.safetensors": "ab"}})
     args = argparse.Namespace(workdir=tmp_path / "work", markdown=False, record=True, jobs="", exact=False,
-                              json=None, burn=0)
+                              json=None, burn=0, kernels="native")
     assert reproduce.compare_or_record(args, ["models"], reference, reproduce.RECORD) == 0
     written = json.loads(reproduce.kind_record_path(intel).read_text())
     assert written["cpu"] == intel and written["models"] == reference["models"]

@@ -5,7 +5,7 @@
                                                     # (agent_trainer.inner_loop.run.job)
 
 ``cache_key`` hashes everything that decides a job's numbers (its files, task, base model, seed,
-libraries, harness source, settings that change an outcome). Only ``ok`` and ``diverged`` results are
+libraries, the kind of CPU, harness source, settings that change an outcome). Only ``ok`` and ``diverged`` results are
 stored, in ``<cache root>/jobs/``, pointing at the original run's weights. The key, the entries and
 what a hit costs: docs/inner_loop.md, "Job cache".
 """
@@ -24,6 +24,7 @@ from typing import Any, Callable
 
 from agent_trainer.paths import PROJECT_ROOT
 from agent_trainer.paths import cache_dir as default_cache_dir
+from agent_trainer.inner_loop.run.job_env import cpu_kind
 from agent_trainer.inner_loop.run.result import (
     RESULT_FILE, JobResult, job_hash, library_versions, track_result, write_json_atomic,
 )
@@ -107,6 +108,7 @@ def key_parts(job) -> dict[str, Any]:
         "base_model_digest": model_digest(base),
         "seed": spec.seed,
         "libraries": library_versions(),
+        "cpu": cpu_kind(),   # a shared cache on a cluster of several CPU kinds: their numbers differ in the last digits
         "harness": harness_digest(),
         "settings": {k: _plain(v) for k, v in sorted(outcome_settings(job).items())},
     }
