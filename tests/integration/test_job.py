@@ -67,6 +67,10 @@ def test_ok_job_is_scored_logged_and_hides_the_hidden_score(base_dir, tmp_path):
 
     assert on_disk["seconds"]["train_estimated"] == estimate_job(load_job(job), FAST_COSTS, [3]).train_seconds(3)
     assert on_disk["device"] == "cpu"
+    from agent_trainer.inner_loop.run.job_env import cpu_kind
+
+    assert on_disk["cpu"] == cpu_kind(), "the job's process ran this process's kinds of kernels, and says so"
+    assert "cpu" not in res.visible(), "never shown to the agent: what it reads does not depend on the machine"
     assert len(on_disk["job_hash"]) == 64 and on_disk["libraries"]["trl"] and on_disk["seed"] == 0
     assert [step for step, _ in res.visible()["loss_curve"]] == [1, 2, 3]
     assert (job / "output" / "model" / "model.safetensors").is_file()
@@ -74,6 +78,16 @@ def test_ok_job_is_scored_logged_and_hides_the_hidden_score(base_dir, tmp_path):
     metrics = read_metrics(uri, tracker.run_id, ["train/loss", "job/hidden_score"])
     assert [s for s, _ in metrics["train/loss"]] == [1, 2, 3]
     assert metrics["job/hidden_score"][0][1] == pytest.approx(res.hidden_score)
+
+
+def test_the_harness_kernel_settings_are_the_ones_the_jobs_process_trains_with(base_dir, tmp_path, monkeypatch):
+    """Kernel settings in the harness's environment pass the sandbox's --clearenv: torch in the job's process runs
+    the level they name (DEFAULT: no vector kernels, on any x86 CPU) and MKL gets its branch."""
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")
+    monkeypatch.setenv("MKL_CBWR", "COMPATIBLE")
+    res, on_disk = _run(_job(tmp_path, {"learning_rate": 1e-3, "max_steps": 2}), base_dir)
+    assert res.status == "ok", res.detail
+    assert on_disk["cpu"]["torch_capability"] == "DEFAULT" and on_disk["cpu"]["MKL_CBWR"] == "COMPATIBLE"
 
 
 def test_diverging_job_ends_diverged(base_dir, tmp_path):

@@ -299,7 +299,7 @@ def train(job: Job, res: JobResult, base_dir: Path, wrap, reward_host) -> tuple[
         if not run.killed:
             break
     st = run.status
-    res.status, res.device = st.get("status", "crashed"), st.get("device")
+    res.status, res.device, res.cpu = st.get("status", "crashed"), st.get("device"), st.get("cpu") or {}
     res.detail, res.error = st.get("detail", ""), st.get("error", "")
     if run.killed:
         res.detail += "; it was killed on both tries"

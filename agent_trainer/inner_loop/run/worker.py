@@ -87,6 +87,9 @@ def run(job_dir: Path, model: Path, family: str, output_dir: Path, max_steps: in
 
         if threads:
             torch.set_num_threads(threads)
+        from agent_trainer.inner_loop.run.job_env import cpu_kind
+
+        status["cpu"] = cpu_kind()   # the kernels this process runs (a forked warm worker: the ones it inherited)
         _quiet()
         if reward_fd is not None:
             from agent_trainer.inner_loop.isolation.reward_proxy import install
