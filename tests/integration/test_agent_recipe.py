@@ -12,10 +12,11 @@ from agent_trainer.config import compose_config, validate
 
 
 @pytest.mark.parametrize("recipe", ["smollm2_cpu", "smollm2_cpu_v3", "smollm2_cpu_v4", "smollm2_cpu_v5",
-                                    "smollm2_cpu_v6", "smollm2_cpu_v7"])
+                                    "smollm2_cpu_v6", "smollm2_cpu_v7", "smollm2_cpu_v8"])
 def test_the_recipe_is_what_the_docs_say(recipe):
     c = validate(compose_config([f"experiment={recipe}"], "train"))
-    assert c.agent.model == ("smollm2-agent-valid" if recipe == "smollm2_cpu_v7" else "smollm2-agent")
+    valid = recipe in ("smollm2_cpu_v7", "smollm2_cpu_v8")
+    assert c.agent.model == ("smollm2-agent-valid" if valid else "smollm2-agent")
     assert c.agent.backend == "local"
     assert c.outer.tasks_per_step * c.outer.group_size >= 8 and c.outer.tasks_per_step >= 2
     assert c.outer.group_size >= 4 and c.outer.steps >= 12
@@ -50,6 +51,12 @@ def test_the_recipe_is_what_the_docs_say(recipe):
     if recipe == "smollm2_cpu_v7":     # v5 with the warm start that does not learn the novice's invalid files
         base = validate(compose_config(["experiment=smollm2_cpu_v5"], "train"))
         c.agent.model = base.agent.model
+        c.run_id = base.run_id
+        assert c == base
+    if recipe == "smollm2_cpu_v8":     # v7 and a KL term to the warm start
+        base = validate(compose_config(["experiment=smollm2_cpu_v7"], "train"))
+        assert (c.outer.kl_beta, base.outer.kl_beta) == (0.1, 0.0)
+        c.outer.kl_beta = base.outer.kl_beta
         c.run_id = base.run_id
         assert c == base
 
