@@ -337,7 +337,25 @@ def _record(cfg: DictConfig, info: sweeps.JobInfo, status: str, error: str | Non
         fields.update(mlflow_run_id=started.run_id, tracking_uri=started.tracking_uri, run_name=started.run_name)
     if sweeps.read_run_file(folder) is None:
         fields.update(_run_record(info))
+    _record_cpu(folder)
     sweeps.write_run_file(folder, **fields)
+
+
+def _record_cpu(folder: Path) -> None:
+    """Add the kind of CPU (``agent_trainer.kernels.cpu_kind``: it decides the float kernels, so the last digits)
+    to the run's versions.json, once the run has loaded torch (a run that never did, a dry run or an early error,
+    ran no kernel: nothing to record, and importing torch for it would cost seconds)."""
+    path = folder / "versions.json"
+    if "torch" not in sys.modules or not path.is_file():
+        return
+    from agent_trainer.kernels import cpu_kind
+
+    try:
+        versions = json.loads(path.read_text())
+        versions["cpu"] = cpu_kind()
+        path.write_text(json.dumps(versions, indent=2) + "\n")
+    except (OSError, ValueError):
+        pass   # the outcome in run.json matters more than this record
 
 
 def _run_record(info: sweeps.JobInfo) -> dict[str, Any]:
@@ -438,7 +456,7 @@ def open_run(cfg: DictConfig) -> tuple[Path, Config]:
     process's environment, where the registries and every child process find them."""
     conf = validate(cfg)
     export_registries(conf)
-    from agent_trainer.inner_loop.run.job_env import use_cpu_kernels
+    from agent_trainer.kernels import use_cpu_kernels
 
     use_cpu_kernels(conf.hardware.cpu_kernels)
     if not cfg.get("dry_run"):
@@ -456,12 +474,7 @@ def open_run(cfg: DictConfig) -> tuple[Path, Config]:
         cfg.run_id = str(folder.relative_to(runs)) if folder.is_relative_to(runs) else folder.name
     conf.run_id = cfg.run_id
     (folder / "config.resolved.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-    versions: dict = package_versions()
-    if not cfg.get("dry_run"):   # the kind of CPU decides the float kernels, so the last digits (not on a dry run:
-        from agent_trainer.inner_loop.run.job_env import cpu_kind   # it imports torch)
-
-        versions["cpu"] = cpu_kind()
-    (folder / "versions.json").write_text(json.dumps(versions, indent=2) + "\n")
+    (folder / "versions.json").write_text(json.dumps(package_versions(), indent=2) + "\n")
     info = sweeps.job_info(_command())
     if info.folder is None:
         info.folder = folder

@@ -2,10 +2,11 @@
 
 Each round runs every job once with each setting (the order alternates round by round, so a change of the machine's
 load falls on both sides), each as a user would: ``at-job <job> hardware.cpu_kernels=<setting>`` (its own process,
-whose scoring runs the setting's kernels too), one torch thread, no job cache. Prints the training seconds and the scores per setting, and one ratio: the median over
-jobs of portable's training seconds over native's (rounds' medians). The scores of a setting must be the same
-every round (each setting is deterministic); native and portable scores may differ (other kernels round
-differently: docs/inner_loop.md, "The same numbers on another CPU").
+whose scoring runs the setting's kernels too), one torch thread, no job cache. Prints the training seconds and
+the scores per setting, and one ratio: the median over jobs of portable's training seconds over native's (rounds'
+medians). The scores of a setting must be the same every round (each setting is deterministic); native and
+portable scores may differ (other kernels round differently: docs/inner_loop.md, "The same numbers on another
+CPU"). Exit 1 when a setting's scores differ between rounds.
 
     .venv/bin/python bench/cpu_kernels.py                        # sft_full, grpo_lora; 2 rounds (~6 min on 2 cores)
     .venv/bin/python bench/cpu_kernels.py --jobs sft_full --rounds 1
@@ -22,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as C  # noqa: E402
 
-from agent_trainer.inner_loop.run.job_env import portable  # noqa: E402
+from agent_trainer.kernels import portable  # noqa: E402
 
 SETTINGS = ("native", "portable")
 

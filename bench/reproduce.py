@@ -57,7 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as C  # noqa: E402
 import same_steps  # noqa: E402
 
-from agent_trainer.inner_loop.run.job_env import KERNEL_ENV, cpu_kind, portable, use_cpu_kernels  # noqa: E402
+from agent_trainer.kernels import KERNEL_ENV, cpu_kind, portable, use_cpu_kernels  # noqa: E402
 
 RECORD = C.ROOT / "bench" / "results" / "reproduce.json"
 # Records of other kinds of CPU, one file a kind (``kind_record_path``): on such a CPU the check is exact too.
@@ -236,12 +236,13 @@ def markdown(now: dict) -> str:
         lines += [f"| {f}{' (held out)' if f == 'triage' else ''} | {s[f]:.3f} | {m[f]:.3f} |" for f in sorted(s)]
         lines.append("")
     if "jobs" in now:
-        lines += ["| job | `ran` (algorithm/peft/data_source steps) | base | status | train s | hidden | baseline | uplift |",
-                  "|---|---|---|---|---:|---:|---:|---:|"]
+        lines += ["| job | `ran` (algorithm/peft/data_source steps) | base | status | train s | hidden | baseline "
+                  "| uplift |", "|---|---|---|---|---:|---:|---:|---:|"]
         for name, j in now["jobs"].items():
             up = f"{j['uplift']:+.3f}" if j["uplift"] is not None else "-"
+            up = f"**{up}**" if (j["uplift"] or 0) >= 0.05 else up
             lines.append(f"| {name} | {j['ran']} | {j['base_model']} | {j['status']} | {j['seconds_train']} | "
-                         f"{j['hidden_score']:.3f} | {j['baseline']:.3f} | {'**' + up + '**' if (j['uplift'] or 0) >= 0.05 else up} |")
+                         f"{j['hidden_score']:.3f} | {j['baseline']:.3f} | {up} |")
     return "\n".join(lines)
 
 

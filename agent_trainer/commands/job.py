@@ -14,7 +14,7 @@ import hydra
 from omegaconf import DictConfig
 
 from agent_trainer import cli
-from agent_trainer.config import CONFIG_DIR
+from agent_trainer.config import CONFIG_DIR, typed
 from agent_trainer.paths import resolve_path
 from agent_trainer.tracking import check_reachable
 from agent_trainer.commands._errors import user_errors
@@ -35,9 +35,9 @@ def run(cfg: DictConfig) -> float | None:
     job_dir = resolve_path(cfg.job_dir)
     if not cfg.dry_run and cfg.inner.warm_workers and (job_dir / "job.yaml").is_file():
         from agent_trainer.inner_loop.run.job import prestart_warm_worker
-        from agent_trainer.inner_loop.run.job_env import use_cpu_kernels
+        from agent_trainer.kernels import use_cpu_kernels
 
-        use_cpu_kernels(str(cfg.hardware.cpu_kernels))   # the warm worker starts with the kernels the run will use
+        use_cpu_kernels(typed(cfg).hardware.cpu_kernels)   # the warm worker starts with the run's kernels
 
         # The warm worker's imports (~9 s of TRL) start now, beside everything else this command does
         # before training (config, run folder, validation's model load), not after it.

@@ -71,6 +71,7 @@ def test_dry_run_writes_the_run_folder(tmp_path):
     assert OmegaConf.load(run / "config.resolved.yaml").task.spec_path == str(ROOT / SPEC)
     versions = json.loads((run / "versions.json").read_text())
     assert versions["torch"].startswith("2.") and versions["python"].startswith("3.")
+    assert "cpu" not in versions, "a dry run loads no torch, runs no kernel: no kind of CPU to record"
 
 
 def test_portable_kernels_are_the_ones_torch_runs_and_the_run_records_them(tmp_path):

@@ -67,7 +67,7 @@ def test_ok_job_is_scored_logged_and_hides_the_hidden_score(base_dir, tmp_path):
 
     assert on_disk["seconds"]["train_estimated"] == estimate_job(load_job(job), FAST_COSTS, [3]).train_seconds(3)
     assert on_disk["device"] == "cpu"
-    from agent_trainer.inner_loop.run.job_env import cpu_kind
+    from agent_trainer.kernels import cpu_kind
 
     assert on_disk["cpu"] == cpu_kind(), "the job's process ran this process's kinds of kernels, and says so"
     assert "cpu" not in res.visible(), "never shown to the agent: what it reads does not depend on the machine"

@@ -101,7 +101,7 @@ def test_each_job_process_sees_only_its_gpus(monkeypatch, tmp_path):
 
 def test_the_harness_kernel_settings_reach_the_jobs_process_and_secrets_do_not(tmp_path, monkeypatch):
     from agent_trainer.inner_loop.isolation.launcher import scrub_env
-    from agent_trainer.inner_loop.run.job_env import cpu_kind
+    from agent_trainer.kernels import cpu_kind
 
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
     monkeypatch.setenv("MKL_CBWR", "COMPATIBLE")

@@ -71,7 +71,7 @@ def test_the_source_is_the_same_only_with_the_same_software_and_cpu_kind():
 def test_portable_kernels_are_one_kind_whatever_the_vendor(tmp_path, monkeypatch):
     """hardware.cpu_kernels=portable: an Intel and an AMD CPU running torch's AVX2 kernels and MKL's COMPATIBLE
     branch are compared exactly, with one record (no vendor in its name); native kernels still part by vendor."""
-    from agent_trainer.inner_loop.run.job_env import PORTABLE_KERNELS
+    from agent_trainer.kernels import PORTABLE_KERNELS
 
     monkeypatch.setattr(reproduce, "KIND_RECORDS", tmp_path / "kinds")
     settings = {k: v for k, v in PORTABLE_KERNELS.items() if k != "ATEN_CPU_CAPABILITY"}

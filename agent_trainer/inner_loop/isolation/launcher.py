@@ -23,7 +23,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-from agent_trainer.inner_loop.run.job_env import KERNEL_ENV, STEP_DELAY_ENV
+from agent_trainer.inner_loop.run.job_env import STEP_DELAY_ENV
+from agent_trainer.kernels import KERNEL_ENV
 from agent_trainer.registry import REGISTRY_ENV
 
 # Interpreter flags of every Python child: isolated mode, no bytecode written, unbuffered output.

@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 from agent_trainer.paths import PROJECT_ROOT
 from agent_trainer.paths import cache_dir as default_cache_dir
-from agent_trainer.inner_loop.run.job_env import cpu_kind
+from agent_trainer.kernels import cpu_kind
 from agent_trainer.inner_loop.run.result import (
     RESULT_FILE, JobResult, job_hash, library_versions, track_result, write_json_atomic,
 )

@@ -10,15 +10,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from agent_trainer.kernels import KERNEL_ENV
 from agent_trainer.registry import configured_env
 
 MAX_FILE_BYTES = 16 * 2**30  # a 1.7B fp32 checkpoint fits; a runaway writer does not fill the disk
 # A test hook passed through to the training process: seconds each step sleeps (a slow or busy machine on
 # demand; agent_trainer.inner_loop.train.callbacks.StepDelay). Unset everywhere but in tests.
 STEP_DELAY_ENV = "AGENT_TRAINER_TEST_STEP_DELAY_S"
-# Which CPU kernels torch, MKL and oneDNN run: set in the harness's environment, they reach the job's training
-# process too, so one setting (docs/inner_loop.md, "The same numbers on another CPU") pins the whole run's arithmetic.
-KERNEL_ENV = ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")
 
 
 def usable_cores() -> int:
@@ -28,56 +26,6 @@ def usable_cores() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):   # no affinity on this platform
         return os.cpu_count() or 1
-
-
-# hardware.cpu_kernels=portable: torch's AVX2 kernels (the same instructions on any x86-64 CPU since ~2015) and
-# MKL's COMPATIBLE branch, the one MKL documents as giving the same results on Intel and non-Intel CPUs.
-PORTABLE_KERNELS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "COMPATIBLE", "ONEDNN_MAX_CPU_ISA": "AVX2"}
-
-
-def use_cpu_kernels(kernels: str) -> None:
-    """``native`` leaves the environment as it is; ``portable`` puts ``PORTABLE_KERNELS`` in this process's
-    environment, where torch reads them at its first kernel call, MKL at its first call, and every job's process
-    finds them (``child_env``). Raises when torch had already chosen other kernels in this process."""
-    if kernels != "portable":
-        return
-    os.environ.update(PORTABLE_KERNELS)
-    import sys
-
-    if "torch" in sys.modules:
-        import torch
-
-        level = torch.backends.cpu.get_cpu_capability()
-        if level != "AVX2":
-            raise RuntimeError(f"hardware.cpu_kernels=portable: torch runs its {level} kernels in this process "
-                               "(a CPU without AVX2, or kernels chosen before the setting); the numbers would not "
-                               "be the portable ones")
-
-
-def portable(cpu: dict[str, str]) -> bool:
-    """Whether ``cpu`` (``cpu_kind``) ran the portable kernels, whose numbers do not depend on the vendor."""
-    return cpu.get("torch_capability") == "AVX2" and all(cpu.get(k) == v for k, v in PORTABLE_KERNELS.items()
-                                                         if k != "ATEN_CPU_CAPABILITY")
-
-
-def cpu_kind() -> dict[str, str]:
-    """What decides which float kernels a job runs, so which numbers it makes: the architecture, the vendor (MKL
-    and oneDNN dispatch on it), torch's CPU capability, and the ``KERNEL_ENV`` settings given (``{}``: none)."""
-    import platform
-
-    import torch
-
-    vendor = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("vendor_id"):
-                vendor = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    kernels = {k: os.environ[k] for k in KERNEL_ENV if os.environ.get(k) and k != "ATEN_CPU_CAPABILITY"}
-    return {"machine": platform.machine(), "vendor": vendor or platform.processor() or "unknown",
-            "torch_capability": torch.backends.cpu.get_cpu_capability(), **kernels}
 
 
 def child_env(home: Path, threads: int | None, gpus: str | None = None) -> dict[str, str]:

@@ -87,7 +87,7 @@ def run(job_dir: Path, model: Path, family: str, output_dir: Path, max_steps: in
 
         if threads:
             torch.set_num_threads(threads)
-        from agent_trainer.inner_loop.run.job_env import cpu_kind
+        from agent_trainer.kernels import cpu_kind
 
         status["cpu"] = cpu_kind()   # the kernels this process runs (a forked warm worker: the ones it inherited)
         _quiet()
