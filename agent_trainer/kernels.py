@@ -10,6 +10,7 @@ another CPU"). The settings live in the environment: torch reads ``ATEN_CPU_CAPA
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import sys
@@ -54,14 +55,18 @@ def cpu_kind() -> dict[str, str]:
     and oneDNN dispatch on it), torch's CPU capability, and the ``KERNEL_ENV`` settings given."""
     import torch
 
-    vendor = ""
+    kernels = {k: os.environ[k] for k in KERNEL_ENV if os.environ.get(k) and k != "ATEN_CPU_CAPABILITY"}
+    return {"machine": platform.machine(), "vendor": _vendor(),
+            "torch_capability": torch.backends.cpu.get_cpu_capability(), **kernels}
+
+
+@functools.lru_cache(maxsize=1)
+def _vendor() -> str:
+    """The CPU's vendor id (``GenuineIntel``, ``AuthenticAMD``), read once a process: the job cache asks per job."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("vendor_id"):
-                vendor = line.split(":", 1)[1].strip()
-                break
+                return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    kernels = {k: os.environ[k] for k in KERNEL_ENV if os.environ.get(k) and k != "ATEN_CPU_CAPABILITY"}
-    return {"machine": platform.machine(), "vendor": vendor or platform.processor() or "unknown",
-            "torch_capability": torch.backends.cpu.get_cpu_capability(), **kernels}
+    return platform.processor() or "unknown"

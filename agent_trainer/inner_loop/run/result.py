@@ -76,8 +76,8 @@ class JobResult:
     hidden_salt: str = "public"
     # Where the job's process trained (``cpu`` or ``cuda``; None when nothing was trained).
     device: str | None = None
-    # The float kernels the job's process trained with, as that process saw them (agent_trainer.kernels.cpu_kind: architecture,
-    # vendor, torch's level, MKL/oneDNN settings; {} when no process started). Harness-only, never in visible().
+    # The float kernels the job's process trained with, as that process saw them (agent_trainer.kernels.cpu_kind:
+    # architecture, vendor, torch's level, MKL/oneDNN settings; {} when no process started). Never in visible().
     cpu: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
