@@ -55,6 +55,12 @@ class CalibrationError(RuntimeError):
 FIXED_FLOOR = 0.01   # the fixed-cost factor of a model whose steps are all rows (a factor of 0 reads as none)
 
 
+def _sig(x: float, digits: int = 3) -> float:
+    """``x`` to ``digits`` significant digits: a factor keeps its precision on a machine 100x the reference
+    (0.00412), a step's seconds on a GPU (0.004127)."""
+    return float(f"{x:.{digits}g}")
+
+
 def fit_factors(small: tuple[float, float, float], large: tuple[float, float, float]) -> tuple[float, float]:
     """(factor of the fixed cost, factor of the rows' cost) from two timed jobs, each ``(fixed, rows, measured)``:
     the reference's fixed and row seconds of a step (LoRA included) and the seconds it took here. When the
@@ -67,10 +73,10 @@ def fit_factors(small: tuple[float, float, float], large: tuple[float, float, fl
         per_row = (m2 - m1) / (r2 - r1)
         fixed = (m1 - r1 * per_row) / f1 if f1 else 0.0
         if per_row > 0 and fixed > 0:
-            return round(fixed, 2), round(per_row, 2)
+            return _sig(fixed), _sig(per_row)
         if per_row > 0:
-            return FIXED_FLOOR, round((m1 * r1 + m2 * r2) / (r1 * r1 + r2 * r2), 2)
-    one = round(m2 / (f2 + r2), 2)
+            return FIXED_FLOOR, _sig((m1 * r1 + m2 * r2) / (r1 * r1 + r2 * r2))
+    one = _sig(m2 / (f2 + r2))
     return one, one
 
 
@@ -80,7 +86,7 @@ def fit_part_factor(base: tuple[float, float, float], changed: tuple[float, floa
     cost here against what they cost the reference (``FIXED_FLOOR`` when the second job was no slower: noise, or
     tokens that cost nothing next to the rest)."""
     (_, r1, m1), (_, r2, m2) = base, changed
-    return round(max(FIXED_FLOOR, (m2 - m1) / (r2 - r1)), 2) if r2 > r1 else FIXED_FLOOR
+    return _sig(max(FIXED_FLOOR, (m2 - m1) / (r2 - r1))) if r2 > r1 else FIXED_FLOOR
 
 
 def _data(job: dict, family: str, pad: str = "") -> dict:
@@ -176,12 +182,14 @@ def calibrate(name: str, cache_dir=None, device: str = "cpu", progress: bool = T
                     except CalibrationError as e:
                         done = ", ".join(factors) or "none"
                         raise CalibrationError(f"{e}; the factors measured before it are stored ({done})") from None
+                # Fitted from the seconds as stored, so a refit of the profile gives these factors again.
+                step_s, sampling_s = _sig(step_s, 4), _sig(sampling_s, 4)
                 timings[size] = (step_s, sampling_s)
-                measured[key + size] = {"seconds_per_step": round(step_s, 4), "steps_timed": timed,
+                measured[key + size] = {"seconds_per_step": step_s, "steps_timed": timed,
                                         "batch_size": hp["batch_size"], "cpu_share": round(cpu_share, 2),
                                         **({"completion_tokens": hp["max_completion_length"]}
                                            if algorithm == "grpo" else {}),
-                                        **({"sampling_seconds": round(sampling_s, 2)} if sampling_s else {}),
+                                        **({"sampling_seconds": sampling_s} if sampling_s else {}),
                                         **({"longer_prompts": True} if pad else {})}
             factors.update(_fitted(algorithm, suffix, timings, family))
             # Stored as each algorithm is done (over what was stored before): a job that cannot finish (out of
@@ -218,7 +226,7 @@ def _fitted(algorithm: str, suffix: str, timings: dict[str, tuple[float, float]]
         if size in points:
             out[algorithm + suffix + size] = fit_part_factor(points[""], points[size])
     if sampling:
-        out["sample" + suffix] = round(sum(sampling) / len(sampling), 2)
+        out["sample" + suffix] = _sig(sum(sampling) / len(sampling))
     return out
 
 
