@@ -337,14 +337,16 @@ def _record(cfg: DictConfig, info: sweeps.JobInfo, status: str, error: str | Non
         fields.update(mlflow_run_id=started.run_id, tracking_uri=started.tracking_uri, run_name=started.run_name)
     if sweeps.read_run_file(folder) is None:
         fields.update(_run_record(info))
-    _record_cpu(folder)
+    record_cpu(folder)
     sweeps.write_run_file(folder, **fields)
 
 
-def _record_cpu(folder: Path) -> None:
+def record_cpu(folder: Path) -> None:
     """Add the kind of CPU (``agent_trainer.kernels.cpu_kind``: it decides the float kernels, so the last digits)
     to the run's versions.json, once the run has loaded torch (a run that never did, a dry run or an early error,
-    ran no kernel: nothing to record, and importing torch for it would cost seconds)."""
+    ran no kernel: nothing to record, and importing torch for it would cost seconds). The first process that ran
+    the run's kernels is the one recorded: a resume on another machine leaves it, and says so in
+    ``resumes.jsonl`` (``commands.train.machine_changes``)."""
     path = folder / "versions.json"
     if "torch" not in sys.modules or not path.is_file():
         return
@@ -352,8 +354,9 @@ def _record_cpu(folder: Path) -> None:
 
     try:
         versions = json.loads(path.read_text())
-        versions["cpu"] = cpu_kind()
-        path.write_text(json.dumps(versions, indent=2) + "\n")
+        if "cpu" not in versions:
+            versions["cpu"] = cpu_kind()
+            path.write_text(json.dumps(versions, indent=2) + "\n")
     except (OSError, ValueError):
         pass   # the outcome in run.json matters more than this record
 

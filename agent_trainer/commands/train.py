@@ -21,6 +21,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
@@ -169,19 +170,44 @@ def resume_changes(cfg: DictConfig, previous: Path) -> dict[str, tuple[str, str]
 RESUMES_FILE = "resumes.jsonl"
 
 
-def record_resume(run_dir: Path, steps_done: int, changes: dict[str, tuple[str, str]]) -> None:
+def record_resume(run_dir: Path, steps_done: int, changes: dict[str, tuple[str, str]]) -> dict:
     """One line per resume in ``<run>/resumes.jsonl``: when, after how many complete steps, the resuming command's
-    overrides and the settings it changed. ``config.resolved.yaml`` and ``run.json`` keep the run's first settings,
-    so a run resumed with other ones (``outer.steps``, ``resume_allow_changes``) is read back from both."""
+    overrides, the settings it changed, and what differs in the machine and packages it runs on
+    (``machine_changes``, returned). ``config.resolved.yaml``, ``versions.json`` and ``run.json`` keep the run's
+    first settings, so a run resumed with other ones (``outer.steps``, ``resume_allow_changes``) or elsewhere is
+    read back from them and this file."""
     from datetime import datetime, timezone
 
     from agent_trainer import sweeps
 
     info = sweeps.job_info("at-train")
+    moved = machine_changes(run_dir)
     line = {"time": datetime.now(timezone.utc).isoformat(timespec="seconds"), "steps_done": steps_done,
-            "overrides": info.overrides, "changes": {k: {"saved": a, "now": b} for k, (a, b) in changes.items()}}
+            "overrides": info.overrides, "changes": {k: {"saved": a, "now": b} for k, (a, b) in changes.items()},
+            "machine": {k: {"saved": a, "now": b} for k, (a, b) in moved.items()}}
     with open(Path(run_dir) / RESUMES_FILE, "a", encoding="utf-8") as f:
         f.write(json.dumps(line) + "\n")
+    return moved
+
+
+def machine_changes(run_dir: Path) -> dict[str, tuple[Any, Any]]:
+    """What this process runs on that differs from the run's ``versions.json`` (the first process's): package
+    versions, python, and each field of the kind of CPU (``agent_trainer.kernels.cpu_kind``: vendor, torch's
+    kernel level, the kernel settings), as ``{key: (saved, now)}`` (``cpu.vendor``). Either changes the last digits
+    of what the resumed steps compute, so the run no longer equals one made in one go. Keys the saved file lacks
+    (a run saved before they were recorded) are not compared."""
+    from agent_trainer.kernels import cpu_kind
+
+    try:
+        saved = json.loads((Path(run_dir) / "versions.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    now: dict[str, Any] = {**cli.package_versions(), **{f"cpu.{k}": v for k, v in cpu_kind().items()}}
+    saved = {**{k: v for k, v in saved.items() if k != "cpu"},
+             **{f"cpu.{k}": v for k, v in (saved.get("cpu") or {}).items()}}
+    has_cpu = any(k.startswith("cpu.") for k in saved)
+    keys = [k for k in {**saved, **now} if k in saved or (has_cpu and k.startswith("cpu."))]
+    return {k: (saved.get(k), now.get(k)) for k in keys if saved.get(k) != now.get(k)}
 
 
 def run(cfg: DictConfig) -> float | None:
@@ -219,15 +245,21 @@ def _train(cfg: DictConfig, conf: TrainCommand, run_dir: Path, previous: Path | 
     """``run`` in the run folder it holds: resume bookkeeping, the MLflow run, the outer loop, the summary."""
     from agent_trainer.outer_loop.rl.run_config import build_trainer
 
+    moved: dict[str, tuple[Any, Any]] = {}
     if previous is not None:
         done = steps_completed(run_dir)
         if conf.outer.steps < done:   # refused before the resumed folder is touched
             raise cli.UserError(f"resume={run_dir}: outer.steps={conf.outer.steps} is below the {done} steps the run "
                                 f"completed; a resume cannot undo steps (resume with outer.steps>={done})")
         cli.continue_in(previous)  # run.json, train.log and the outcome go to the resumed folder
-        record_resume(run_dir, done, changes)
+        moved = record_resume(run_dir, done, changes)
         how = "the newest run with these settings" if conf.resume == "true" else "given"
         print(f"at-train: resuming {run_dir} ({how}) after its step {done - 1}")
+        if moved:
+            print(f"at-train: resumed on another machine or software than the run began on "
+                  f"({'; '.join(f'{k} {a} -> {b}' for k, (a, b) in moved.items())}): steps {done} on will not "
+                  f"match the same run made in one go to the last digit (docs/inner_loop.md, \"The same numbers "
+                  f"on another CPU\")", file=sys.stderr)
         if done >= conf.outer.steps:
             print(f"at-train: {run_dir} has all its {conf.outer.steps} steps: nothing to train (raise outer.steps to "
                   f"continue it)")
@@ -236,6 +268,7 @@ def _train(cfg: DictConfig, conf: TrainCommand, run_dir: Path, previous: Path | 
     try:
         # Every start-up error (a missing spec or model, a bad setting) comes before the MLflow run exists.
         trainer = build_trainer(conf, run_dir, tracker=tracker, resume=previous is not None)
+        cli.record_cpu(run_dir)   # now, not at the end: a run killed midway is the one resumed elsewhere
         marker = run_dir / RUN_MARKER
         state = json.loads(marker.read_text()) if marker.is_file() else {}
         if state.get("mlflow_run_id"):
@@ -244,6 +277,8 @@ def _train(cfg: DictConfig, conf: TrainCommand, run_dir: Path, previous: Path | 
             tracker.start()
             tracker.log_config(cfg)
             marker.write_text(json.dumps({"mlflow_run_id": tracker.run_id, "run_id": conf.run_id}))
+        if moved:
+            tracker.set_tags({f"resumed.{k}": str(b) for k, (_, b) in moved.items()})
         if changes:
             # MLflow params cannot change: the new values go to tags (resumed.<key>) and the console.
             tracker.set_tags({f"resumed.{k}": b for k, (_, b) in changes.items()})

@@ -101,6 +101,12 @@ def test_killed_mid_step_resumes_with_every_step_and_record_once(tmp_path, built
     client = MlflowClient(f"sqlite:///{tmp_path.resolve()}/mlflow.db")
     killed_run = json.loads((run / "outer_run.json").read_text())["mlflow_run_id"]
     client.set_tag(killed_run, "error", "interrupted")   # what a Ctrl-C leaves (a SIGKILL leaves nothing)
+    # The killed process recorded its kind of CPU when it began; made another vendor's here, as if the resume ran
+    # on another machine.
+    versions = json.loads((run / "versions.json").read_text())
+    here = versions["cpu"]["vendor"]
+    versions["cpu"]["vendor"] = "elsewhere"
+    (run / "versions.json").write_text(json.dumps(versions))
 
     resuming = subprocess.Popen(args + ["run_id=again", f"resume={run}"], cwd=ROOT, env=env, text=True,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -125,6 +131,11 @@ def test_killed_mid_step_resumes_with_every_step_and_record_once(tmp_path, built
     # each resume is a line of resumes.jsonl: after how many steps, with which overrides and changes
     (first,) = [json.loads(x) for x in (run / "resumes.jsonl").read_text().splitlines()]
     assert first["steps_done"] == 1 and f"resume={run}" in first["overrides"] and first["changes"] == {}
+    # the move is recorded and said, the run's versions.json keeps the first process's record
+    assert first["machine"] == {"cpu.vendor": {"saved": "elsewhere", "now": here}}
+    assert "resumed on another machine or software" in err and "cpu.vendor elsewhere -> " + here in err, err[-2000:]
+    assert json.loads((run / "versions.json").read_text())["cpu"]["vendor"] == "elsewhere"
+    assert resumed.data.tags["resumed.cpu.vendor"] == here
     done = subprocess.run(args + [f"resume={run}"], cwd=ROOT, env=env, text=True, capture_output=True, timeout=600)
     assert done.returncode == 0 and "has all its 3 steps: nothing to train" in done.stdout, done.stderr[-2000:]
     record, resumes = (run / "run.json").read_bytes(), (run / "resumes.jsonl").read_bytes()

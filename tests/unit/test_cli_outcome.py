@@ -70,3 +70,26 @@ def test_a_stopped_run_says_how_to_continue_it(tmp_path):
     with pytest.raises(cli.FolderTaken) as taken:
         cli.refuse_taken(compose_config([f"runs_dir={tmp_path}", "run_id=0", "tracking=off"], "eval"))
     assert str(taken.value).endswith("give a new run_id=") and "resume" not in str(taken.value)
+
+
+def test_a_resume_compares_the_machine_with_the_runs_first_one(tmp_path):
+    """What a resume runs on is compared with the run's versions.json: a package upgrade and another CPU vendor
+    are reported with both values; the same machine reports nothing; a run saved before the CPU was recorded
+    compares its packages only."""
+    import json
+
+    from agent_trainer.commands.train import machine_changes
+    from agent_trainer.kernels import cpu_kind
+
+    now = {**cli.package_versions(), "cpu": cpu_kind()}
+    (tmp_path / "versions.json").write_text(json.dumps(now))
+    assert machine_changes(tmp_path) == {}
+    (tmp_path / "versions.json").write_text(json.dumps({**now, "torch": "0.1", "cpu": {**now["cpu"],
+                                                                                       "vendor": "other"}}))
+    assert machine_changes(tmp_path) == {"torch": ("0.1", now["torch"]), "cpu.vendor": ("other", now["cpu"]["vendor"])}
+    (tmp_path / "versions.json").write_text(json.dumps({k: v for k, v in now.items() if k != "cpu"}))
+    assert machine_changes(tmp_path) == {}
+    (tmp_path / "versions.json").write_text(json.dumps({**now, "cpu": {**now["cpu"], "MKL_CBWR": "COMPATIBLE"}}))
+    assert machine_changes(tmp_path) == {"cpu.MKL_CBWR": ("COMPATIBLE", None)}, "a kernel setting dropped"
+    (tmp_path / "versions.json").unlink()
+    assert machine_changes(tmp_path) == {}
