@@ -26,9 +26,9 @@ EVAL_MARGIN_S = 600.0
 def run_request(request: JobRequest, registry_env: dict[str, str] | None = None):
     """Run one request on the remote side (a module-level function: submitit and Ray pickle it by name).
 
-    ``registry_env`` (the harness's ``agent_trainer.registry.configured_env()``) is set in the worker before the job runs: a Ray or SLURM
-    worker on another node does not have the harness's environment, and a data family or configured base model
-    must be found there as it is here."""
+    ``registry_env`` (the harness's ``agent_trainer.registry.configured_env()``) is set in the worker before the job
+    runs: a Ray or SLURM worker on another node does not have the harness's environment, and a data family or
+    configured base model must be found there as it is here."""
     from agent_trainer.inner_loop.run.job import run_request as run
 
     if registry_env is not None:

@@ -383,7 +383,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--output", type=Path, required=True, help="folder for the log, the status and model/")
     p.add_argument("--max-steps", type=int, required=True, help="the task's step budget")
     p.add_argument("--max-compute", type=float, default=None,
-                   help="compute seconds the training may spend (agent_trainer.inner_loop.spec.cost); default: steps only")
+                   help="compute seconds the training may spend (agent_trainer.inner_loop.spec.cost); "
+                        "default: steps only")
     p.add_argument("--stage-costs", type=json.loads, default=None,
                    help="JSON list of each stage's [compute seconds a step, compute seconds of sampling]")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
