@@ -399,6 +399,13 @@ def package_versions(names: Iterable[str] = VERSIONED_PACKAGES) -> dict[str, str
     return versions
 
 
+def flat_versions(versions: dict[str, Any]) -> dict[str, Any]:
+    """A ``versions.json`` as one level: the packages as they are, the kind of CPU as ``cpu.<field>``
+    (``cpu.vendor``), so two runs' or two processes' records compare key by key."""
+    cpu = versions.get("cpu") if isinstance(versions.get("cpu"), dict) else {}
+    return {**{k: v for k, v in versions.items() if k != "cpu"}, **{f"cpu.{k}": v for k, v in cpu.items()}}
+
+
 def run_dir(cfg: DictConfig) -> Path:
     """The run folder: Hydra's output dir inside an app, else ``<runs_dir>/<run_id>``."""
     from hydra.core.hydra_config import HydraConfig

@@ -23,6 +23,7 @@ from agent_trainer.paths import resolve_path
 def run(cfg: DictConfig) -> dict | None:
     """Write the comparison; returns the paths written."""
     from agent_trainer.outer_loop.report.compare import CompareError, collect, group_keys, run_rows, write_report
+    from agent_trainer.outer_loop.report.compare_runs import machine_notes
     from agent_trainer.outer_loop.report.seed_report import write_seed_report
 
     if not cfg.runs and not cfg.experiments:
@@ -45,10 +46,20 @@ def run(cfg: DictConfig) -> dict | None:
     out = resolve_path(cfg.out) if cfg.out else folder
     paths = write_report(runs, rows, out, note=note)
     paths.update(write_seed_report(runs, out))
+    machines = machine_notes(runs)
+    if machines:
+        # Beside the tables: a difference between these runs is partly the machines'.
+        paths["machines"] = out / "machines.md"
+        paths["machines"].write_text("The runs ran on different machines or software:\n\n"
+                                     + "".join(f"- {line}\n" for line in machines))
+    else:
+        (out / "machines.md").unlink(missing_ok=True)   # an earlier comparison's, in the same folder, would mislead
     print(paths["table"].read_text())
     print(paths["configs"].read_text())
     if "seeds" in paths:
         print(paths["seeds"].read_text())
+    for line in machines:
+        note(line)
     print(f"at-compare: {len(rows)} runs by {', '.join(keys)} -> {paths['table'].parent}")
     return paths
 

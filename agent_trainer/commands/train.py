@@ -202,9 +202,7 @@ def machine_changes(run_dir: Path) -> dict[str, tuple[Any, Any]]:
         saved = json.loads((Path(run_dir) / "versions.json").read_text())
     except (OSError, ValueError):
         return {}
-    now: dict[str, Any] = {**cli.package_versions(), **{f"cpu.{k}": v for k, v in cpu_kind().items()}}
-    saved = {**{k: v for k, v in saved.items() if k != "cpu"},
-             **{f"cpu.{k}": v for k, v in (saved.get("cpu") or {}).items()}}
+    now, saved = cli.flat_versions({**cli.package_versions(), "cpu": cpu_kind()}), cli.flat_versions(saved)
     has_cpu = any(k.startswith("cpu.") for k in saved)
     keys = [k for k in {**saved, **now} if k in saved or (has_cpu and k.startswith("cpu."))]
     return {k: (saved.get(k), now.get(k)) for k in keys if saved.get(k) != now.get(k)}

@@ -164,3 +164,36 @@ def test_not_a_run_folder_is_one_clear_line(store, entry, says):
     message = str(e.value)
     assert "\n" not in message and says in message and entry.split("/")[0] in message
     assert time.monotonic() - t0 < 5, "a folder that is not a run is refused without waiting on MLflow"
+
+
+def test_runs_from_other_machines_are_said_beside_the_tables(store, capsys):
+    """Two seeds run on different kinds of CPU, one resumed on a third: at-compare says so in machines.md and on
+    the console (their numbers differ in the last digits even with the same settings); the same runs on one
+    machine get no such file, and a stale one in the same folder is removed."""
+    tmp = store["tmp"]
+    zero, one = tmp / "sweep" / "0", tmp / "sweep" / "1"
+    same = {"python": "3.11.7", "torch": "2.13.0", "cpu": {"machine": "x86_64", "vendor": "GenuineIntel",
+                                                           "torch_capability": "AVX512"}}
+    try:
+        (zero / "versions.json").write_text(json.dumps(same))
+        (one / "versions.json").write_text(json.dumps({**same, "cpu": {**same["cpu"], "vendor": "AuthenticAMD",
+                                                                       "torch_capability": "AVX2"}}))
+        (one / "resumes.jsonl").write_text(json.dumps({"steps_done": 2, "changes": {}, "machine": {
+            "cpu.torch_capability": {"saved": "AVX2", "now": "AVX512"}}}) + "\n")
+        paths, _ = _compare(store, "cmp_machines", f"runs=['{tmp / 'sweep'}']")
+        said = (tmp / "cmp_machines" / "machines.md").read_text()
+        assert paths["machines"] == tmp / "cmp_machines" / "machines.md"
+        assert "- cpu.vendor differs: GenuineIntel in train lora_r=4 #0 sweep; AuthenticAMD in train lora_r=16" in said
+        assert "- cpu.torch_capability differs: AVX512 in train lora_r=4 #0 sweep; AVX2 in" in said
+        assert "torch differs" not in said and "python differs" not in said
+        assert "train lora_r=16 #1 sweep: resumed after step 1 on another machine or software " \
+               "(cpu.torch_capability AVX2 -> AVX512)" in said
+        out = capsys.readouterr().out
+        assert "at-compare: cpu.vendor differs: GenuineIntel in" in out
+        (one / "versions.json").write_text(json.dumps(same))
+        (one / "resumes.jsonl").unlink()
+        paths, _ = _compare(store, "cmp_machines", f"runs=['{tmp / 'sweep'}']")
+        assert "machines" not in paths and not (tmp / "cmp_machines" / "machines.md").exists()
+    finally:
+        for f in (zero / "versions.json", one / "versions.json", one / "resumes.jsonl"):
+            f.unlink(missing_ok=True)

@@ -268,3 +268,42 @@ def _folder_data(folder: Path, record: dict) -> RunData:
                    str(record.get("command") or "-"), params, metrics, steps,
                    "", str(folder), _STATUS.get(str(record.get("status")), str(record.get("status") or "")),
                    value, returned)
+
+
+def machine_notes(runs: Sequence[RunData]) -> list[str]:
+    """What differs between the machines and software the runs named by folder ran on (their ``versions.json``:
+    packages and kind of CPU, ``cli.flat_versions``), and each resume of one on another machine
+    (``resumes.jsonl``'s ``machine``): one line each. Such runs' numbers differ in their last digits even with the
+    same seeds and settings, so a difference between them is not all the settings' (docs/inner_loop.md, "The same
+    numbers on another CPU"). Runs named by MLflow id alone are not read."""
+    from agent_trainer.cli import flat_versions
+
+    records: dict[str, dict[str, Any]] = {}
+    lines: list[str] = []
+    for r in runs:
+        if r.folder is None:
+            continue
+        folder = Path(r.folder)
+        try:
+            records[r.name] = flat_versions(json.loads((folder / "versions.json").read_text()))
+        except (OSError, ValueError):
+            pass
+        try:
+            resumes = [json.loads(x) for x in (folder / "resumes.jsonl").read_text().splitlines() if x.strip()]
+        except (OSError, ValueError):
+            resumes = []
+        for resume in resumes:
+            moved = resume.get("machine") or {}
+            if moved:
+                what = "; ".join(f"{k} {v.get('saved')} -> {v.get('now')}" for k, v in moved.items())
+                lines.append(f"{r.name}: resumed after step {resume.get('steps_done', 0) - 1} on another machine "
+                             f"or software ({what})")
+    keys = sorted({k for rec in records.values() for k in rec})
+    for key in keys:
+        values: dict[str, list[str]] = {}
+        for name, rec in records.items():
+            if key in rec:
+                values.setdefault(str(rec[key]), []).append(name)
+        if len(values) > 1:
+            lines.insert(0, f"{key} differs: " + "; ".join(f"{v} in {', '.join(names)}" for v, names in values.items()))
+    return lines
