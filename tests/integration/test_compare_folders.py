@@ -16,7 +16,8 @@ from agent_trainer.tracking import Tracker
 
 def _params(lora_r: int, job: int) -> dict:
     return {"agent": {"model": "tiny-agent"}, "strategy": {"mode": "none"}, "outer": {"lora_r": lora_r, "lr": 1e-4},
-            "seed": 0, "run_id": f"sweep/{job}", "hydra": {"job": {"num": job}}}
+            "seed": 0, "run_id": f"sweep/{job}", "hydra": {"job": {"num": job}},
+            "hardware": {"launcher_dir": f"/runs/{job}/submitit"}}   # follows runs_dir: not a setting
 
 
 def _log_run(uri: str, tmp: Path, name: str, params: dict, grouped: bool, offset: float) -> tuple[str, list]:

@@ -36,9 +36,10 @@ COLUMNS = ("run", "run_id", "command", "status", "config", "value", "reward", "v
 CONFIG_COLUMNS = ("config", "runs", "value_mean", "reward_mean", "switch_rate", "pairs", "adoption_execution",
                   "adoption_strategy", "usd", "usd_per_reward")
 DEFAULT_GROUP_BY = ("agent.model", "strategy.mode")
-# Params that differ from run to run without saying anything about the setting (branch.message follows branch).
+# Params that differ from run to run without saying anything about the setting (branch.message follows branch,
+# hardware.launcher_dir runs_dir).
 IGNORED_KEYS = frozenset({"run_id", "resume", "rerun", "dry_run", "out", "runs", "experiments", "runs_dir",
-                          "cache_dir", "branch.message"})
+                          "cache_dir", "branch.message", "hardware.launcher_dir"})
 IGNORED_PREFIXES = ("hydra.", "tracking.")
 # Why a panel is missing (plot_data.json "skipped", the printed notes).
 NO_DATA = {"reward_curves": "no run logged a reward per step (reward_mean or reward_total)",
