@@ -9,6 +9,7 @@ import json
 import statistics
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from agent_trainer.config import compose_config
@@ -111,17 +112,40 @@ def test_seed_report_rows_and_mean(store, capsys):
     assert md in capsys.readouterr().out, "at-compare prints the seed report"
 
 
-def test_seed_report_per_setting_when_more_than_seed_differs(store):
-    _compare(store, "cmp_grid", "grid")
+def test_seed_report_per_setting_when_more_than_seed_differs(store, monkeypatch):
+    import agent_trainer.outer_loop.report.plots as plots
+
+    drawn = {}
+    save = plots.save_figure
+
+    def spy(fig, path):   # each panel's points as drawn: (x, y) of the markers, the legend
+        drawn[Path(path).name] = [([tuple(np.round(line.get_xydata()[0], 4)) for line in ax.lines
+                                    if line.get_marker() in ("o", "s")],
+                                   [t.get_text() for t in ax.get_legend().get_texts()] if ax.get_legend() else [])
+                                  for ax in fig.axes]
+        return save(fig, path)
+
+    monkeypatch.setattr(plots, "save_figure", spy)
+    paths = _compare(store, "cmp_grid", "grid")
     rows = _csv(store / "cmp_grid" / "seeds.csv")
     assert [(r["setting"], r["seed"]) for r in rows] == \
         [(s, x) for s in ("lr=0.002", "lr=0.001") for x in ("0", "1", "2", "mean", "sd")]
     md = (store / "cmp_grid" / "seeds.md").read_text()
     assert "## lr=0.002" in md and "## lr=0.001" in md and md.count("mean ± sd (3 seeds)") == 2
+    # seeds.png: the training and held-out gains, each seed's and the mean's, one colour per setting side by side
+    assert paths["seeds_plot"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    (train, train_legend), (held, _) = drawn["seeds.png"]
+    assert train_legend == ["lr=0.002", "lr=0.001"]
+    first = [r for r in rows if r["setting"] == "lr=0.002"]
+    expected = [(x - 0.175, round(float(r["reward_gain"]), 4)) for x, r in enumerate(first[:4])]
+    assert train[:4] == [pytest.approx(p) for p in expected], "x: seed 0, 1, 2, then the mean; y: the gains"
+    assert held[3] == pytest.approx((3 - 0.175, round(float(first[3]["heldout_gain"]), 4)))
 
 
 def test_no_seed_report_when_seeds_do_not_differ(store):
     (store / "cmp_one").mkdir()
     (store / "cmp_one" / "seeds.md").write_text("stale")
+    (store / "cmp_one" / "seeds.png").write_text("stale")
     paths = _compare(store, "cmp_one", "sweep/0")
     assert "seeds" not in paths and not (store / "cmp_one" / "seeds.md").exists()
+    assert not (store / "cmp_one" / "seeds.png").exists()

@@ -1,7 +1,7 @@
 """The seed report of ``at-compare``: one row per seed of at-train runs, and their mean ± sd.
 
     >>> runs = collect(uri, ["runs/<sweep id>"])          # e.g. at-train -m seed=0,1,2 hydra/launcher=joblib
-    >>> write_seed_report(runs, "runs/<compare run>")    # seeds.md, seeds.csv (only when the runs differ in seed)
+    >>> write_seed_report(runs, "runs/<compare run>")    # seeds.md, .csv, .png (only when the runs differ in seed)
 
 Numbers from MLflow only (``agent_trainer.outer_loop.report.compare_runs.collect``). The columns: docs/outer_loop.md,
 "Three seeds and a seed report".
@@ -180,12 +180,13 @@ def markdown(groups: Sequence[tuple[str, list[dict], dict]]) -> str:
 
 
 def write_seed_report(runs: Sequence[RunData], folder: str | Path) -> dict[str, Path]:
-    """``seeds.md`` and ``seeds.csv`` (full precision; per setting a row per seed, then ``mean`` and ``sd``)
+    """``seeds.md``, ``seeds.csv`` (full precision; per setting a row per seed, then ``mean`` and ``sd``) and
+    ``seeds.png`` (``gains_plot``)
     into ``folder`` when the runs differ in ``seed``; returns their paths ({} otherwise, and an earlier
     comparison's seed report in ``folder`` is removed: it would mislead)."""
     folder = Path(folder)
     if not wanted(runs):
-        for name in ("seeds.md", "seeds.csv"):
+        for name in ("seeds.md", "seeds.csv", "seeds.png"):
             (folder / name).unlink(missing_ok=True)
         return {}
     folder.mkdir(parents=True, exist_ok=True)
@@ -205,4 +206,41 @@ def write_seed_report(runs: Sequence[RunData], folder: str | Path) -> dict[str, 
             for stat in ("mean", "sd"):
                 w.writerow({"setting": name, "seed": stat,
                             **{k: "" if s[f"{k}_{stat}"] is None else s[f"{k}_{stat}"] for k in NUMBERS}})
-    return {"seeds": md, "seeds_csv": path}
+    return {"seeds": md, "seeds_csv": path, "seeds_plot": gains_plot(groups, folder / "seeds.png")}
+
+
+GAINS = (("reward_gain", "training gain (last 3 steps - first 3)"),
+         ("heldout_gain", "held-out gain (end - start, paired)"))
+
+
+def gains_plot(groups: Sequence[tuple[str, list[dict], dict]], path: Path) -> Path:
+    """``seeds.png``: per gain (training, held-out) a panel with each seed's gain and its 95% interval, and the
+    mean over the seeds with its t interval, one colour per setting side by side: whether an interval clears 0
+    is read at a glance."""
+    from agent_trainer.outer_loop.report.plots import pyplot, save_figure
+
+    plt = pyplot()
+    fig, axes = plt.subplots(1, len(GAINS), figsize=(5.5 * len(GAINS), 4))
+    seeds = sorted({str(r["seed"]) for _, rows, _ in groups for r in rows},
+                   key=lambda seed: _seed_order({"seed": seed}))
+    ticks = [f"seed {x}" for x in seeds] + ["mean"]
+    width = 0.7 / len(groups)
+    for ax, (key, title) in zip(axes, GAINS):
+        for i, (name, rows, s) in enumerate(groups):
+            color, shift = f"C{i}", (i - (len(groups) - 1) / 2) * width
+            points = [(seeds.index(str(r["seed"])), r[key], r.get(f"{key}_lo"), r.get(f"{key}_hi"))
+                      for r in rows if r.get(key) is not None]
+            if s.get(f"{key}_mean") is not None:
+                points.append((len(seeds), s[f"{key}_mean"], s.get(f"{key}_mean_lo"), s.get(f"{key}_mean_hi")))
+            for j, (x, y, lo, hi) in enumerate(points):
+                err = [[y - lo], [hi - y]] if lo is not None and hi is not None else None
+                mean = x == len(seeds)
+                ax.errorbar(x + shift, y, yerr=err, fmt="s" if mean else "o", color=color, capsize=4,
+                            markersize=8 if mean else 6, label=(name or "runs") if j == 0 else None)
+        ax.axhline(0, color="grey", linewidth=1)
+        ax.set_xticks(range(len(ticks)), ticks)
+        ax.set(title=title, ylabel="reward")
+        ax.grid(alpha=0.3, axis="y")
+        if len(groups) > 1:
+            ax.legend(fontsize=8)
+    return save_figure(fig, path)
