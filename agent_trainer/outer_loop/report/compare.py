@@ -223,7 +223,10 @@ def write_plots(data: dict[str, Any], folder: Path, note: Note = print) -> list[
                 a.set(xlabel="job", ylabel="hidden score", title="Hidden score per job")
             a.xaxis.get_major_locator().set_params(integer=True)
             a.grid(alpha=0.3)
-            a.legend(fontsize=7)
+            if len(data[k]) > 3:   # below the panel: inside, so many entries would cover the curves
+                a.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=2)
+            else:
+                a.legend(fontsize=7)
         paths.append(save_figure(fig, folder / "reward_curves.png"))
     else:
         _not_written(folder / "reward_curves.png", skipped["reward_curves"], note)

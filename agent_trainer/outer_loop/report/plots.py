@@ -25,7 +25,7 @@ def save_figure(fig, path: Path) -> Path:
     """Lay out, write the PNG and free the figure."""
     plt = pyplot()
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")   # a legend placed outside the axes stays in the file
     plt.close(fig)
     return path
 
