@@ -345,10 +345,10 @@ def record_cpu(folder: Path) -> None:
     """Add the kind of CPU (``agent_trainer.kernels.cpu_kind``: it decides the float kernels, so the last digits)
     to the run's versions.json, once the run has loaded torch (a run that never did, a dry run or an early error,
     ran no kernel: nothing to record, and importing torch for it would cost seconds). The first process that ran
-    the run's kernels is the one recorded: a resume on another machine leaves it, and says so in
-    ``resumes.jsonl`` (``commands.train.machine_changes``)."""
+    the run's kernels is the one recorded: a resume never writes it (on another machine it says so in
+    ``resumes.jsonl``, ``commands.train.machine_changes``), so a run from before the CPU was recorded has none."""
     path = folder / "versions.json"
-    if "torch" not in sys.modules or not path.is_file():
+    if "torch" not in sys.modules or not path.is_file() or _state["continued"] == Path(folder).resolve():
         return
     from agent_trainer.kernels import cpu_kind
 
