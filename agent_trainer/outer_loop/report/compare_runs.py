@@ -279,7 +279,7 @@ def machine_notes(runs: Sequence[RunData]) -> list[str]:
     from agent_trainer.cli import flat_versions
 
     records: dict[str, dict[str, Any]] = {}
-    lines: list[str] = []
+    resumed: list[str] = []
     for r in runs:
         if r.folder is None:
             continue
@@ -296,14 +296,14 @@ def machine_notes(runs: Sequence[RunData]) -> list[str]:
             moved = resume.get("machine") or {}
             if moved:
                 what = "; ".join(f"{k} {v.get('saved')} -> {v.get('now')}" for k, v in moved.items())
-                lines.append(f"{r.name}: resumed after step {resume.get('steps_done', 0) - 1} on another machine "
+                resumed.append(f"{r.name}: resumed after step {resume.get('steps_done', 0) - 1} on another machine "
                              f"or software ({what})")
-    keys = sorted({k for rec in records.values() for k in rec})
-    for key in keys:
+    differs: list[str] = []
+    for key in sorted({k for rec in records.values() for k in rec}):
         values: dict[str, list[str]] = {}
         for name, rec in records.items():
             if key in rec:
                 values.setdefault(str(rec[key]), []).append(name)
         if len(values) > 1:
-            lines.insert(0, f"{key} differs: " + "; ".join(f"{v} in {', '.join(names)}" for v, names in values.items()))
-    return lines
+            differs.append(f"{key} differs: " + "; ".join(f"{v} in {', '.join(names)}" for v, names in values.items()))
+    return differs + resumed
