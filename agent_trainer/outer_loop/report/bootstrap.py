@@ -3,6 +3,7 @@
     >>> mean_ci([0.2, 0.4, 0.3])                       # (mean, lo, hi): percentile bootstrap, 95%
     >>> paired_diff_ci(start_rewards, end_rewards)     # end - start on the same episode seeds
     >>> diff_ci(first_steps_rewards, last_steps_rewards)   # different episodes: each side resampled alone
+    >>> t_interval(gains_of_three_seeds)               # Student's t, seeds as the unit
 
 Percentile bootstrap: resample the values (for a paired difference: the episode indices, so each
 episode's start and end stay together) with replacement ``resamples`` times with a seeded numpy
@@ -13,6 +14,7 @@ has not seen); with 2 values it is only the range of the means it can draw.
 
 from __future__ import annotations
 
+import statistics
 from typing import Sequence
 
 RESAMPLES = 2000
@@ -75,3 +77,18 @@ def diff_ci(before: Sequence[float], after: Sequence[float], resamples: int = RE
         raise ValueError(f"need values on both sides, got {a.size} before and {b.size} after")
     rng = np.random.default_rng(seed)
     return (float(b.mean() - a.mean()), *_bounds(_means(b, rng, resamples) - _means(a, rng, resamples), level))
+
+
+# Student's t, 97.5% quantile, by degrees of freedom 1-30 (seeds - 1); beyond, 1.96 + 2.5 / df is within 0.002.
+T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+        2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+def t_interval(values: Sequence[float]) -> tuple[float, float] | None:
+    """The 95% Student-t interval of the mean of ``values`` (each seed one observation; None under 2)."""
+    if len(values) < 2:
+        return None
+    df = len(values) - 1
+    t = T975[df - 1] if df <= len(T975) else 1.96 + 2.5 / df
+    mean, half = statistics.fmean(values), t * statistics.stdev(values) / len(values) ** 0.5
+    return mean - half, mean + half

@@ -238,7 +238,7 @@ _STATUS = {"ok": "FINISHED", "failed": "FAILED", "killed": "KILLED", "running": 
 def _folder_data(folder: Path, record: dict) -> RunData:
     """A run's numbers from its folder alone (a run made with ``tracking=off``): the last value of each metric and
     the history of ``HISTORY_KEYS`` from ``metrics.jsonl``, the params from ``config.resolved.yaml`` as MLflow
-    would hold them, the name, status and returned value from ``run.json``."""
+    would hold them, the name, status and returned value from ``run.json``, ``paired_*`` from ``evals/``."""
     from omegaconf import OmegaConf
 
     from agent_trainer.tracking import flatten, safe_params
@@ -263,6 +263,9 @@ def _folder_data(folder: Path, record: dict) -> RunData:
     value = record.get("value") if isinstance(record.get("value"), (int, float)) else None
     if returned and value is not None:
         metrics.setdefault(bare_key(returned), float(value))
+    from agent_trainer.outer_loop.rl.policy_eval import saved_metrics
+
+    metrics.update(saved_metrics(folder))   # scripts/policy_eval.py's results, as MLflow would hold them
     steps = {k: sorted(v.items()) for k, v in history.items()}
     return RunData(str(record.get("run_id") or folder.name), str(record.get("run_name") or folder.name),
                    str(record.get("command") or "-"), params, metrics, steps,

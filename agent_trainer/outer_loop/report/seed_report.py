@@ -14,20 +14,22 @@ import statistics
 from pathlib import Path
 from typing import Any, Sequence
 
+from agent_trainer.outer_loop.report.bootstrap import t_interval
 from agent_trainer.outer_loop.report.compare import RunData, differing_keys, short_names
 
 K = 3            # first / last steps, as at-train's summary
 GAIN_BAR = 0.10  # the training gain a seed should clear
-# Student's t, 97.5% quantile, by degrees of freedom 1-30 (seeds - 1); beyond, 1.96 + 2.5 / df is within 0.002.
-T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
-        2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
 NUMBERS = ("reward_first3", "reward_last3", "reward_gain", "heldout_start", "heldout_end", "heldout_gain",
            "share_algorithm_sft_first3", "share_algorithm_sft_last3", "valid_first_try_first3",
-           "valid_first_try_last3")
+           "valid_first_try_last3", "paired_train_start", "paired_train_end", "paired_train_gain")
+# The training families played again on the same seeds by the warm start and the run's last policy
+# (scripts/policy_eval.py: agent_trainer.outer_loop.rl.policy_eval.paired_metrics); None where not evaluated.
+PAIRED = ("paired_train_start", "paired_train_end", "paired_train_gain", "paired_train_gain_lo",
+          "paired_train_gain_hi", "paired_train_episodes")
 CSV_COLUMNS = ("setting", "seed", "run", "run_id", *NUMBERS[:3], "reward_gain_lo", "reward_gain_hi", NUMBERS[3],
                "heldout_start_lo", "heldout_start_hi",
                "heldout_end", "heldout_end_lo", "heldout_end_hi", "heldout_gain", "heldout_gain_lo",
-               "heldout_gain_hi", *NUMBERS[6:])
+               "heldout_gain_hi", *NUMBERS[6:10], *PAIRED)
 
 
 def wanted(runs: Sequence[RunData]) -> bool:
@@ -70,17 +72,8 @@ def seed_row(run: RunData) -> dict[str, Any]:
     row["share_algorithm_sft_first3"], row["share_algorithm_sft_last3"] = _first_last(
         [(s, sft.get(s, 0.0)) for s, _ in reward])
     row["valid_first_try_first3"], row["valid_first_try_last3"] = _first_last(h.get("valid_first_try"))
+    row.update({k: run.metrics.get(k) for k in PAIRED})
     return row
-
-
-def t_interval(values: Sequence[float]) -> tuple[float, float] | None:
-    """The 95% Student-t interval of the mean of ``values`` (each seed one observation; None under 2)."""
-    if len(values) < 2:
-        return None
-    df = len(values) - 1
-    t = T975[df - 1] if df <= len(T975) else 1.96 + 2.5 / df
-    mean, half = statistics.fmean(values), t * statistics.stdev(values) / len(values) ** 0.5
-    return mean - half, mean + half
 
 
 def summary_row(rows: Sequence[dict]) -> dict[str, Any]:
@@ -92,13 +85,15 @@ def summary_row(rows: Sequence[dict]) -> dict[str, Any]:
         vals = [r[key] for r in rows if r.get(key) is not None]
         out[f"{key}_mean"] = statistics.fmean(vals) if vals else None
         out[f"{key}_sd"] = statistics.stdev(vals) if len(vals) > 1 else None
-    for key in ("reward_gain", "heldout_gain"):
+    for key in ("reward_gain", "heldout_gain", "paired_train_gain"):
         ci = t_interval([r[key] for r in rows if r.get(key) is not None])
         out[f"{key}_mean_lo"], out[f"{key}_mean_hi"] = ci if ci else (None, None)
     out["gain_above_bar"] = sum(1 for r in rows if r.get("reward_gain") is not None and r["reward_gain"] > GAIN_BAR)
     out["gain_above_0"] = sum(1 for r in rows if r.get("reward_gain_lo") is not None and r["reward_gain_lo"] > 0)
     known = [r["heldout_gain_lo"] for r in rows if r.get("heldout_gain_lo") is not None]
     out["heldout_gain_above_0"], out["heldout_gain_known"] = sum(1 for lo in known if lo > 0), len(known)
+    paired = [r["paired_train_gain_lo"] for r in rows if r.get("paired_train_gain_lo") is not None]
+    out["paired_train_gain_above_0"], out["paired_train_gain_known"] = sum(1 for lo in paired if lo > 0), len(paired)
     return out
 
 
@@ -176,7 +171,29 @@ def markdown(groups: Sequence[tuple[str, list[dict], dict]]) -> str:
                   f"{s['heldout_gain_known']}** with a held-out gain. Mean over seeds, 95% t interval (seeds as "
                   f"the unit): training gain **{_mean_ci(s, 'reward_gain')}**, held-out gain "
                   f"**{_mean_ci(s, 'heldout_gain')}**.", ""]
+        lines += paired_table(rows, s)
     return "\n".join(lines)
+
+
+def paired_table(rows: Sequence[dict], s: dict) -> list[str]:
+    """The training families played again on the same seeds by the warm start and each seed's last policy
+    (``scripts/policy_eval.py``): a row per evaluated seed and the mean; [] when no seed was evaluated."""
+    done = [r for r in rows if r.get("paired_train_gain") is not None]
+    if not done:
+        return []
+    lines = ["Training families played again on the same episode seeds by the warm start and the run's last "
+             "policy (`scripts/policy_eval.py`; free of which families the steps drew):", "",
+             "| seed | warm start | last policy | gain, paired [95% CI] | episodes a family |", "|---|---|---|---|---|"]
+    for r in done:
+        lines.append(f"| {r['seed']} | {_num(r['paired_train_start'])} | {_num(r['paired_train_end'])} | "
+                     f"{_ci(r['paired_train_gain'], r['paired_train_gain_lo'], r['paired_train_gain_hi'], True)} | "
+                     f"{'-' if r.get('paired_train_episodes') is None else int(r['paired_train_episodes'])} |")
+    lines += [f"| **mean ± sd ({len(done)} seeds)** | **{_pm(s, 'paired_train_start')}** | "
+              f"**{_pm(s, 'paired_train_end')}** | **{_pm(s, 'paired_train_gain', True)}** | |", "",
+              f"Seeds whose paired training gain interval lies above 0: **{s['paired_train_gain_above_0']} of "
+              f"{s['paired_train_gain_known']}**. Mean over seeds, 95% t interval: "
+              f"**{_mean_ci(s, 'paired_train_gain')}**.", ""]
+    return lines
 
 
 def write_seed_report(runs: Sequence[RunData], folder: str | Path) -> dict[str, Path]:
@@ -210,7 +227,8 @@ def write_seed_report(runs: Sequence[RunData], folder: str | Path) -> dict[str, 
 
 
 GAINS = (("reward_gain", "training gain (last 3 steps - first 3)"),
-         ("heldout_gain", "held-out gain (end - start, paired)"))
+         ("heldout_gain", "held-out gain (end - start, paired)"),
+         ("paired_train_gain", "training families, same seeds (paired)"))   # the last only when evaluated
 
 
 def gains_plot(groups: Sequence[tuple[str, list[dict], dict]], path: Path) -> Path:
@@ -220,12 +238,14 @@ def gains_plot(groups: Sequence[tuple[str, list[dict], dict]], path: Path) -> Pa
     from agent_trainer.outer_loop.report.plots import pyplot, save_figure
 
     plt = pyplot()
-    fig, axes = plt.subplots(1, len(GAINS), figsize=(5.5 * len(GAINS), 4))
+    gains = [g for g in GAINS if g[0] != "paired_train_gain"
+             or any(r.get(g[0]) is not None for _, rows, _ in groups for r in rows)]
+    fig, axes = plt.subplots(1, len(gains), figsize=(5.5 * len(gains), 4))
     seeds = sorted({str(r["seed"]) for _, rows, _ in groups for r in rows},
                    key=lambda seed: _seed_order({"seed": seed}))
     ticks = [f"seed {x}" for x in seeds] + ["mean"]
     width = 0.7 / len(groups)
-    for ax, (key, title) in zip(axes, GAINS):
+    for ax, (key, title) in zip(axes, gains):
         for i, (name, rows, s) in enumerate(groups):
             color, shift = f"C{i}", (i - (len(groups) - 1) / 2) * width
             points = [(seeds.index(str(r["seed"])), r[key], r.get(f"{key}_lo"), r.get(f"{key}_hi"))

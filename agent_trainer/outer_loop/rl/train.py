@@ -62,7 +62,8 @@ class TrainSettings:
                                                                # (agent_trainer.inner_loop.run.request)
 
 
-def _load_tasks(paths: list[str]):
+def load_tasks(paths: list[str]):
+    """The task specs at ``paths`` (relative to the project or absolute)."""
     from agent_trainer.paths import resolve_path
     from agent_trainer.evaluation.tasks import load_task
 
@@ -117,8 +118,8 @@ class Trainer:
         self.s, self.run_dir = settings, Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.ledger, self.tracker, self.progress = ledger, tracker, progress
-        self.train_tasks = _load_tasks(settings.train_tasks)
-        self.heldout_tasks = _load_tasks(settings.heldout_tasks)
+        self.train_tasks = load_tasks(settings.train_tasks)
+        self.heldout_tasks = load_tasks(settings.heldout_tasks)
         if not self.train_tasks:
             raise ValueError("outer.train_tasks is empty: list task spec files of the training families")
         self.state = state or StepState()

@@ -1,0 +1,128 @@
+"""scripts/policy_eval.py on a real at-train run of the tiny agent: a run's policies played again on fixed seeds
+give back the run's own held-out rewards to the digit, the paired gain is their difference, the warm start is
+played once for seeds that share it, and a wrong step or folder is one line, not a traceback."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agent_trainer.config import compose_config
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
+HELD = ["task.held_out_families=[reverse_text,unit_convert]", "outer.heldout_every=100",
+        "outer.heldout_episodes=3", "outer.heldout_at_start=true"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, built_agent):
+    """Two seeds of the smoke experiment with a held-out start and end (2 steps each): seed 0 with tracking off
+    (read from its folder), seed 1 tracked in MLflow."""
+    from agent_trainer.commands import train as at_train
+
+    root = tmp_path_factory.mktemp("pe")
+    for seed, tracking in ((0, "tracking=off"), (1, "tracking=mlflow")):
+        at_train.run(compose_config([f"runs_dir={root}", f"run_id=s{seed}", "experiment=smoke", f"seed={seed}",
+                                     tracking, *HELD], "train"))
+    return [root / "s0", root / "s1"]
+
+
+def _rows(run: Path) -> list[dict]:
+    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+
+
+def test_replaying_the_heldout_families_gives_the_runs_own_rewards(runs):
+    from agent_trainer.outer_loop.rl.policy_eval import evaluate_runs
+
+    out = evaluate_runs(runs, families="heldout", episodes=3, steps=["start", "last"], progress=False)
+    for run, row in zip(runs, out["runs"]):
+        metrics = _rows(run)
+        ev = row["evaluations"]
+        assert list(ev) == ["start", "1"]
+        assert ev["start"]["rewards"] == metrics[0]["heldout_rewards"]
+        assert ev["1"]["rewards"] == metrics[-1]["heldout_end_rewards"]
+        assert row["gain"]["gain"] == pytest.approx(metrics[-1]["heldout_gain"])
+        assert [row["gain"]["lo"], row["gain"]["hi"]] == pytest.approx(
+            [metrics[-1]["heldout_gain_lo"], metrics[-1]["heldout_gain_hi"]])
+        assert set(row["gain"]["families"]) == {"reverse_text", "unit_convert"}
+        saved = json.loads((run / "evals" / "heldout_e3" / "policy_eval.json").read_text())
+        assert saved["evaluations"]["1"]["rewards"] == ev["1"]["rewards"]
+    # the two seeds share the warm start: played once, for the first run
+    assert "shared_with" not in out["runs"][0]["evaluations"]["start"]
+    assert out["runs"][1]["evaluations"]["start"]["shared_with"] == str(runs[0])
+    gains = [r["gain"]["gain"] for r in out["runs"]]
+    assert out["mean_gain"]["gain"] == pytest.approx(sum(gains) / 2) and out["mean_gain"]["runs"] == 2
+    assert out["mean_gain"]["lo"] <= out["mean_gain"]["gain"] <= out["mean_gain"]["hi"]
+
+
+def test_training_families_and_a_middle_step(runs):
+    from agent_trainer.outer_loop.rl.policy_eval import evaluate_runs, markdown
+
+    out = evaluate_runs(runs[:1], families="train", episodes=2, steps=["start", 0, "last"], progress=False)
+    row = out["runs"][0]
+    assert list(row["evaluations"]) == ["start", "0", "1"]
+    assert row["families"] == ["calc_chain", "count_char"]
+    assert all(len(e["rewards"]) == 4 for e in row["evaluations"].values())
+    assert row["gain"]["from"] == "start" and row["gain"]["to"] == "1"
+    diffs = [b - a for a, b in zip(row["evaluations"]["start"]["rewards"], row["evaluations"]["1"]["rewards"])]
+    assert row["gain"]["gain"] == pytest.approx(sum(diffs) / len(diffs))
+    table = markdown(out)
+    assert f"{row['gain']['gain']:+.3f}" in table and "calc_chain" in table
+    # each step's episodes in their own folders: s0000 the warm start, s0001 after step 0's update, s0002 after 1's
+    folder = runs[0] / "evals" / "train_e2"
+    names = {p.name[:5] for p in (folder / "episodes").iterdir()}
+    assert names == {"s0000", "s0001", "s0002"}
+    # Again with fewer steps: the same numbers; nothing of the first evaluation left in the folder, nor in the
+    # ledger (its spending would count against the budget caps of the second)
+    again = evaluate_runs(runs[:1], families="train", episodes=2, steps=["start", "last"], progress=False)["runs"][0]
+    assert again["gain"] == row["gain"]
+    assert {p.name[:5] for p in (folder / "episodes").iterdir()} == {"s0000", "s0002"}
+    jobs = [json.loads(x) for x in (folder / "ledger.jsonl").read_text().splitlines() if '"job"' in x]
+    submitted = sum(len(json.loads(p.read_text())["jobs"]) for p in folder.glob("episodes/*/summary.json"))
+    assert submitted and len([j for j in jobs if j.get("kind") == "job"]) == submitted
+
+
+def test_at_compare_shows_the_paired_training_gain_of_both_kinds_of_run(runs, tmp_path):
+    """The evaluation reaches at-compare's seed report through MLflow (seed 1) and through the run folder (seed
+    0, tracking off): a table of the seeds' paired training gains, their mean with its t interval, a third panel."""
+    from agent_trainer.outer_loop.report.bootstrap import t_interval
+    from agent_trainer.outer_loop.report.compare_runs import collect
+    from agent_trainer.outer_loop.report.seed_report import write_seed_report
+    from agent_trainer.outer_loop.rl.policy_eval import evaluate_runs
+
+    out = evaluate_runs(runs, families="train", episodes=2, steps=["start", "last"], progress=False)
+    gains = [r["gain"]["gain"] for r in out["runs"]]
+    uri = f"sqlite:///{runs[1].parent.resolve()}/mlflow.db"
+    data = collect(uri, [str(r) for r in runs])
+    assert [d.metrics["paired_train_gain"] for d in data] == pytest.approx(gains)
+    assert data[1].folder is not None and data[1].run_id != "s1", "seed 1 read from MLflow"
+    assert data[1].metrics["paired_train_episodes"] == 2.0
+    files = write_seed_report(data, tmp_path)
+    md = files["seeds"].read_text()
+    assert "Training families played again on the same episode seeds" in md
+    lo, hi = t_interval(gains)
+    assert f"**{sum(gains) / 2:+.3f} [{lo:+.3f}, {hi:+.3f}]**" in md
+    for g in out["runs"]:
+        assert f"{g['gain']['gain']:+.3f} [{g['gain']['lo']:+.3f}, {g['gain']['hi']:+.3f}]" in md
+    assert "paired_train_gain" in files["seeds_csv"].read_text().splitlines()[0]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--steps", "start,7"], "no checkpoint for step 7"),
+    (["--steps", "first"], "--steps takes start, last or step numbers"),
+])
+def test_user_mistakes_are_one_line(runs, args, message):
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "policy_eval.py"), str(runs[0]), *args],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_folder_that_is_not_a_run_is_one_line(tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "policy_eval.py"), str(tmp_path)],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 2 and "not an at-train run folder" in proc.stderr and "Traceback" not in proc.stderr
