@@ -126,3 +126,19 @@ def test_a_folder_that_is_not_a_run_is_one_line(tmp_path):
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "policy_eval.py"), str(tmp_path)],
                           capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 2 and "not an at-train run folder" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_only_the_last_policys_gain_over_the_warm_start_is_a_run_metric():
+    """at-compare's column is the run's last policy against the warm start: a gain between other steps (or one
+    saved before the run went on) stays in its policy_eval.json only."""
+    from agent_trainer.outer_loop.rl.policy_eval import paired_metrics
+
+    ev = {"start": {"reward_mean": 0.3}, "5": {"reward_mean": 0.4}, "11": {"reward_mean": 0.5}}
+    row = {"label": "train", "episodes": 4, "last_step": 11, "evaluations": ev,
+           "gain": {"from": "start", "to": "11", "gain": 0.2, "lo": 0.1, "hi": 0.3}}
+    assert paired_metrics(row) == {"paired_train_start": 0.3, "paired_train_end": 0.5, "paired_train_gain": 0.2,
+                                   "paired_train_gain_lo": 0.1, "paired_train_gain_hi": 0.3,
+                                   "paired_train_episodes": 4.0}
+    assert paired_metrics({**row, "gain": {**row["gain"], "to": "5"}}) == {}
+    assert paired_metrics({**row, "last_step": 14}) == {}
+    assert paired_metrics({**row, "gain": {**row["gain"], "from": "5"}}) == {}

@@ -10,7 +10,7 @@ and end rewards exactly.
     >>> out = evaluate_runs(["runs/<run>"], families="train", episodes=4, steps=["start", "last"])
     >>> out["runs"][0]["gain"]      # {"from": "start", "to": 11, "gain": ..., "lo": ..., "hi": ...}
 
-``scripts/policy_eval.py`` is its command line; docs/real_models.md, "The same tasks before and after".
+``scripts/policy_eval.py`` is its command line; docs/outer_loop.md, "Three seeds and a seed report".
 """
 
 from __future__ import annotations
@@ -155,10 +155,10 @@ def label(families: str) -> str:
 
 
 def paired_metrics(row: dict[str, Any]) -> dict[str, float]:
-    """A run's evaluation as at-train-style metrics, when its gain is over the warm start:
+    """A run's evaluation as at-train-style metrics, when its gain is the run's last policy's over the warm start:
     ``paired_<label>_start``, ``_end``, ``_gain``, ``_gain_lo``, ``_gain_hi``, ``_episodes`` (per task)."""
     g = row.get("gain")
-    if not g or g["from"] != START or not row.get("label"):
+    if not g or g["from"] != START or g["to"] != str(row.get("last_step")) or not row.get("label"):
         return {}
     p, ev = f"paired_{row['label']}_", row["evaluations"]
     return {p + "start": ev[START]["reward_mean"], p + "end": ev[g["to"]]["reward_mean"], p + "gain": g["gain"],
@@ -270,13 +270,14 @@ def evaluate_runs(runs: Sequence[str | Path], families: str = "train", episodes:
             ev.close()
         names = list(played)
         row = {"run": str(run), "seed": ev.cfg.seed, "label": ev.label, "families": [t.family for t in ev.tasks],
-               "episodes": episodes, "evaluations": played}
+               "episodes": episodes, "last_step": checkpoint(ev.run_dir, LAST)[0], "evaluations": played}
         if len(names) >= 2:
             row["gain"] = gain(played[names[0]], played[names[-1]], (names[0], names[-1]))
         write_json(ev.out / RESULT_FILE, row)
         if row.get("gain"):
-            note = log_to_run(ev.run_dir, ev.cfg, paired_metrics(row), int(row["gain"]["to"]) + 1
-                              if row["gain"]["to"].isdigit() else 0)
+            metrics = paired_metrics(row)
+            note = (log_to_run(ev.run_dir, ev.cfg, metrics, row["last_step"] + 1) if metrics else
+                    "not logged to MLflow (at-compare shows the last policy's gain over the warm start)")
             if progress:
                 print(f"{run}: {ev.out / RESULT_FILE}; {note}", file=sys.stderr, flush=True)
         out_runs.append(row)
