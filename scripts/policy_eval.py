@@ -8,7 +8,7 @@
 ``--families``: ``train`` (the run's training families), ``heldout`` or names with commas. ``--steps``: ``start``
 (the warm start), ``last`` or step numbers; the gain is the last listed over the first. Each run's episodes and
 ``policy_eval.json`` go to ``<run>/evals/<families>_e<episodes>/``; ``--out`` also writes the table
-(``policy_eval.md``) and every figure (``policy_eval.json``) there. The warm start is played once for runs that
+(``policy_eval.md``), every figure (``policy_eval.json``) and the reward against the updates (``policy_eval.png``). The warm start is played once for runs that
 would play it the same (same agent, tasks and episode settings). agent_trainer/outer_loop/rl/policy_eval.py.
 """
 
@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     from agent_trainer.cli_args import UserError
-    from agent_trainer.outer_loop.rl.policy_eval import evaluate_runs, markdown
+    from agent_trainer.outer_loop.rl.policy_eval import evaluate_runs, markdown, plot
     from agent_trainer.outer_loop.rl.run_config import quiet_libraries
 
     steps = [s.strip() for s in args.steps.split(",") if s.strip()]
@@ -52,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "policy_eval.md").write_text(table)
         (args.out / "policy_eval.json").write_text(json.dumps(result, indent=2))
+        plot(result, args.out / "policy_eval.png")
+        print(f"policy_eval: {args.out / 'policy_eval.md'}, .json, .png", file=sys.stderr)
     return 0
 
 

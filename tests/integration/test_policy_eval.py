@@ -60,8 +60,9 @@ def test_replaying_the_heldout_families_gives_the_runs_own_rewards(runs):
     assert out["mean_gain"]["lo"] <= out["mean_gain"]["gain"] <= out["mean_gain"]["hi"]
 
 
-def test_training_families_and_a_middle_step(runs):
-    from agent_trainer.outer_loop.rl.policy_eval import evaluate_runs, markdown
+def test_training_families_and_a_middle_step(runs, tmp_path, monkeypatch):
+    import agent_trainer.outer_loop.report.plots as plots
+    from agent_trainer.outer_loop.rl.policy_eval import evaluate_runs, markdown, plot
 
     out = evaluate_runs(runs[:1], families="train", episodes=2, steps=["start", 0, "last"], progress=False)
     row = out["runs"][0]
@@ -73,6 +74,12 @@ def test_training_families_and_a_middle_step(runs):
     assert row["gain"]["gain"] == pytest.approx(sum(diffs) / len(diffs))
     table = markdown(out)
     assert f"{row['gain']['gain']:+.3f}" in table and "calc_chain" in table
+    # policy_eval.png: the reward against the updates each policy had (0: the warm start), as drawn
+    drawn = []
+    monkeypatch.setattr(plots, "save_figure", lambda fig, path: drawn.append(fig.axes[0].lines[0].get_xydata()))
+    plot(out, tmp_path / "p.png")
+    means = [row["evaluations"][k]["reward_mean"] for k in ("start", "0", "1")]
+    assert drawn[0].ravel().tolist() == pytest.approx([0, means[0], 1, means[1], 2, means[2]])
     # each step's episodes in their own folders: s0000 the warm start, s0001 after step 0's update, s0002 after 1's
     folder = runs[0] / "evals" / "train_e2"
     names = {p.name[:5] for p in (folder / "episodes").iterdir()}

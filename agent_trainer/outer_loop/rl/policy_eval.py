@@ -311,3 +311,32 @@ def markdown(result: dict[str, Any]) -> str:
         for r in fams:
             lines.append(f"| {r['run']} | " + " | ".join(f"{r['gain']['families'][f]:+.3f}" for f in names) + " |")
     return "\n".join(lines) + "\n"
+
+
+def plot(result: dict[str, Any], path: Path) -> Path:
+    """``policy_eval.png``: each run's mean reward on the family set against the updates its policy had (0: the
+    warm start), with its 95% interval; with several runs, their mean too."""
+    from agent_trainer.outer_loop.report.plots import pyplot, save_figure
+
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    curves: dict[int, list[float]] = {}
+    for i, r in enumerate(result["runs"]):
+        pts = sorted((0 if name == START else int(name) + 1, e["reward_mean"], e["reward_lo"], e["reward_hi"])
+                     for name, e in r["evaluations"].items())
+        x, y = [p[0] for p in pts], [p[1] for p in pts]
+        shift = (i - (len(result["runs"]) - 1) / 2) * 0.08
+        ax.errorbar([v + shift for v in x], y, yerr=[[p[1] - p[2] for p in pts], [p[3] - p[1] for p in pts]],
+                    fmt="o-", capsize=3, alpha=0.8, label=f"seed {r['seed']}")
+        for xi, yi in zip(x, y):
+            curves.setdefault(xi, []).append(yi)
+    if len(result["runs"]) > 1:
+        xs = sorted(curves)
+        ax.plot(xs, [sum(curves[x]) / len(curves[x]) for x in xs], "k--", linewidth=2, label="mean over seeds")
+    first = result["runs"][0]
+    ax.set(xlabel="updates (0: the warm start)", ylabel="mean episode reward",
+           title=f"{ {'train': 'training', 'heldout': 'held-out'}.get(first['label'], first['label'])} families, "
+                 f"{first['episodes']} episodes a task, the same seeds at every point")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return save_figure(fig, path)
