@@ -47,7 +47,7 @@ def test_a_gpu_profile_prices_the_wall_clock_not_the_compute(tmp_path):
 
 @pytest.mark.slow
 def test_calibration_measures_a_model_and_predicts_its_steps(built_models, tmp_path):
-    from agent_trainer.inner_loop.spec.calibrate import FIXED_FLOOR, calibrate
+    from agent_trainer.inner_loop.spec.calibrate import calibrate, floor_for
 
     save_profile(machine_key("cpu"), "tiny-s", {"grpo": 9.0, "grpo/row": 9.0}, {}, tmp_path / "cache")
     # SFT and DPO (which gives the sampling factor), raw and chat; what grpo had stays stored.
@@ -66,7 +66,7 @@ def test_calibration_measures_a_model_and_predicts_its_steps(built_models, tmp_p
     # factors separate into a fixed cost and a row cost; the larger (within 10%) when noise made them one factor,
     # or made the small job so fast that the rows carry the whole step (the fixed factor at its floor).
     machine = CostModel.measured("cpu", tmp_path / "cache")
-    exact = factors["sft"] != factors["sft/row"] and factors["sft"] != FIXED_FLOOR
+    exact = factors["sft"] != factors["sft/row"] and factors["sft"] != floor_for(factors["sft/row"])
     sizes = [("sft/row", 64, 0.01 if exact else 0.1)] + ([("sft", 16, 0.01)] if exact else [])
     for key, batch, rel in sizes:
         job = _job(tmp_path / f"j{batch}", 12, "tiny-s", batch=batch)

@@ -139,6 +139,23 @@ def test_calibration_separates_a_steps_fixed_cost_from_its_rows():
         assert fixed * 0.0126 + per_row * rows * 0.00079 == pytest.approx(measured, rel=0.11)
 
 
+def test_a_floored_factor_stays_below_a_fast_machines_own():
+    """A machine 250x the reference (a GPU) whose small job came out so fast that its fixed part fits negative:
+    the floored fixed factor is 1% of its row factor, not the CPU's 0.01 (2.5x what a step's fixed part costs
+    there), and both timings come back as closely as on the CPU; likewise a GRPO part that cost nothing."""
+    from agent_trainer.inner_loop.spec import calibrate as cal
+
+    small, large = (0.0126, 16 * 0.00079, 16 * 0.00079 / 250), (0.0126, 64 * 0.00079, 64 * 0.00079 * 1.1 / 250)
+    fixed, per_row = cal.fit_factors(small, large)
+    assert per_row == pytest.approx(0.0043, rel=0.03) and fixed == pytest.approx(per_row / 100, rel=0.01)
+    for f, r, m in (small, large):
+        assert fixed * f + per_row * r == pytest.approx(m, rel=0.11)
+    assert cal.fit_part_factor((0.05, 1.0, 1.05 / 250), (0.05, 2.0, 1.0 / 250)) == pytest.approx(4e-5)
+    # On a machine at or below the reference's speed the floor is the fixed 0.01, as before
+    assert cal.floor_for(1458) == cal.floor_for(1.0) == cal.FIXED_FLOOR == 0.01
+    assert cal.floor_for(0.5) == 0.005 and cal.floor_for(0.0) == cal.FIXED_FLOOR
+
+
 def _grpo_machine(a: float, c: float, d: float, e: float):
     """A fake calibration timer for a machine whose GRPO step costs ``a + batch x (c + d x completion tokens + e x
     prompt tokens)`` seconds (SFT and DPO: a flat 0.05 + 0.01 a row); the jobs it timed are listed in ``ran``."""

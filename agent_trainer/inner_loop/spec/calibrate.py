@@ -52,7 +52,15 @@ class CalibrationError(RuntimeError):
     """A calibration job did not finish (out of memory, a crash): what was measured before it is kept."""
 
 
-FIXED_FLOOR = 0.01   # the fixed-cost factor of a model whose steps are all rows (a factor of 0 reads as none)
+FIXED_FLOOR = 0.01   # the fixed-cost factor of a model whose steps are all rows (a factor of 0 reads as none) ...
+FLOOR_SHARE = 0.01   # ... at most this share of the machine's own factor: on a machine 250x the reference (a GPU,
+                     # factors ~0.004) a floor of 0.01 would price the floored part 2.5x what it costs
+
+
+def floor_for(factor: float) -> float:
+    """The floor of a factor that fits at or below 0, beside ``factor`` (the machine's row factor, or its ratio
+    on the job the part was added to): ``FIXED_FLOOR``, or ``FLOOR_SHARE`` of ``factor`` when that is smaller."""
+    return min(FIXED_FLOOR, _sig(FLOOR_SHARE * factor)) if factor > 0 else FIXED_FLOOR
 
 
 def _sig(x: float, digits: int = 3) -> float:
@@ -65,7 +73,7 @@ def fit_factors(small: tuple[float, float, float], large: tuple[float, float, fl
     """(factor of the fixed cost, factor of the rows' cost) from two timed jobs, each ``(fixed, rows, measured)``:
     the reference's fixed and row seconds of a step (LoRA included) and the seconds it took here. When the
     larger job costs more than its rows alone explain (a large model, whose step is all rows: the fixed part
-    fits negative), the rows carry the step: ``FIXED_FLOOR`` and the row factor closest to both timings. When
+    fits negative), the rows carry the step: the row factor closest to both timings and its floor (``floor_for``). When
     the two do not separate otherwise (noise: the larger job no slower), one factor, the larger job's ratio,
     prices both."""
     (f1, r1, m1), (f2, r2, m2) = small, large
@@ -75,7 +83,8 @@ def fit_factors(small: tuple[float, float, float], large: tuple[float, float, fl
         if per_row > 0 and fixed > 0:
             return _sig(fixed), _sig(per_row)
         if per_row > 0:
-            return FIXED_FLOOR, _sig((m1 * r1 + m2 * r2) / (r1 * r1 + r2 * r2))
+            row = _sig((m1 * r1 + m2 * r2) / (r1 * r1 + r2 * r2))
+            return floor_for(row), row
     one = _sig(m2 / (f2 + r2))
     return one, one
 
@@ -83,10 +92,11 @@ def fit_factors(small: tuple[float, float, float], large: tuple[float, float, fl
 def fit_part_factor(base: tuple[float, float, float], changed: tuple[float, float, float]) -> float:
     """The factor of one part of a GRPO completion (its tokens, its prompt's) from two timed jobs at the same batch
     size, ``(fixed, rows, measured)`` as ``fit_factors``'s, the second with that part longer: what the extra tokens
-    cost here against what they cost the reference (``FIXED_FLOOR`` when the second job was no slower: noise, or
-    tokens that cost nothing next to the rest)."""
-    (_, r1, m1), (_, r2, m2) = base, changed
-    return _sig(max(FIXED_FLOOR, (m2 - m1) / (r2 - r1))) if r2 > r1 else FIXED_FLOOR
+    cost here against what they cost the reference (when the second job was no slower: noise, or tokens that cost
+    nothing next to the rest, the floor beside the base job's ratio, ``floor_for``)."""
+    (f1, r1, m1), (_, r2, m2) = base, changed
+    floor = floor_for(m1 / (f1 + r1)) if f1 + r1 > 0 else FIXED_FLOOR
+    return _sig(max(floor, (m2 - m1) / (r2 - r1))) if r2 > r1 else floor
 
 
 def _data(job: dict, family: str, pad: str = "") -> dict:
