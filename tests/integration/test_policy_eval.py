@@ -122,6 +122,7 @@ def test_at_compare_shows_the_paired_training_gain_of_both_kinds_of_run(runs, tm
 @pytest.mark.parametrize("args, message", [
     (["--steps", "start,7"], "no checkpoint for step 7"),
     (["--steps", "first"], "--steps takes start, last or step numbers"),
+    (["--families", "calc_chain,no_such_family"], "no task spec at"),
 ])
 def test_user_mistakes_are_one_line(runs, args, message):
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "policy_eval.py"), str(runs[0]), *args],

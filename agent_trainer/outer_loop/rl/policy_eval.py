@@ -95,12 +95,21 @@ def family_tasks(cfg, families: str) -> list[str]:
     names separated by commas."""
     from agent_trainer.outer_loop.rl.run_config import spec_paths, train_settings
 
+    from agent_trainer.cli_args import UserError
+    from agent_trainer.paths import resolve_path
+
     settings = train_settings(cfg)
     if families == "train":
-        return settings.train_tasks
-    if families == "heldout":
-        return settings.heldout_tasks
-    return spec_paths(cfg, [f.strip() for f in families.split(",") if f.strip()])
+        paths = settings.train_tasks
+    elif families == "heldout":
+        paths = settings.heldout_tasks
+    else:
+        paths = spec_paths(cfg, [f.strip() for f in families.split(",") if f.strip()])
+    missing = [p for p in paths if not resolve_path(p).is_file()]
+    if missing:
+        raise UserError(f"--families {families}: no task spec at {', '.join(missing)} (the run's "
+                        f"task.spec_pattern is {cfg.task.spec_pattern})")
+    return paths
 
 
 def load_adapter(policy, folder: Path | None) -> None:
