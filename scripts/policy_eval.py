@@ -8,8 +8,9 @@
 ``--families``: ``train`` (the run's training families), ``heldout`` or names with commas. ``--steps``: ``start``
 (the warm start), ``last`` or step numbers; the gain is the last listed over the first. Each run's episodes and
 ``policy_eval.json`` go to ``<run>/evals/<families>_e<episodes>/``; ``--out`` also writes the table
-(``policy_eval.md``), every figure (``policy_eval.json``) and the reward against the updates (``policy_eval.png``). The warm start is played once for runs that
-would play it the same (same agent, tasks and episode settings). agent_trainer/outer_loop/rl/policy_eval.py.
+(``policy_eval.md``), every figure (``policy_eval.json``) and the reward against the updates (``policy_eval.png``).
+The warm start is played once for runs that would play it the same (same agent, tasks and episode settings).
+agent_trainer/outer_loop/rl/policy_eval.py.
 """
 
 from __future__ import annotations

@@ -183,11 +183,11 @@ def log_to_run(run_dir: Path, cfg, metrics: dict[str, float], step: int) -> str:
         return "not logged to MLflow (the run has no MLflow run)"
     from agent_trainer.tracking import Tracker, check_tracking_uri, metric_key
 
-    uri = str(cfg.tracking.tracking_uri)
+    uri = cfg.tracking.tracking_uri
     try:
         from mlflow import MlflowClient
 
-        check_tracking_uri(uri, float(cfg.tracking.connect_timeout_s))
+        check_tracking_uri(uri, cfg.tracking.connect_timeout_s)
         tracker = Tracker(uri, enabled=True)
         tracker.client, tracker.run_id = MlflowClient(tracking_uri=uri), run_id   # the run as it is: not reopened
         tracker.log_metrics({metric_key(k): v for k, v in metrics.items()}, step=step)
