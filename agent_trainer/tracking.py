@@ -247,8 +247,9 @@ class Tracker:
         self.run_id = run.info.run_id
         return self
 
-    def attach(self, run_id: str) -> "Tracker":
-        """Continue an existing run (a resumed training) instead of creating a new one."""
+    def attach(self, run_id: str, reopen: bool = True) -> "Tracker":
+        """Continue an existing run (a resumed training) instead of creating a new one; ``reopen=False`` only adds
+        to it (an evaluation of a finished run), its status and tags left as they are."""
         if not self.enabled:
             return self
         from mlflow import MlflowClient
@@ -258,6 +259,8 @@ class Tracker:
         run = self.client.get_run(run_id)
         self.run_id, self.experiment_id = run_id, run.info.experiment_id
         self.run_name, self.attached = run.info.run_name, True
+        if not reopen:
+            return self
         self.client.update_run(run_id, status="RUNNING")
         if "error" in run.data.tags:   # the kill (or failure) it is resumed from is over: its outcome decides
             self.client.delete_tag(run_id, "error")

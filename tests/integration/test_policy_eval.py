@@ -109,6 +109,7 @@ def test_at_compare_shows_the_paired_training_gain_of_both_kinds_of_run(runs, tm
     assert [d.metrics["paired_train_gain"] for d in data] == pytest.approx(gains)
     assert data[1].folder is not None and data[1].run_id != "s1", "seed 1 read from MLflow"
     assert data[1].metrics["paired_train_episodes"] == 2.0
+    assert data[1].status == "FINISHED", "the evaluation adds to the finished run without reopening it"
     files = write_seed_report(data, tmp_path)
     md = files["seeds"].read_text()
     assert "Training families played again on the same episode seeds" in md

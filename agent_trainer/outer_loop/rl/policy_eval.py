@@ -87,7 +87,12 @@ def checkpoint(run_dir: Path, step: str | int) -> tuple[int, Path | None]:
     if folder is None or not (folder / "adapter").is_dir():
         have = sorted(p.name for p in (Path(run_dir) / CKPT_DIR).glob("step_*"))
         raise UserError(f"{run_dir}: no checkpoint for step {step} (it has {', '.join(have) or 'none'})")
-    return int(folder.name.split("_")[1]), folder
+    return step_of(folder), folder
+
+
+def step_of(folder: Path | None) -> int | None:
+    """The step number of a checkpoint folder (``step_0011``: 11); None for none."""
+    return int(folder.name.split("_")[1]) if folder is not None else None
 
 
 def family_tasks(cfg, families: str) -> list[str]:
@@ -181,15 +186,11 @@ def log_to_run(run_dir: Path, cfg, metrics: dict[str, float], step: int) -> str:
     run_id = json.loads(marker.read_text()).get("mlflow_run_id") if marker.is_file() else None
     if not metrics or not cfg.tracking.enabled or not run_id:
         return "not logged to MLflow (the run has no MLflow run)"
-    from agent_trainer.tracking import Tracker, check_tracking_uri, metric_key
+    from agent_trainer.tracking import Tracker, metric_key
 
     uri = cfg.tracking.tracking_uri
     try:
-        from mlflow import MlflowClient
-
-        check_tracking_uri(uri, cfg.tracking.connect_timeout_s)
-        tracker = Tracker(uri, enabled=True)
-        tracker.client, tracker.run_id = MlflowClient(tracking_uri=uri), run_id   # the run as it is: not reopened
+        tracker = Tracker(uri, connect_timeout_s=cfg.tracking.connect_timeout_s).attach(run_id, reopen=False)
         tracker.log_metrics({metric_key(k): v for k, v in metrics.items()}, step=step)
     except Exception as e:   # the results are in the run folder either way
         return f"not logged to MLflow ({' '.join(str(e).split())[:200]})"
@@ -279,7 +280,7 @@ def evaluate_runs(runs: Sequence[str | Path], families: str = "train", episodes:
             ev.close()
         names = list(played)
         row = {"run": str(run), "seed": ev.cfg.seed, "label": ev.label, "families": [t.family for t in ev.tasks],
-               "episodes": episodes, "last_step": checkpoint(ev.run_dir, LAST)[0], "evaluations": played}
+               "episodes": episodes, "last_step": step_of(last_complete_step(ev.run_dir)), "evaluations": played}
         if len(names) >= 2:
             row["gain"] = gain(played[names[0]], played[names[-1]], (names[0], names[-1]))
         write_json(ev.out / RESULT_FILE, row)
