@@ -242,6 +242,10 @@ class OuterConfig:
                                     "per-episode change / 0.05)^2 (docs/outer_loop.md, 'Held-out evaluation')")
     heldout_at_start: bool = doc(True, "also score the held-out families before the first update (the warm start): "
                                        "the start of heldout_gain")
+    train_eval_episodes: int = doc(0, "episodes per training task played before the first update and after the "
+                                      "last, on fixed episode seeds, no update from them: paired_train_gain, the "
+                                      "training families' paired gain with its 95% interval (the same episodes as "
+                                      "scripts/policy_eval.py --families train --episodes N); 0 = none")
     clip_eps_high: Optional[float] = doc(None, "upper ratio clip (DAPO's clip-higher); null = clip_eps")
     scale_by_std: bool = doc(False, "divide advantages by the group's reward std")
     epochs: int = doc(1, "passes over a step's rollouts in the update")
@@ -616,6 +620,8 @@ def validate(cfg: DictConfig) -> Config:
            "outer.max_steps_off_policy and outer.heldout_every must be >= 0")
     _check(o.heldout_episodes >= 0,
            f"outer.heldout_episodes must be >= 0 (0 = no held-out evaluation), got {o.heldout_episodes}")
+    _check(o.train_eval_episodes >= 0,
+           f"outer.train_eval_episodes must be >= 0 (0 = no training-family evaluation), got {o.train_eval_episodes}")
     _check(b.max_jobs_per_episode >= 1, "budget.max_jobs_per_episode must be >= 1")
     for key in ("max_usd_per_episode", "max_tokens_per_episode", "max_usd_per_run", "max_tokens_per_run"):
         value = getattr(b, key)

@@ -98,8 +98,8 @@ def safe_params(params: Mapping[str, Any]) -> dict[str, str]:
 # at-train's step metrics grouped for the MLflow UI: ``reward/reward_mean``, ``time/seconds_step``...
 # (metrics.jsonl keeps the bare names; ``bare_key`` undoes the prefix).
 METRIC_GROUPS = ("reward", "stage", "choice", "cost", "update", "time", "heldout", "eval")
-_GROUP_OF = (("heldout_", "heldout"), ("paired_", "eval"), ("reward_", "reward"), ("uplift_", "reward"),
-             ("share_", "choice"),
+_GROUP_OF = (("heldout_", "heldout"), ("paired_", "eval"), ("train_eval_", "eval"), ("reward_", "reward"),
+             ("uplift_", "reward"), ("share_", "choice"),
              ("update_", "update"), ("seconds_", "time"), ("usd", "cost"), ("tokens", "cost"), ("cache_", "cost"))
 
 

@@ -32,6 +32,16 @@ def runs(tmp_path_factory, built_agent):
     return [root / "s0", root / "s1"]
 
 
+@pytest.fixture(scope="module")
+def evaluated(runs):
+    """Seed 1 again, its training families also played at the start and the end (outer.train_eval_episodes)."""
+    from agent_trainer.commands import train as at_train
+
+    at_train.run(compose_config([f"runs_dir={runs[1].parent}", "run_id=s1-eval", "experiment=smoke", "seed=1",
+                                 "tracking=mlflow", "outer.train_eval_episodes=2", *HELD], "train"))
+    return runs[1].parent / "s1-eval"
+
+
 def _rows(run: Path) -> list[dict]:
     return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
 
@@ -58,6 +68,44 @@ def test_replaying_the_heldout_families_gives_the_runs_own_rewards(runs):
     gains = [r["gain"]["gain"] for r in out["runs"]]
     assert out["mean_gain"]["gain"] == pytest.approx(sum(gains) / 2) and out["mean_gain"]["runs"] == 2
     assert out["mean_gain"]["lo"] <= out["mean_gain"]["gain"] <= out["mean_gain"]["hi"]
+
+
+def test_the_run_plays_its_training_families_at_start_and_end(runs, evaluated):
+    """outer.train_eval_episodes: the warm start and the last policy play every training task on the fixed seeds
+    inside the run. The paired gain is what policy_eval gives after the run, to the digit; it reaches MLflow and
+    the summary; and the training steps are the run's without the evaluation."""
+    from agent_trainer.outer_loop.rl.policy_eval import evaluate_runs
+    from agent_trainer.tracking import read_metrics
+
+    rows = _rows(evaluated)
+    start, end = rows[0]["train_eval_rewards"], rows[-1]["train_eval_end_rewards"]
+    assert len(start) == len(end) == 4, "calc_chain and count_char, 2 episodes each"
+    row = evaluate_runs([evaluated], families="train", episodes=2, progress=False)["runs"][0]
+    assert row["evaluations"]["start"]["rewards"] == start and row["evaluations"]["1"]["rewards"] == end
+    keys = ("paired_train_gain", "paired_train_gain_lo", "paired_train_gain_hi")
+    assert [rows[-1][k] for k in keys] == pytest.approx([row["gain"][k] for k in ("gain", "lo", "hi")])
+    assert rows[-1]["paired_train_start"] == row["evaluations"]["start"]["reward_mean"]
+    summary = json.loads((evaluated / "summary.json").read_text())
+    assert summary["paired_train_gain"] == rows[-1]["paired_train_gain"] and summary["paired_train_episodes"] == 2
+    assert summary["paired_train_gain_ci"] == [rows[-1]["paired_train_gain_lo"], rows[-1]["paired_train_gain_hi"]]
+    # MLflow: the start at step 0, the end at step 2 (after 2 updates), as the held-out evaluations
+    run_id = json.loads((evaluated / "outer_run.json").read_text())["mlflow_run_id"]
+    hist = read_metrics(f"sqlite:///{evaluated.parent.resolve()}/mlflow.db", run_id, ["eval/train_eval_reward_mean"])
+    assert [s for s, _ in hist["eval/train_eval_reward_mean"]] == [0, 2]
+    assert [v for _, v in hist["eval/train_eval_reward_mean"]] == pytest.approx(
+        [rows[0]["train_eval_reward_mean"], rows[-1]["train_eval_end_reward_mean"]])
+    # its episodes apart from the training ones (the training gain reads s<step>-train-*)
+    names = {p.name.rsplit("-", 2)[0] for p in (evaluated / "episodes").iterdir()}
+    assert {"s0000-traineval", "s0001-traineval-end"} <= names
+    # the training steps as without the evaluation: episodes, rewards, update (times, priced seconds, the job
+    # cache's counts (a training job the evaluation ran first is a hit) and the run's cumulative tokens aside)
+    plain = _rows(runs[1])
+    assert len(plain) == len(rows) == 2
+    for with_eval, without in zip(rows, plain):
+        same = {k: v for k, v in without.items()
+                if not k.startswith(("seconds_", "cache_")) and "usd" not in k and k != "tokens_cumulative"}
+        assert len(same) > 40
+        assert {k: with_eval.get(k) for k in same} == same
 
 
 def test_training_families_and_a_middle_step(runs, tmp_path, monkeypatch):
@@ -112,7 +160,7 @@ def test_at_compare_shows_the_paired_training_gain_of_both_kinds_of_run(runs, tm
     assert data[1].status == "FINISHED", "the evaluation adds to the finished run without reopening it"
     files = write_seed_report(data, tmp_path)
     md = files["seeds"].read_text()
-    assert "Training families played again on the same episode seeds" in md
+    assert "Training families played on the same episode seeds" in md
     lo, hi = t_interval(gains)
     assert f"**{sum(gains) / 2:+.3f} [{lo:+.3f}, {hi:+.3f}]**" in md
     for g in out["runs"]:

@@ -128,6 +128,53 @@ def test_plot_points_and_file(tmp_path):
     assert (tmp_path / "heldout.png").read_bytes()[:4] == b"\x89PNG" and len(paths) == 3
 
 
+def _train_rows():
+    start, end = [0.1, 0.3, 0.0, 0.5], [0.2, 0.3, 0.4, 0.5]
+    rows = [{"step": 0, "reward_mean": 0.3, **_held("train_eval_", start)}, {"step": 1, "reward_mean": 0.4}]
+    last = {"step": 2, "reward_mean": 0.5, **_held("train_eval_end_", end)}
+    rows.append({**last, **heldout.paired_train(rows[0], last, episodes=2)})
+    return rows, start, end
+
+
+def test_training_families_start_end_and_paired_gain():
+    """outer.train_eval_episodes: the last row holds the paired gain under policy_eval's names, the summary and the
+    MLflow points show start and end as one curve (the end one step later)."""
+    rows, start, end = _train_rows()
+    last = rows[-1]
+    assert last["paired_train_start"] == pytest.approx(np.mean(start))
+    assert last["paired_train_end"] == pytest.approx(np.mean(end))
+    assert last["paired_train_gain"] == pytest.approx(np.mean(end) - np.mean(start))
+    assert last["paired_train_gain_lo"] <= last["paired_train_gain"] <= last["paired_train_gain_hi"]
+    assert last["paired_train_episodes"] == 2.0
+    s = heldout.train_summary(rows)
+    assert s["paired_train_gain_ci"] == [last["paired_train_gain_lo"], last["paired_train_gain_hi"]]
+    assert s["paired_train_start"] == last["paired_train_start"] and s["paired_train_episodes"] == 2.0
+    # a run stopped before its end: the start alone; other episodes at the end (changed on a resume): no gain
+    assert heldout.train_summary(rows[:2]) == {"paired_train_start": pytest.approx(np.mean(start))}
+    assert heldout.paired_train(rows[0], {**last, "train_eval_end_rewards": end[:2]}, episodes=1) == {}
+    assert heldout.train_summary([{"step": 0, "reward_mean": 0.3}]) == {}
+    (s2, own), (s3, ended) = heldout.points(last)
+    assert (s2, s3) == (2, 3) and "paired_train_gain" in own and not any(k.startswith("train_eval_end") for k in own)
+    assert set(ended) == {"train_eval_reward_mean", "train_eval_reward_lo", "train_eval_reward_hi"}
+
+
+def test_plot_draws_the_training_families_beside_the_held_out_ones(tmp_path, monkeypatch):
+    import agent_trainer.outer_loop.report.plots as plots
+
+    drawn = []
+    monkeypatch.setattr(plots, "save_figure", lambda fig, path: drawn.append(
+        (fig.axes[0].get_title(), [t.get_text() for t in fig.axes[0].get_legend().get_texts()])))
+    train, _, _ = _train_rows()
+    held, _, _ = _rows()
+    plots.heldout_plot(train, tmp_path / "a.png")
+    plots.heldout_plot([{**h, **t} for h, t in zip(held, train)] + held[len(train):], tmp_path / "b.png")
+    plots.heldout_plot(held, tmp_path / "c.png")
+    assert drawn[0] == ("Training families on fixed seeds",
+                        ["training families", "training families, fixed seeds (4 episodes, 95% CI)"])
+    assert drawn[1][0] == "Held-out families and training families on fixed seeds" and len(drawn[1][1]) == 3
+    assert drawn[2] == ("Held-out families", ["training families", "held-out families (6 episodes, 95% CI)"])
+
+
 def test_unpaired_ci_excludes_zero_for_a_clear_shift_and_includes_it_for_none():
     from agent_trainer.outer_loop.report.bootstrap import diff_ci
 

@@ -66,32 +66,42 @@ def choices_plot(rows: list[dict], path: Path) -> Path:
     return save_figure(fig, path)
 
 
-def heldout_points(rows: list[dict]) -> list[tuple[int, float, float | None, float | None]]:
-    """``(x, mean, lo, hi)`` of every held-out evaluation: a row's own at its step (before its update), its
-    end evaluation at the next step (after the update); lo/hi None where a row has no interval."""
+def heldout_points(rows: list[dict], prefixes: tuple[str, str] = ("heldout_", "heldout_end_"),
+                   ) -> list[tuple[int, float, float | None, float | None]]:
+    """``(x, mean, lo, hi)`` of every evaluation under ``prefixes`` (held-out by default; ``("train_eval_",
+    "train_eval_end_")``: the training families on fixed seeds): a row's own at its step (before its update),
+    its end evaluation at the next step (after the update); lo/hi None where a row has no interval."""
     out = []
     for r in rows:
-        for prefix, x in (("heldout_", r["step"]), ("heldout_end_", r["step"] + 1)):
+        for prefix, x in ((prefixes[0], r["step"]), (prefixes[1], r["step"] + 1)):
             if f"{prefix}reward_mean" in r:
                 out.append((x, r[f"{prefix}reward_mean"], r.get(f"{prefix}reward_lo"), r.get(f"{prefix}reward_hi")))
     return out
 
 
 def heldout_plot(rows: list[dict], path: Path) -> Path:
-    """Held-out reward at each evaluation, with its bootstrap 95% interval, next to the training reward."""
+    """Held-out reward at each evaluation, with its bootstrap 95% interval, next to the training reward (and the
+    training families on fixed seeds at the start and end, when the run played them: ``outer.train_eval_episodes``)."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot([r["step"] for r in rows], [r["reward_mean"] for r in rows], marker=".", label="training families")
-    pts = heldout_points(rows)
-    if pts:
+    shown = []
+    for prefixes, name, marker in ((("heldout_", "heldout_end_"), "held-out families", "s"),
+                                   (("train_eval_", "train_eval_end_"), "training families, fixed seeds", "D")):
+        pts = heldout_points(rows, prefixes)
+        if not pts:
+            continue
+        shown.append(name.split(",")[0])
         xs, ys = [p[0] for p in pts], [p[1] for p in pts]
         err = [[y - (lo if lo is not None else y) for _, y, lo, _ in pts],
                [(hi if hi is not None else y) - y for _, y, _, hi in pts]]
-        n = next((len(r[k]) for r in rows for k in ("heldout_rewards", "heldout_end_rewards") if r.get(k)), None)
-        label = "held-out families" + (f" ({n} episodes, 95% CI)" if n else "")
-        ax.errorbar(xs, ys, yerr=err, marker="s", capsize=4, label=label)
-    ax.set(xlabel="outer step (held-out: policy after that many updates)", ylabel="episode reward",
-           title="Held-out families")
+        keys = tuple(p + "rewards" for p in prefixes)
+        n = next((len(r[k]) for r in rows for k in keys if r.get(k)), None)
+        ax.errorbar(xs, ys, yerr=err, marker=marker, capsize=4,
+                    label=name + (f" ({n} episodes, 95% CI)" if n else ""))
+    ax.set(xlabel="outer step (evaluations: policy after that many updates)", ylabel="episode reward",
+           title="Held-out families" if shown in ([], ["held-out families"])
+           else " and ".join(shown).capitalize() + " on fixed seeds")
     ax.grid(alpha=0.3)
     ax.legend()
     return save_figure(fig, path)

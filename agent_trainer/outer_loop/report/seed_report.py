@@ -22,8 +22,9 @@ GAIN_BAR = 0.10  # the training gain a seed should clear
 NUMBERS = ("reward_first3", "reward_last3", "reward_gain", "heldout_start", "heldout_end", "heldout_gain",
            "share_algorithm_sft_first3", "share_algorithm_sft_last3", "valid_first_try_first3",
            "valid_first_try_last3", "paired_train_start", "paired_train_end", "paired_train_gain")
-# The training families played again on the same seeds by the warm start and the run's last policy
-# (scripts/policy_eval.py: agent_trainer.outer_loop.rl.policy_eval.paired_metrics); None where not evaluated.
+# The training families played on the same seeds by the warm start and the run's last policy (in the run:
+# outer.train_eval_episodes; after it: scripts/policy_eval.py, agent_trainer.outer_loop.rl.policy_eval.paired_metrics);
+# None where not evaluated.
 PAIRED = ("paired_train_start", "paired_train_end", "paired_train_gain", "paired_train_gain_lo",
           "paired_train_gain_hi", "paired_train_episodes")
 CSV_COLUMNS = ("setting", "seed", "run", "run_id", *NUMBERS[:3], "reward_gain_lo", "reward_gain_hi", NUMBERS[3],
@@ -176,13 +177,14 @@ def markdown(groups: Sequence[tuple[str, list[dict], dict]]) -> str:
 
 
 def paired_table(rows: Sequence[dict], s: dict) -> list[str]:
-    """The training families played again on the same seeds by the warm start and each seed's last policy
-    (``scripts/policy_eval.py``): a row per evaluated seed and the mean; [] when no seed was evaluated."""
+    """The training families played on the same seeds by the warm start and each seed's last policy
+    (``outer.train_eval_episodes`` or ``scripts/policy_eval.py``): a row per evaluated seed and the mean; []
+    when no seed was evaluated."""
     done = [r for r in rows if r.get("paired_train_gain") is not None]
     if not done:
         return []
-    lines = ["Training families played again on the same episode seeds by the warm start and the run's last "
-             "policy (`scripts/policy_eval.py`; free of which families the steps drew):", "",
+    lines = ["Training families played on the same episode seeds by the warm start and the run's last policy "
+             "(`outer.train_eval_episodes` or `scripts/policy_eval.py`; free of which families the steps drew):", "",
              "| seed | warm start | last policy | gain, paired [95% CI] | episodes a family |", "|---|---|---|---|---|"]
     for r in done:
         lines.append(f"| {r['seed']} | {_num(r['paired_train_start'])} | {_num(r['paired_train_end'])} | "

@@ -1,12 +1,17 @@
-"""Held-out evaluation: the held-out families played with no update from them, on the same episode
-seeds at every evaluation, so two evaluations differ only by the policy that played them.
+"""Fixed-seed evaluations: a family set played with no update from it, on the same episode seeds at every
+evaluation, so two evaluations differ only by the policy that played them.
 
-When it runs (start, every ``outer.heldout_every`` steps, end), its seeds, its metrics and the paired
-gain: docs/outer_loop.md, "Held-out evaluation".
+- ``HELDOUT``: the held-out families, at the start, every ``outer.heldout_every`` steps and at the end
+  (``heldout_*``, ``heldout_end_*``, the paired ``heldout_gain``);
+- ``TRAIN``: the training families, at the start and the end when ``outer.train_eval_episodes`` > 0
+  (``train_eval_*``, ``train_eval_end_*``, the paired ``paired_train_*``, as ``scripts/policy_eval.py`` writes).
+
+When they run, their seeds, their metrics and the paired gains: docs/outer_loop.md, "Held-out evaluation".
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 from agent_trainer.outer_loop.report.bootstrap import mean_ci, paired_diff_ci
@@ -14,6 +19,32 @@ from agent_trainer.outer_loop.report.bootstrap import mean_ci, paired_diff_ci
 SEED_BASE = (-1,)        # a held-out episode's seed is hash((-1, task index, g)): fixed, and no training step is < 0
 PREFIX, END_PREFIX = "heldout_", "heldout_end_"
 REWARDS = "rewards"      # heldout_rewards / heldout_end_rewards: per-episode rewards, in episode order
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """A fixed-seed evaluation's names: metric prefixes of the evaluations before an update (``prefix``) and after
+    the last one (``end_prefix``), the episode folders' tag (``s0000-<tag>-<task>-<g>``, ``<tag>-end`` at the
+    end) and the key of its seconds."""
+
+    prefix: str
+    end_prefix: str
+    tag: str
+    seconds: str
+
+    def tag_of(self, prefix: str) -> str:
+        return self.tag if prefix == self.prefix else f"{self.tag}-end"
+
+
+HELDOUT = Evaluation(PREFIX, END_PREFIX, "heldout", "seconds_heldout")
+TRAIN = Evaluation("train_eval_", "train_eval_end_", "traineval", "seconds_train_eval")
+EVALUATIONS = (HELDOUT, TRAIN)
+PAIRED_TRAIN = "paired_train_"   # the training families' start, end and paired gain (scripts/policy_eval.py's names)
+
+
+def evaluation_of(prefix: str) -> Evaluation:
+    """The evaluation whose metrics carry ``prefix`` (either of its two)."""
+    return next(e for e in EVALUATIONS if prefix in (e.prefix, e.end_prefix))
 
 
 def schedule(step: int, steps: int, every: int, at_start: bool, enabled: bool = True) -> tuple[bool, bool]:
@@ -39,9 +70,33 @@ def gain_metrics(start: Sequence[float] | None, end: Sequence[float] | None) -> 
     return {"heldout_gain": gain, "heldout_gain_lo": lo, "heldout_gain_hi": hi}
 
 
-def start_row(rows: Sequence[dict]) -> dict | None:
-    """The step-0 row when it holds the start evaluation (before step 0's update)."""
-    return rows[0] if rows and rows[0].get("step") == 0 and f"{PREFIX}reward_mean" in rows[0] else None
+def start_row(rows: Sequence[dict], prefix: str = PREFIX) -> dict | None:
+    """The step-0 row when it holds the start evaluation under ``prefix`` (before step 0's update)."""
+    return rows[0] if rows and rows[0].get("step") == 0 and f"{prefix}reward_mean" in rows[0] else None
+
+
+def paired_train(start: dict, end: dict, episodes: int) -> dict[str, float]:
+    """The training families' start (``start``: a row with ``train_eval_*``) and end (``end``: with
+    ``train_eval_end_*``) evaluations paired, as ``paired_train_start``, ``_end``, ``_gain``, ``_gain_lo``,
+    ``_gain_hi`` and ``_episodes`` (per task); {} unless both played the same episodes."""
+    s, e = start.get(TRAIN.prefix + REWARDS), end.get(TRAIN.end_prefix + REWARDS)
+    if not s or not e or len(s) != len(e):
+        return {}
+    gain, lo, hi = paired_diff_ci(s, e)
+    p = PAIRED_TRAIN
+    return {p + "start": start[f"{TRAIN.prefix}reward_mean"], p + "end": end[f"{TRAIN.end_prefix}reward_mean"],
+            p + "gain": gain, p + "gain_lo": lo, p + "gain_hi": hi, p + "episodes": float(episodes)}
+
+
+def train_summary(rows: Sequence[dict]) -> dict[str, Any]:
+    """The training families' start, end and paired gain with its interval (``outer.train_eval_episodes``); the
+    start alone while the run has no end evaluation; {} without either."""
+    p, last = PAIRED_TRAIN, rows[-1] if rows else {}
+    if p + "gain" in last:
+        return {p + "start": last[p + "start"], p + "end": last[p + "end"], p + "gain": last[p + "gain"],
+                p + "gain_ci": [last[p + "gain_lo"], last[p + "gain_hi"]], p + "episodes": last[p + "episodes"]}
+    start = start_row(rows, TRAIN.prefix)
+    return {p + "start": start[f"{TRAIN.prefix}reward_mean"]} if start else {}
 
 
 def summary(rows: Sequence[dict]) -> dict[str, Any]:
@@ -75,9 +130,12 @@ def summary(rows: Sequence[dict]) -> dict[str, Any]:
 
 def points(row: dict) -> list[tuple[int, dict[str, float]]]:
     """A metrics.jsonl row as MLflow points ``[(step, {bare name: number})]``: the row at its step and its
-    end evaluation, if any, as ``heldout_*`` at the next step; lists (per-episode rewards) are left out."""
+    end evaluations, if any, at the next step (``heldout_end_*`` as ``heldout_*``, ``train_eval_end_*`` as
+    ``train_eval_*``: the policy after that many updates); lists (per-episode rewards) are left out."""
     step = int(row["step"])
     numbers = {k: v for k, v in row.items() if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)}
-    end = {PREFIX + k[len(END_PREFIX):]: v for k, v in numbers.items() if k.startswith(END_PREFIX)}
-    own = {k: v for k, v in numbers.items() if not k.startswith(END_PREFIX)}
+    ends = tuple(e.end_prefix for e in EVALUATIONS)
+    end = {e.prefix + k[len(e.end_prefix):]: v for e in EVALUATIONS for k, v in numbers.items()
+           if k.startswith(e.end_prefix)}
+    own = {k: v for k, v in numbers.items() if not k.startswith(ends)}
     return [(step, own)] + ([(step + 1, end)] if end else [])

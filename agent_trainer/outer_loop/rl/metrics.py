@@ -91,7 +91,8 @@ def training_gain(run_dir: Path, steps: int, k: int = 3) -> dict[str, float]:
 
 def summarize(rows: list[dict], k: int = 3) -> dict[str, Any]:
     """First-k and last-k mean reward, their gap, the held-out start, end and paired gain (each with its
-    95% interval, ``agent_trainer.outer_loop.rl.heldout.summary``), and how the choices moved."""
+    95% interval, ``agent_trainer.outer_loop.rl.heldout.summary``), the training families' paired gain
+    (``heldout.train_summary``), and how the choices moved."""
     if not rows:
         return {"steps": 0}
     first, last = rows[:k], rows[-k:]
@@ -106,6 +107,7 @@ def summarize(rows: list[dict], k: int = 3) -> dict[str, Any]:
     if "reward_gain_lo" in rows[-1]:
         out["reward_gain_ci"] = [rows[-1]["reward_gain_lo"], rows[-1]["reward_gain_hi"]]
     out.update(heldout.summary(rows))
+    out.update(heldout.train_summary(rows))
     for key in sorted({k2 for r in rows for k2 in r
                        if k2.startswith("share_") or k2 in ("valid_first_try", "submitted_unfixed_rate")}):
         out[f"{key}_first{k}"] = mean(first, key)

@@ -233,14 +233,14 @@ class RunEvaluator:
 
     def play(self, step: str | int) -> tuple[int, dict[str, Any]]:
         """``(step number, evaluation)`` of the policy at ``step`` (``start``, ``last`` or a number)."""
-        from agent_trainer.outer_loop.rl.rollouts import evaluate_heldout
+        from agent_trainer.outer_loop.rl.rollouts import evaluate_fixed
 
         number, folder = checkpoint(self.run_dir, step)
         load_adapter(self.trainer.policy, folder)
         self.trainer.sync_sampler()
         t0 = time.time()
         # episode folders s<updates>-heldout-<task>-<g>: s0000 the warm start, s0012 after step 11's update
-        metrics = evaluate_heldout(self.trainer.rollouts, self.tasks, self.episodes, number + 1, heldout.PREFIX)
+        metrics = evaluate_fixed(self.trainer.rollouts, self.tasks, self.episodes, number + 1, heldout.PREFIX)
         return number, summarize_eval(metrics, self.tasks, self.episodes, time.time() - t0)
 
     def close(self) -> None:

@@ -173,15 +173,17 @@ class Rollouts:
         return episodes
 
 
-def evaluate_heldout(rollouts: Rollouts, tasks: Sequence, episodes: int, step: int, prefix: str) -> dict[str, Any]:
-    """Play the held-out ``tasks`` (``episodes`` each, on the fixed seeds ``heldout.SEED_BASE``, no update): their
-    metrics under ``prefix`` with the reward's bootstrap interval, and ``seconds_heldout``. Their jobs run on the
-    same executor but are counted apart: they add nothing to the training step's ``JobRunner`` figures."""
+def evaluate_fixed(rollouts: Rollouts, tasks: Sequence, episodes: int, step: int, prefix: str) -> dict[str, Any]:
+    """Play ``tasks`` (``episodes`` each, on the fixed seeds ``heldout.SEED_BASE``, no update): their metrics under
+    ``prefix`` (one of ``heldout.EVALUATIONS``': held-out or training families, before an update or after the
+    last) with the reward's bootstrap interval, and the evaluation's seconds. Their jobs run on the same executor
+    but are counted apart: they add nothing to the training step's ``JobRunner`` figures."""
     t0 = time.time()
-    tag = "heldout" if prefix == heldout.PREFIX else "heldout-end"
+    evaluation = heldout.evaluation_of(prefix)
     own = rollouts.with_jobs(JobRunner(rollouts.jobs.executor, rollouts.jobs.settings))
-    results = [ep.finish() for ep in own.play(tasks, episodes, step, tag, seed_base=heldout.SEED_BASE)]
+    played = own.play(tasks, episodes, step, evaluation.tag_of(prefix), seed_base=heldout.SEED_BASE)
+    results = [ep.finish() for ep in played]
     metrics = step_metrics(results, {}, {}, None, prefix=prefix)
     metrics.update(heldout.interval_metrics([r.reward["total"] for r in results], prefix))
-    metrics["seconds_heldout"] = time.time() - t0
+    metrics[evaluation.seconds] = time.time() - t0
     return metrics

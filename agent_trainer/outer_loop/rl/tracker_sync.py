@@ -44,12 +44,18 @@ def sync_tracker(tracker, run_dir: Path) -> None:
         tracker.log_metrics({metric_key(k): v for k, v in own.items()}, step=step)
 
 
+def split(episode_id: str) -> str:
+    """``heldout``, ``train_eval`` (the training families on fixed seeds) or ``train``, from an episode's id."""
+    tag = episode_id.split("-")[1] if episode_id.count("-") >= 1 else ""
+    return {heldout.HELDOUT.tag: "heldout", heldout.TRAIN.tag: "train_eval"}.get(tag, "train")
+
+
 def log_episode_run(tracker, summary: dict[str, Any], step: int) -> None:
     """One nested MLflow run per episode: its choices as params, its stages and cost as metrics."""
     reward = summary.get("reward") or {}
     with tracker.child(summary["episode_id"],
                        tags={"step": step, "task": summary.get("task"),
-                             "split": "heldout" if "-heldout-" in summary["episode_id"] else "train"}) as ep:
+                             "split": split(summary["episode_id"])}) as ep:
         ep.log_params({f"choice.{k}": v for k, v in (summary.get("choices") or {}).items()})
         metrics = reward_metrics(reward)
         metrics.update({k: summary.get(k) for k in ("tokens_in", "tokens_out", "usd", "n_turns")

@@ -3,8 +3,8 @@
 ``Trainer`` composes the loop's parts, each testable on its own:
 
 - ``rollouts``: which tasks a step plays (``step_tasks``), its episodes played together (``Rollouts``), their
-  inner jobs run in parallel through the executor (``JobRunner``), the held-out families played with no update
-  (``evaluate_heldout``; when and how: ``heldout``);
+  inner jobs run in parallel through the executor (``JobRunner``), the held-out families (and, at the start and
+  end, the training families) played on fixed seeds with no update (``evaluate_fixed``; when and how: ``heldout``);
 - ``policy``: the agent's LoRA and its update (``AgentPolicy``; advantages: ``group_advantages``);
 - ``checkpoints``: one folder per complete step, and what a resume reads back;
 - ``metrics``: a step's metrics and the run's summary; ``tracker_sync``: their MLflow mirror.
@@ -35,7 +35,7 @@ from agent_trainer.outer_loop.rl.metrics import step_metrics, summarize, trainin
 from agent_trainer.outer_loop.rl.policy import (
     AgentPolicy, PolicyConfig, TurnSample, device_kwargs, group_advantages, merge_turns,
 )
-from agent_trainer.outer_loop.rl.rollouts import JobRunner, Rollouts, evaluate_heldout, step_tasks
+from agent_trainer.outer_loop.rl.rollouts import JobRunner, Rollouts, evaluate_fixed, step_tasks
 from agent_trainer.outer_loop.rl.tracker_sync import sync_tracker
 from agent_trainer.outer_loop.strategy.strategy import run_metrics
 
@@ -53,6 +53,7 @@ class TrainSettings:
     heldout_every: int = OuterConfig.heldout_every          # 0: no held-out evaluation at all
     heldout_episodes: int = OuterConfig.heldout_episodes    # per held-out task and evaluation
     heldout_at_start: bool = OuterConfig.heldout_at_start
+    train_eval_episodes: int = OuterConfig.train_eval_episodes   # per training task, at the start and the end
     max_steps_off_policy: int = OuterConfig.max_steps_off_policy
     seed: int = Config.seed
     overlap_jobs: bool = OuterConfig.overlap_jobs   # start an episode's last job while the next ones are sampled
@@ -174,6 +175,7 @@ class Trainer:
         results = [ep.finish() for ep in episodes]
         # Before the update: the policy that played this step's training episodes (step 0: the warm start).
         held = self.evaluate_heldout(step, heldout.PREFIX) if held_before else {}
+        trained = self.evaluate_train(step, heldout.TRAIN.prefix) if self.train_eval and step == 0 else {}
         fresh = self.samples(results, tasks)
         samples, self.replay = mix_replay(self.replay, fresh, self.policy.version, self.s.max_steps_off_policy)
         update = self.policy.update(samples) if fresh else {"skipped": 1.0}
@@ -184,21 +186,45 @@ class Trainer:
         # jobs: what the step waited for jobs beyond the sampling; jobs_busy: time inside job batches
         # (summed over the threads feeding them: it overlaps the sampling when outer.overlap_jobs is on)
         seconds = {"sampling": t2 - t0 - jobs_s, "jobs": jobs_s, "jobs_busy": self.jobs.busy,
-                   "update": t3 - t2 - held.get("seconds_heldout", 0.0)}
+                   "update": t3 - t2 - held.get("seconds_heldout", 0.0) - trained.get(heldout.TRAIN.seconds, 0.0)}
         metrics = step_metrics(results, update, seconds, self.ledger)
         metrics.update(run_metrics([r.strategy for r in results]))
         metrics.update(self.jobs.stats)
         metrics.update(held)
+        metrics.update(trained)
         if held_after:   # the last step: the policy the run leaves
             metrics.update(self.end_of_run_heldout(step, metrics))
+        if self.train_eval and step == self.s.steps - 1:
+            metrics.update(self.end_of_run_train(step, metrics))
         if step == self.s.steps - 1:   # the last step: the training gain's interval, over the episodes
             metrics.update(training_gain(self.run_dir, self.s.steps))
         metrics["seconds_step"] = time.time() - t0
         return metrics
 
+    @property
+    def train_eval(self) -> bool:
+        """Whether the training families are played on fixed seeds at the start and the end."""
+        return self.s.train_eval_episodes > 0
+
     def evaluate_heldout(self, step: int, prefix: str) -> dict[str, Any]:
-        """The held-out families played by the current policy (``rollouts.evaluate_heldout``)."""
-        return evaluate_heldout(self.rollouts, self.heldout_tasks, self.s.heldout_episodes, step, prefix)
+        """The held-out families played by the current policy (``rollouts.evaluate_fixed``)."""
+        return evaluate_fixed(self.rollouts, self.heldout_tasks, self.s.heldout_episodes, step, prefix)
+
+    def evaluate_train(self, step: int, prefix: str) -> dict[str, Any]:
+        """Every training task played ``train_eval_episodes`` times by the current policy on the fixed seeds
+        (``rollouts.evaluate_fixed``): the same episodes as ``scripts/policy_eval.py --families train``."""
+        return evaluate_fixed(self.rollouts, self.train_tasks, self.s.train_eval_episodes, step, prefix)
+
+    def end_of_run_train(self, step: int, metrics: dict[str, Any]) -> dict[str, Any]:
+        """The training families after the last update and their paired gain over the start (``paired_train_*``,
+        the names at-compare's seed report reads; none when the start was played with other episodes)."""
+        end = self.evaluate_train(step, heldout.TRAIN.end_prefix)
+        end[heldout.TRAIN.seconds] = metrics.get(heldout.TRAIN.seconds, 0.0) + end[heldout.TRAIN.seconds]
+        start = heldout.start_row([*read_metrics_file(self.run_dir)[:1], {"step": step, **metrics}],
+                                  heldout.TRAIN.prefix)
+        if start is not None:
+            end.update(heldout.paired_train(start, end, self.s.train_eval_episodes))
+        return end
 
     def end_of_run_heldout(self, step: int, metrics: dict[str, Any]) -> dict[str, Any]:
         """The end evaluation after the last update and its paired gain over the start (``metrics``: the last
