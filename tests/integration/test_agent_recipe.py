@@ -65,16 +65,21 @@ def test_the_recipe_is_what_the_docs_say(recipe):
 def test_one_step_of_the_recipe_runs_on_the_tiny_agent(tmp_path, built_agent):
     from agent_trainer.commands import train as at_train
 
-    # Shrunk for the suite: one task of two episodes, one held-out episode, short hidden evaluations (inner=fast).
+    # Shrunk for the suite: one task of two episodes, one held-out episode and one a training task at the start
+    # and end, short hidden evaluations (inner=fast).
     cfg = compose_config([f"runs_dir={tmp_path}", "run_id=recipe", "experiment=smollm2_cpu", "agent=tiny_local",
                           "agent.max_new_tokens=320", "outer.steps=1", "outer.tasks_per_step=1", "outer.group_size=2",
-                          "outer.heldout_episodes=1", "inner=fast", "tracking=off"], "train")
+                          "outer.heldout_episodes=1", "outer.train_eval_episodes=1", "inner=fast", "tracking=off"],
+                         "train")
     at_train.run(cfg)
     run = tmp_path / "recipe"
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 1 and rows[0]["episodes"] == 2.0
     assert rows[0]["update_samples"] >= 1 and "update_skipped" not in rows[0]
     assert "heldout_reward_mean" in rows[0] and "heldout_end_reward_mean" in rows[0]
+    # one step: the training families' start and end in its row, and their paired gain over the five tasks
+    assert len(rows[0]["train_eval_rewards"]) == len(rows[0]["train_eval_end_rewards"]) == 5
+    assert rows[0]["paired_train_episodes"] == 1.0 and "paired_train_gain_lo" in rows[0]
     assert (run / "checkpoints/step_0000/adapter/adapter_model.safetensors").is_file()
 
 
@@ -89,3 +94,4 @@ def test_the_recipe_on_a_gpu_is_configuration(tmp_path):
     assert plan["episodes_per_step"].startswith("2 tasks x 4")
     assert "gradient checkpointing" in plan["update"] and "4096 tokens" in plan["update"]
     assert "shared opening run once" in plan["update"]
+    assert plan["evaluations"] == "held-out 1 task x 8 (start, end); training 5 tasks x 8 (start, end)"

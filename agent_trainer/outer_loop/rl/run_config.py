@@ -16,6 +16,7 @@ from agent_trainer.evaluation.staged_reward import RewardWeights
 from agent_trainer.inner_loop.run.job_env import usable_cores
 from agent_trainer.inner_loop.run.request import JobRequest, JobSettings
 from agent_trainer.outer_loop.episode.episode import EpisodeSettings
+from agent_trainer.outer_loop.rl import heldout
 from agent_trainer.outer_loop.rl.policy import PolicyConfig
 from agent_trainer.outer_loop.rl.train import TrainSettings, Trainer
 
@@ -137,8 +138,25 @@ def execution_plan(cfg: Conf) -> dict[str, Any]:
                        + (f" and <= {c.outer.micro_batch_tokens} tokens" if c.outer.micro_batch_tokens else "")
                        + (", gradient checkpointing" if c.outer.gradient_checkpointing else "")
                        + (", the rows' shared opening run once" if c.outer.share_prefix else "")),
+            "evaluations": evaluations(settings),
             "jobs_per_step_max": n_jobs,
             "job_cache": c.inner.cache, "warm_workers": c.inner.warm_workers, **executor.plan(batch)}
+
+
+def evaluations(settings: TrainSettings) -> str:
+    """The fixed-seed evaluations a run plays (no update from them), in words."""
+    def tasks(n: int) -> str:
+        return f"{n} task{'s' if n != 1 else ''}"
+
+    out = []
+    held_before = [s for s in range(settings.steps)
+                   if heldout.schedule(s, settings.steps, settings.heldout_every, settings.heldout_at_start)[0]]
+    if settings.heldout_tasks and settings.heldout_episodes > 0 and settings.heldout_every > 0:
+        when = (["start"] if 0 in held_before else []) + [f"step {s}" for s in held_before if s] + ["end"]
+        out.append(f"held-out {tasks(len(settings.heldout_tasks))} x {settings.heldout_episodes} ({', '.join(when)})")
+    if settings.train_eval_episodes > 0:
+        out.append(f"training {tasks(len(settings.train_tasks))} x {settings.train_eval_episodes} (start, end)")
+    return "; ".join(out) or "none"
 
 
 def agent_threads(cfg: Conf, cores: int | None = None) -> int:
