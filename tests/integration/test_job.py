@@ -132,6 +132,8 @@ def test_a_slow_job_scores_exactly_as_the_same_job_run_fast(base_dir, tmp_path, 
     assert slow.seconds["train_estimated"] == fast.seconds["train_estimated"]
     rewards = [staged_reward(0, r.outcome(task.budget.max_seconds)).to_dict() for r in (fast, slow)]
     assert rewards[0] == rewards[1] and rewards[0]["speed"] > 0
+    # the ledger charges both the same compute against the budget caps (the measured seconds are kept beside)
+    assert "estimated" in slow.seconds and slow.charged_seconds == fast.charged_seconds == slow.seconds["estimated"]
 
 
 def test_the_wall_clock_safety_cap_is_an_infrastructure_fault_retried_once(base_dir, tmp_path):

@@ -97,13 +97,12 @@ def test_the_run_plays_its_training_families_at_start_and_end(runs, evaluated):
     # its episodes apart from the training ones (the training gain reads s<step>-train-*)
     names = {p.name.rsplit("-", 2)[0] for p in (evaluated / "episodes").iterdir()}
     assert {"s0000-traineval", "s0001-traineval-end"} <= names
-    # the training steps as without the evaluation: episodes, rewards, update (times, priced seconds, the job
-    # cache's counts (a training job the evaluation ran first is a hit) and the run's cumulative tokens aside)
+    # the training steps as without the evaluation: episodes, rewards, update, spending (times, the job cache's
+    # counts (a training job the evaluation ran first is a hit) and the run's cumulative spend aside)
     plain = _rows(runs[1])
     assert len(plain) == len(rows) == 2
     for with_eval, without in zip(rows, plain):
-        same = {k: v for k, v in without.items()
-                if not k.startswith(("seconds_", "cache_")) and "usd" not in k and k != "tokens_cumulative"}
+        same = {k: v for k, v in without.items() if not k.startswith(("seconds_", "cache_")) and "cumulative" not in k}
         assert len(same) > 40
         assert {k: with_eval.get(k) for k in same} == same
 

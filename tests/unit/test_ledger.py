@@ -40,6 +40,38 @@ def test_records_price_and_running_totals(tmp_path):
     assert [json.loads(x)["seq"] for x in lines] == [0, 1, 2]
 
 
+def test_jobs_are_charged_their_compute_so_a_slow_machine_spends_a_budget_no_sooner(tmp_path):
+    """The caps count a job's charged compute (its estimate); its measured seconds are priced beside, so the same
+    jobs on a loaded machine leave the same totals for the caps and are admitted or refused alike."""
+    from functools import partial
+
+    from agent_trainer.inner_loop.run.result import JobResult
+
+    job = partial(JobResult, task="t", family="f", job_dir="j", output_dir="o", job_hash="h")
+    quiet = job(status="ok", seconds={"total": 40.0, "estimated": 30.0})
+    loaded = job(status="ok", seconds={"total": 400.0, "estimated": 30.0})
+    assert quiet.charged_seconds == loaded.charged_seconds == 30.0
+    assert job(status="invalid", seconds={"total": 3.0}).charged_seconds == 0.0
+    assert job(status="ok", seconds={"total": 12.0}).charged_seconds == 12.0   # no estimate: measured
+    budget = caps(max_usd_per_episode=0.007)   # two jobs of 30 s at $0.36/h ($0.003 each), not three
+    for name, result in (("quiet", quiet), ("loaded", loaded)):
+        with Ledger.open(tmp_path / name, prices=PRICES, budget=budget) as led:
+            for _ in range(2):
+                led.check("job", Estimate(usd=PRICES.job_usd("cpu", 30.0), jobs=1), episode="e0")
+                rec = led.record_job(episode="e0", device="cpu", seconds=result.seconds["total"],
+                                     charged_seconds=result.charged_seconds, status="ok")
+            with pytest.raises(BudgetExhausted, match="max_usd_per_episode"):
+                led.check("job", Estimate(usd=PRICES.job_usd("cpu", 30.0), jobs=1), episode="e0")
+            assert rec["usd"] == pytest.approx(0.003) and rec["charged_seconds"] == 30.0
+            assert rec["episode_totals"]["usd"] == pytest.approx(0.006)
+            assert rec["usd_measured"] == pytest.approx(result.seconds["total"] / 3600 * 0.36)
+            assert rec["run_totals"]["usd_measured"] == pytest.approx(2 * rec["usd_measured"])
+    # a record written without a charge (an older ledger, or a caller that has none): the measured seconds
+    with Ledger.open(tmp_path / "plain", prices=PRICES) as led:
+        rec = led.record_job(episode="e0", device="cpu", seconds=100.0)
+    assert rec["usd"] == rec["usd_measured"] == pytest.approx(0.01) and rec["charged_seconds"] == 100.0
+
+
 def test_reopen_restores_totals_and_keeps_counting(tmp_path):
     with Ledger.open(tmp_path, prices=PRICES) as led:
         led.record_llm(episode="e0", model="big", tokens_in=300, tokens_out=200)

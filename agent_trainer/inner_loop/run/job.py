@@ -310,6 +310,7 @@ def train(job: Job, res: JobResult, base_dir: Path, wrap, reward_host) -> tuple[
         res.steps = max(res.steps, int(log[-1].get("step", 0)))
     if est is not None:   # the speed stage's clock: the compute of what the job asked for (no load, no machine)
         res.seconds["train_estimated"] = est.train_seconds()
+        res.seconds["estimated"] = est.seconds   # the whole job's, start-up included: what the ledger charges
     res.ran = _ran(st.get("ran"), log)
     res.reward_curve, res.loss_curve = _curve(log, "reward"), _curve(log, "loss")
     res.final_train_reward = res.reward_curve[-1][1] if res.reward_curve else None

@@ -51,7 +51,8 @@ class JobResult:
     # train: the training loop; process: the child's whole life (imports, data, training, saving);
     # eval: hidden score and baseline; validate: the harness's validation; total: everything (wall
     # seconds, measured). train_estimated (a job that ran): the compute of the training the job asked for
-    # (agent_trainer.inner_loop.spec.cost), the same on every machine and run: the speed stage reads it.
+    # (agent_trainer.inner_loop.spec.cost), the same on every machine and run: the speed stage reads it;
+    # estimated: the whole job's compute, start-up included: what the ledger charges against the budget caps.
     seconds: dict = field(default_factory=lambda: {"validate": 0.0, "train": 0.0, "process": 0.0, "eval": 0.0,
                                                    "total": 0.0})
     estimated_usd: float | None = None
@@ -92,6 +93,18 @@ class JobResult:
         with the load, so two runs of one seed would reward the same jobs differently, and with std-scaled
         group advantages such differences decide ties: the runs would part from step 1."""
         return float(self.seconds.get("train_estimated", self.seconds.get("train", 0.0)))
+
+    @property
+    def charged_seconds(self) -> float:
+        """The seconds the run's ledger charges against its budget caps: the compute estimate of the whole job it
+        was admitted to train (``seconds["estimated"]``), whatever its status after and whether it ran or came
+        from the job cache; 0 for a job that never trained (invalid, over budget); the measured total for a
+        result without the estimate. Deterministic: a slow or busy machine cannot spend a budget sooner."""
+        if "estimated" in self.seconds:
+            return float(self.seconds["estimated"])
+        if self.status in ("invalid", "over_budget"):
+            return 0.0
+        return float(self.seconds.get("total", 0.0))
 
     def outcome(self, budget_seconds: float):
         """The staged reward's input (``agent_trainer.evaluation.staged_reward.JobOutcome``) for a task of

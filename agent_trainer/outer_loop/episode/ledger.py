@@ -7,12 +7,14 @@
     >>> ledger.check("llm", ledger.estimate_llm("gpt-x", tokens_in=900, max_new_tokens=256), episode="e0")
     >>> ledger.record_llm(episode="e0", model="gpt-x", tokens_in=912, tokens_out=87)
     >>> ledger.check("job", ledger.estimate_job("cpu", seconds=90), episode="e0")
-    >>> ledger.record_job(episode="e0", device="cpu", seconds=41.2, status="ok")
+    >>> ledger.record_job(episode="e0", device="cpu", seconds=41.2, charged_seconds=38.0, status="ok")
 
 ``check`` raises ``BudgetExhausted`` before a call or job that would cross a cap of the budget group
 (``agent_trainer.config.BudgetConfig``: ``max_<usd|tokens|jobs>_per_<run|episode>``, None = no cap; no budget
-at all = no caps). The file, sharing it
-between processes and reopening it: docs/outer_loop.md, "An episode".
+at all = no caps). A job's ``usd`` (what the caps count) prices its ``charged_seconds``, the compute estimate it
+was admitted for (``JobResult.charged_seconds``), so a loaded machine spends a budget no sooner; its measured
+seconds and their price are kept beside (``seconds``, ``usd_measured``). The file, sharing it between processes
+and reopening it: docs/outer_loop.md, "An episode".
 """
 
 from __future__ import annotations
@@ -76,12 +78,13 @@ class Estimate:
 class Totals:
     """Spending so far (of a run or of one episode)."""
 
-    usd: float = 0.0
+    usd: float = 0.0           # what the caps count: LLM tokens and jobs' charged compute, priced
     tokens_in: int = 0
     tokens_out: int = 0
     llm_calls: int = 0
     jobs: int = 0
-    job_seconds: float = 0.0
+    job_seconds: float = 0.0   # measured
+    usd_measured: float = 0.0  # LLM tokens and jobs' measured seconds, priced
 
     @property
     def tokens(self) -> int:
@@ -89,6 +92,7 @@ class Totals:
 
     def add(self, rec: dict[str, Any]) -> None:
         self.usd += float(rec.get("usd", 0.0))
+        self.usd_measured += float(rec.get("usd_measured", rec.get("usd", 0.0)))
         if rec.get("kind") == "llm":
             self.tokens_in += int(rec.get("tokens_in", 0))
             self.tokens_out += int(rec.get("tokens_out", 0))
@@ -98,7 +102,8 @@ class Totals:
             self.job_seconds += float(rec.get("seconds", 0.0))
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "usd": round(self.usd, 10), "job_seconds": round(self.job_seconds, 6)}
+        return {**asdict(self), "usd": round(self.usd, 10), "job_seconds": round(self.job_seconds, 6),
+                "usd_measured": round(self.usd_measured, 10)}
 
 
 class Ledger:
@@ -177,11 +182,14 @@ class Ledger:
         return self._append({"kind": "llm", "episode": episode, "model": model, "tokens_in": int(tokens_in),
                              "tokens_out": int(tokens_out), "usd": usd, **extra})
 
-    def record_job(self, *, episode: str, device: str, seconds: float, **extra: Any) -> dict:
-        """Append one inner job; returns the record written (with running totals)."""
-        usd = self.prices.job_usd(device, seconds)
+    def record_job(self, *, episode: str, device: str, seconds: float, charged_seconds: float | None = None,
+                   **extra: Any) -> dict:
+        """Append one inner job that took ``seconds`` (measured) and is charged ``charged_seconds`` of compute
+        (default: the measured ones); returns the record written (with running totals)."""
+        charged = float(seconds if charged_seconds is None else charged_seconds)
         return self._append({"kind": "job", "episode": episode, "device": device, "seconds": float(seconds),
-                             "usd": usd, **extra})
+                             "charged_seconds": charged, "usd": self.prices.job_usd(device, charged),
+                             "usd_measured": self.prices.job_usd(device, seconds), **extra})
 
     def episode_totals(self, episode: str) -> Totals:
         with self._locked():

@@ -380,7 +380,8 @@ class ToolBox:
             self.state.validations.append(True)  # valid at submission without a separate validate_job
         if self.ledger is not None:
             self.ledger.record_job(episode=self.episode, device=self.device,
-                                   seconds=float(result.seconds.get("total", 0.0)), status=result.status,
+                                   seconds=float(result.seconds.get("total", 0.0)),
+                                   charged_seconds=result.charged_seconds, status=result.status,
                                    job_hash=result.job_hash, job_usd=result.usd)
         visible = result.visible()
         # The copy's location is the harness's business; the agent knows the job by its own path.

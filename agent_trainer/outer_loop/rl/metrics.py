@@ -61,6 +61,7 @@ def step_metrics(results: list[EpisodeResult], update: dict, seconds: dict, ledg
         if ledger is not None:
             tot = ledger.run_totals()
             m["usd_cumulative"] = float(tot.usd)
+            m["usd_measured_cumulative"] = float(tot.usd_measured)   # jobs priced on their measured seconds
             m["tokens_cumulative"] = float(tot.tokens)
     return m
 
