@@ -5,8 +5,9 @@
                                                     # run only are listed, the rest compared
 
 For refactors that must not change behaviour: the outer loop is deterministic for a seed, so every key
-that is not wall-clock time or money (dollars follow seconds), or a job-cache count, must be equal at
-every step. Exit 0 when they are, 1 (with the first differences) when not.
+that is not wall-clock time, money priced on it (``usd_measured*``) or a job-cache count must be equal at
+every step (``usd`` is the compute the ledger charges: equal too). Exit 0 when they are, 1 (with the first
+differences) when not.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import json
 import sys
 from pathlib import Path
 
-CLOCK_WORDS = ("seconds", "usd", "cache_hits", "cache_misses")
+CLOCK_WORDS = ("seconds", "usd_measured", "cache_hits", "cache_misses")
 
 
 def rows(path: str) -> list[dict]:

@@ -1,4 +1,4 @@
-"""bench/same_steps.py: two runs are the same step by step when every key but clocks and dollars is equal."""
+"""bench/same_steps.py: two runs are the same step by step when every key but clocks is equal."""
 
 from __future__ import annotations
 
@@ -18,10 +18,15 @@ def write(path: Path, rows: list[dict]) -> str:
 
 
 def test_clocks_may_differ_and_nothing_else(tmp_path, capsys):
-    a = [{"step": 0, "reward_mean": 0.25, "seconds_step": 30.0, "usd": 0.001, "cache_hits": 0}]
-    b = [{"step": 0, "reward_mean": 0.25, "seconds_step": 41.5, "usd": 0.002, "cache_hits": 3}]
+    a = [{"step": 0, "reward_mean": 0.25, "seconds_step": 30.0, "usd": 0.001, "usd_measured_cumulative": 0.001,
+          "cache_hits": 0}]
+    b = [{"step": 0, "reward_mean": 0.25, "seconds_step": 41.5, "usd": 0.001, "usd_measured_cumulative": 0.002,
+          "cache_hits": 3}]
     assert same_steps.main([write(tmp_path / "a", a), write(tmp_path / "b", b)]) == 0
-    assert "same: 1 steps x 2 keys" in capsys.readouterr().out
+    assert "same: 1 steps x 3 keys" in capsys.readouterr().out
+    # the dollars the ledger charges are compute: compared
+    assert same_steps.main([write(tmp_path / "a", a), write(tmp_path / "b", [{**b[0], "usd": 0.002}])]) == 1
+    assert "step 0: usd" in capsys.readouterr().out
     b[0]["reward_mean"] = 0.2500001
     assert same_steps.main([write(tmp_path / "a", a), write(tmp_path / "b", b)]) == 1
     assert "step 0: reward_mean" in capsys.readouterr().out

@@ -46,7 +46,7 @@ def step_metrics(results: list[EpisodeResult], update: dict, seconds: dict, ledg
         "speed_mean": sum(r.reward["speed"] for r in results) / n,
         "episodes": float(len(results)),
         "tokens": float(sum(r.tokens_in + r.tokens_out for r in results)),
-        "usd": float(sum(r.usd for r in results)),
+        "usd": usd(sum(r.usd for r in results)),
     }
     ups = [r.reward["uplift"] for r in results if r.reward.get("uplift") is not None]
     m["uplift_mean"] = sum(ups) / len(ups) if ups else 0.0
@@ -60,10 +60,16 @@ def step_metrics(results: list[EpisodeResult], update: dict, seconds: dict, ledg
         m.update({f"seconds_{k}": float(v) for k, v in seconds.items()})
         if ledger is not None:
             tot = ledger.run_totals()
-            m["usd_cumulative"] = float(tot.usd)
-            m["usd_measured_cumulative"] = float(tot.usd_measured)   # jobs priced on their measured seconds
+            m["usd_cumulative"] = usd(tot.usd)
+            m["usd_measured_cumulative"] = usd(tot.usd_measured)   # jobs priced on their measured seconds
             m["tokens_cumulative"] = float(tot.tokens)
     return m
+
+
+def usd(total: float) -> float:
+    """A sum of dollars to 1e-10 (a nano-cent): the same sums in another order (jobs that finished in another
+    order) differ in the last bits of a float, not here."""
+    return round(float(total), 10)
 
 
 def training_gain(run_dir: Path, steps: int, k: int = 3) -> dict[str, float]:
