@@ -107,6 +107,26 @@ def test_the_run_plays_its_training_families_at_start_and_end(runs, evaluated):
         assert {k: with_eval.get(k) for k in same} == same
 
 
+def test_a_run_resumed_for_more_steps_pairs_its_new_end_with_the_first_start(tmp_path, built_agent):
+    """A one-step run with the training families' evaluation, continued to two steps (resume with a larger
+    outer.steps): the new end is paired with the start the first step played, read back from metrics.jsonl."""
+    from agent_trainer.commands import train as at_train
+
+    base = [f"runs_dir={tmp_path}", "run_id=r", "experiment=smoke", "seed=3", "tracking=off",
+            "outer.train_eval_episodes=1"]
+    at_train.run(compose_config([*base, "outer.steps=1"], "train"))
+    one = _rows(tmp_path / "r")
+    assert len(one) == 1 and one[0]["paired_train_episodes"] == 1.0, "one step: start and end in its row"
+    at_train.run(compose_config([*base, "outer.steps=2", f"resume={tmp_path / 'r'}"], "train"))
+    rows = _rows(tmp_path / "r")
+    assert [r["step"] for r in rows] == [0, 1]
+    assert rows[1]["paired_train_start"] == one[0]["train_eval_reward_mean"]
+    diffs = [b - a for a, b in zip(one[0]["train_eval_rewards"], rows[1]["train_eval_end_rewards"])]
+    assert rows[1]["paired_train_gain"] == pytest.approx(sum(diffs) / len(diffs))
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["paired_train_end"] == rows[1]["train_eval_end_reward_mean"]
+
+
 def test_training_families_and_a_middle_step(runs, tmp_path, monkeypatch):
     import agent_trainer.outer_loop.report.plots as plots
     from agent_trainer.outer_loop.rl.policy_eval import evaluate_runs, markdown, plot
