@@ -39,7 +39,7 @@ class Evaluation:
 HELDOUT = Evaluation(PREFIX, END_PREFIX, "heldout", "seconds_heldout")
 TRAIN = Evaluation("train_eval_", "train_eval_end_", "traineval", "seconds_train_eval")
 EVALUATIONS = (HELDOUT, TRAIN)
-PAIRED_TRAIN = "paired_train_"   # the training families' start, end and paired gain (scripts/policy_eval.py's names)
+PAIRED_TRAIN = "paired_train_"   # the training families' start, end and paired gain (``paired_names``)
 
 
 def evaluation_of(prefix: str) -> Evaluation:
@@ -75,6 +75,15 @@ def start_row(rows: Sequence[dict], prefix: str = PREFIX) -> dict | None:
     return rows[0] if rows and rows[0].get("step") == 0 and f"{prefix}reward_mean" in rows[0] else None
 
 
+def paired_names(label: str, start: float, end: float, gain: float, lo: float, hi: float,
+                 episodes: int) -> dict[str, float]:
+    """A family set's paired evaluation as run metrics: ``paired_<label>_start``, ``_end``, ``_gain``, ``_gain_lo``,
+    ``_gain_hi``, ``_episodes`` (per task); in the run (``paired_train``) and after it (scripts/policy_eval.py)."""
+    p = f"paired_{label}_"
+    return {p + "start": start, p + "end": end, p + "gain": gain, p + "gain_lo": lo, p + "gain_hi": hi,
+            p + "episodes": float(episodes)}
+
+
 def paired_train(start: dict, end: dict, episodes: int) -> dict[str, float]:
     """The training families' start (``start``: a row with ``train_eval_*``) and end (``end``: with
     ``train_eval_end_*``) evaluations paired, as ``paired_train_start``, ``_end``, ``_gain``, ``_gain_lo``,
@@ -83,9 +92,16 @@ def paired_train(start: dict, end: dict, episodes: int) -> dict[str, float]:
     if not s or not e or len(s) != len(e):
         return {}
     gain, lo, hi = paired_diff_ci(s, e)
-    p = PAIRED_TRAIN
-    return {p + "start": start[f"{TRAIN.prefix}reward_mean"], p + "end": end[f"{TRAIN.end_prefix}reward_mean"],
-            p + "gain": gain, p + "gain_lo": lo, p + "gain_hi": hi, p + "episodes": float(episodes)}
+    return paired_names("train", start[f"{TRAIN.prefix}reward_mean"], end[f"{TRAIN.end_prefix}reward_mean"],
+                        gain, lo, hi, episodes)
+
+
+def paired(evaluation: Evaluation, start: dict, end: dict, episodes: int) -> dict[str, float]:
+    """An evaluation's end (``end``: its ``end_prefix`` metrics) paired with its start (``start``: the step-0 row):
+    ``heldout_gain*`` for the held-out families, ``paired_train_*`` for the training ones."""
+    if evaluation is TRAIN:
+        return paired_train(start, end, episodes)
+    return gain_metrics(start.get(PREFIX + REWARDS), end.get(END_PREFIX + REWARDS))
 
 
 def train_summary(rows: Sequence[dict]) -> dict[str, Any]:

@@ -174,9 +174,9 @@ def paired_metrics(row: dict[str, Any]) -> dict[str, float]:
     g = row.get("gain")
     if not g or g["from"] != START or g["to"] != str(row.get("last_step")) or not row.get("label"):
         return {}
-    p, ev = f"paired_{row['label']}_", row["evaluations"]
-    return {p + "start": ev[START]["reward_mean"], p + "end": ev[g["to"]]["reward_mean"], p + "gain": g["gain"],
-            p + "gain_lo": g["lo"], p + "gain_hi": g["hi"], p + "episodes": float(row["episodes"])}
+    ev = row["evaluations"]
+    return heldout.paired_names(row["label"], ev[START]["reward_mean"], ev[g["to"]]["reward_mean"], g["gain"],
+                                g["lo"], g["hi"], row["episodes"])
 
 
 def log_to_run(run_dir: Path, cfg, metrics: dict[str, float], step: int) -> str:

@@ -174,8 +174,8 @@ class Trainer:
         jobs_s = self.jobs.waited
         results = [ep.finish() for ep in episodes]
         # Before the update: the policy that played this step's training episodes (step 0: the warm start).
-        held = self.evaluate_heldout(step, heldout.PREFIX) if held_before else {}
-        trained = self.evaluate_train(step, heldout.TRAIN.prefix) if self.train_eval and step == 0 else {}
+        held = self.evaluate(heldout.HELDOUT, step, heldout.PREFIX) if held_before else {}
+        trained = self.evaluate(heldout.TRAIN, step, heldout.TRAIN.prefix) if self.train_eval and step == 0 else {}
         fresh = self.samples(results, tasks)
         samples, self.replay = mix_replay(self.replay, fresh, self.policy.version, self.s.max_steps_off_policy)
         update = self.policy.update(samples) if fresh else {"skipped": 1.0}
@@ -193,9 +193,9 @@ class Trainer:
         metrics.update(held)
         metrics.update(trained)
         if held_after:   # the last step: the policy the run leaves
-            metrics.update(self.end_of_run_heldout(step, metrics))
+            metrics.update(self.end_of_run(heldout.HELDOUT, step, metrics))
         if self.train_eval and step == self.s.steps - 1:
-            metrics.update(self.end_of_run_train(step, metrics))
+            metrics.update(self.end_of_run(heldout.TRAIN, step, metrics))
         if step == self.s.steps - 1:   # the last step: the training gain's interval, over the episodes
             metrics.update(training_gain(self.run_dir, self.s.steps))
         metrics["seconds_step"] = time.time() - t0
@@ -206,35 +206,29 @@ class Trainer:
         """Whether the training families are played on fixed seeds at the start and the end."""
         return self.s.train_eval_episodes > 0
 
-    def evaluate_heldout(self, step: int, prefix: str) -> dict[str, Any]:
-        """The held-out families played by the current policy (``rollouts.evaluate_fixed``)."""
-        return evaluate_fixed(self.rollouts, self.heldout_tasks, self.s.heldout_episodes, step, prefix)
+    def evaluate(self, evaluation: heldout.Evaluation, step: int, prefix: str) -> dict[str, Any]:
+        """The current policy on a fixed-seed evaluation's tasks (``rollouts.evaluate_fixed``): the held-out
+        families ``heldout_episodes`` times each, or every training task ``train_eval_episodes`` times (the same
+        episodes as ``scripts/policy_eval.py --families train``)."""
+        tasks, episodes = self.fixed_tasks(evaluation)
+        return evaluate_fixed(self.rollouts, tasks, episodes, step, prefix)
 
-    def evaluate_train(self, step: int, prefix: str) -> dict[str, Any]:
-        """Every training task played ``train_eval_episodes`` times by the current policy on the fixed seeds
-        (``rollouts.evaluate_fixed``): the same episodes as ``scripts/policy_eval.py --families train``."""
-        return evaluate_fixed(self.rollouts, self.train_tasks, self.s.train_eval_episodes, step, prefix)
+    def fixed_tasks(self, evaluation: heldout.Evaluation) -> tuple[list, int]:
+        """``(tasks, episodes per task)`` of a fixed-seed evaluation."""
+        if evaluation is heldout.TRAIN:
+            return self.train_tasks, self.s.train_eval_episodes
+        return self.heldout_tasks, self.s.heldout_episodes
 
-    def end_of_run_train(self, step: int, metrics: dict[str, Any]) -> dict[str, Any]:
-        """The training families after the last update and their paired gain over the start (``paired_train_*``,
-        the names at-compare's seed report reads; none when the start was played with other episodes)."""
-        end = self.evaluate_train(step, heldout.TRAIN.end_prefix)
-        end[heldout.TRAIN.seconds] = metrics.get(heldout.TRAIN.seconds, 0.0) + end[heldout.TRAIN.seconds]
-        start = heldout.start_row([*read_metrics_file(self.run_dir)[:1], {"step": step, **metrics}],
-                                  heldout.TRAIN.prefix)
+    def end_of_run(self, evaluation: heldout.Evaluation, step: int, metrics: dict[str, Any]) -> dict[str, Any]:
+        """An evaluation after the last update and its paired gain over the start (``heldout.paired``; none when
+        the start was played with other episodes). ``metrics``: the last step's so far; its seconds of that
+        evaluation grow by the end's."""
+        end = self.evaluate(evaluation, step, evaluation.end_prefix)
+        end[evaluation.seconds] = metrics.get(evaluation.seconds, 0.0) + end[evaluation.seconds]
+        start = heldout.start_row([*read_metrics_file(self.run_dir)[:1], {"step": step, **metrics, **end}],
+                                  evaluation.prefix)
         if start is not None:
-            end.update(heldout.paired_train(start, end, self.s.train_eval_episodes))
-        return end
-
-    def end_of_run_heldout(self, step: int, metrics: dict[str, Any]) -> dict[str, Any]:
-        """The end evaluation after the last update and its paired gain over the start (``metrics``: the last
-        step's so far; its ``seconds_heldout`` grows by the end evaluation's)."""
-        end = self.evaluate_heldout(step, heldout.END_PREFIX)
-        end["seconds_heldout"] = metrics.get("seconds_heldout", 0.0) + end["seconds_heldout"]
-        start = heldout.start_row([*read_metrics_file(self.run_dir)[:1], {"step": step, **metrics, **end}])
-        if start is not None:
-            end.update(heldout.gain_metrics(start[heldout.PREFIX + heldout.REWARDS],
-                                            end[heldout.END_PREFIX + heldout.REWARDS]))
+            end.update(heldout.paired(evaluation, start, end, self.fixed_tasks(evaluation)[1]))
         return end
 
     def samples(self, results: list[EpisodeResult], tasks: list) -> list[TurnSample]:
