@@ -77,11 +77,29 @@ def seed_row(run: RunData) -> dict[str, Any]:
     return row
 
 
+def per_seed(rows: Sequence[dict]) -> list[dict]:
+    """One row per distinct seed: a seed run more than once (a rerun, a second sweep over the same seeds) is one
+    sample of the recipe, not several, so its runs' numbers are averaged (a deterministic rerun's are equal)."""
+    by_seed: dict[str, list[dict]] = {}
+    for r in rows:
+        by_seed.setdefault(str(r.get("seed")), []).append(r)
+    out = []
+    for seed, group in by_seed.items():
+        row: dict[str, Any] = {"seed": group[0].get("seed"), "runs": len(group)}
+        for key in {k for r in group for k in r} - {"seed", "run", "run_id"}:
+            vals = [r[key] for r in group if isinstance(r.get(key), (int, float))]
+            row[key] = statistics.fmean(vals) if vals else None
+        out.append(row)
+    return out
+
+
 def summary_row(rows: Sequence[dict]) -> dict[str, Any]:
-    """Mean and sd (n - 1) over the rows of each of ``NUMBERS``, the 95% t interval of the mean training and
+    """Mean and sd (n - 1) over the seeds of each of ``NUMBERS``, the 95% t interval of the mean training and
     held-out gains (seeds as the unit: what a fresh seed of the recipe can be expected to gain), and the counts
-    of clear gains."""
-    out: dict[str, Any] = {"seeds": len(rows)}
+    of clear gains; a seed with several runs counts once (``per_seed``)."""
+    out: dict[str, Any] = {"runs": len(rows)}
+    rows = per_seed(rows)
+    out["seeds"] = len(rows)
     for key in NUMBERS:
         vals = [r[key] for r in rows if r.get(key) is not None]
         out[f"{key}_mean"] = statistics.fmean(vals) if vals else None
@@ -172,6 +190,9 @@ def markdown(groups: Sequence[tuple[str, list[dict], dict]]) -> str:
                   f"{s['heldout_gain_known']}** with a held-out gain. Mean over seeds, 95% t interval (seeds as "
                   f"the unit): training gain **{_mean_ci(s, 'reward_gain')}**, held-out gain "
                   f"**{_mean_ci(s, 'heldout_gain')}**.", ""]
+        if s["runs"] > s["seeds"]:
+            lines += [f"{s['runs']} runs of {s['seeds']} seeds: a seed run more than once counts once, as the "
+                      "mean of its runs.", ""]
         lines += paired_table(rows, s)
     return "\n".join(lines)
 
@@ -190,7 +211,7 @@ def paired_table(rows: Sequence[dict], s: dict) -> list[str]:
         lines.append(f"| {r['seed']} | {_num(r['paired_train_start'])} | {_num(r['paired_train_end'])} | "
                      f"{_ci(r['paired_train_gain'], r['paired_train_gain_lo'], r['paired_train_gain_hi'], True)} | "
                      f"{'-' if r.get('paired_train_episodes') is None else int(r['paired_train_episodes'])} |")
-    lines += [f"| **mean ± sd ({len(done)} seeds)** | **{_pm(s, 'paired_train_start')}** | "
+    lines += [f"| **mean ± sd ({s['paired_train_gain_known']} seeds)** | **{_pm(s, 'paired_train_start')}** | "
               f"**{_pm(s, 'paired_train_end')}** | **{_pm(s, 'paired_train_gain', True)}** | |", "",
               f"Seeds whose paired training gain interval lies above 0: **{s['paired_train_gain_above_0']} of "
               f"{s['paired_train_gain_known']}**. Mean over seeds, 95% t interval: "
