@@ -201,14 +201,23 @@ def compare_main(record: dict, now: dict, tol: float) -> list[str]:
     if now["steps"] > record["steps"]:
         return [f"main: {now['steps']} steps here, the record has {record['steps']}"]
     whole = now["steps"] == record["steps"]
+    known = set().union(*record["metrics"])   # a metric the code logs since the record was made: see unrecorded()
     out = []
     for i, (want, got) in enumerate(zip(record["metrics"], now["metrics"])):
         last = i == len(now["metrics"]) - 1
-        keys = set(want) | set(got) if whole or not last else set(want) & set(got)
+        keys = (set(want) | set(got) if whole or not last else set(want) & set(got)) & known
         for key in sorted(keys):
             if not close(want.get(key), got.get(key), tol):
                 out.append(f"main step {i}: {key} record {want.get(key)!r}, here {got.get(key)!r}")
     return out
+
+
+def unrecorded(record: dict, now: dict) -> list[str]:
+    """The main job's metrics this run logs that no step of the record has (added to the code after the record was
+    made): not compared; ``--record`` adds them."""
+    if "main" not in record or "main" not in now:
+        return []
+    return sorted(set().union(*now["main"]["metrics"]) - set().union(*record["main"]["metrics"]))
 
 
 def compare(record: dict, now: dict, exact: bool) -> list[str]:
@@ -337,6 +346,9 @@ def compare_or_record(args, parts: list[str], record: dict | None, where: Path =
         print(f"{part}: {'the same' if n == 0 else f'{n} differences'}")
     for d in diffs[:60]:
         print("  " + d)
+    new = unrecorded(record, now)
+    if new:
+        print(f"not in the record, so not compared (re-make it with --record): {', '.join(new)}")
     C.write(args.json, "reproduce", {"exact": exact, "differences": diffs, "now": now, "burners": args.burn})
     return 1 if diffs else 0
 

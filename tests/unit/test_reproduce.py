@@ -186,3 +186,13 @@ def test_recording_on_another_kind_of_cpu_writes_that_kinds_record(tmp_path, mon
     assert written["cpu"] == intel and written["models"] == reference["models"]
     assert json.loads(reproduce.RECORD.read_text()) == reference, "the reference is left alone"
     assert "recorded in" in capsys.readouterr().out
+
+
+def test_a_metric_added_after_the_record_is_named_not_failed():
+    record = {"main": {"steps": 2, "metrics": [{"step": 0, "reward_mean": 0.2}, {"step": 1, "reward_mean": 0.3}]}}
+    now = {"main": {"steps": 2, "metrics": [{"step": 0, "reward_mean": 0.2, "usd": 0.01},
+                                            {"step": 1, "reward_mean": 0.3, "usd": 0.02}]}}
+    assert reproduce.compare(record, now, exact=True) == []
+    assert reproduce.unrecorded(record, now) == ["usd"]
+    now["main"]["metrics"][1]["reward_mean"] = 0.31
+    assert reproduce.compare(record, now, exact=True), "the recorded metrics are still compared"
