@@ -41,6 +41,39 @@ SMOLLM2_JOBS = [
     ("smollm2_grpo_lora", ROOT / "examples/real/grpo_lora_smollm2", ROOT / "examples/real/count_char_raw_smollm2.json"),
 ]
 
+# Settings an agent may choose that change a step's cost: (name, the example job, task, its job.yaml's changes).
+# The cost model prices them (or they are shown to cost nothing) -- else an agent gets compute it is not charged.
+VARIANTS = [
+    ("grpo_full_beta", ROOT / "examples/jobs/grpo_full", TASKS / "calc_chain_v1_fast.json",
+     {"hyperparameters": {"beta": 0.1}}),
+    ("grpo_lora_beta", ROOT / "examples/jobs/grpo_lora", TASKS / "calc_chain_v1_fast.json",
+     {"hyperparameters": {"beta": 0.1}, "peft": {"init": "default"}}),   # PiSSA has no reference with beta
+    ("sft_lora_r256", ROOT / "examples/jobs/sft_lora", TASKS / "calc_chain_v1_fast.json",
+     {"peft": {"r": 256, "alpha": 512}}),
+    ("sft_lora_pissa", ROOT / "examples/jobs/sft_lora", TASKS / "calc_chain_v1_fast.json",
+     {"peft": {"init": "pissa"}}),
+]
+SMOLLM2_VARIANTS = [
+    ("smollm2_sft_lora_r256", ROOT / "examples/real/sft_lora_smollm2",
+     ROOT / "examples/real/calc_chain_chat_smollm2.json", {"peft": {"r": 256, "alpha": 512}}),
+    ("smollm2_grpo_lora_beta", ROOT / "examples/real/grpo_lora_smollm2",
+     ROOT / "examples/real/count_char_raw_smollm2.json", {"hyperparameters": {"beta": 0.1}}),
+]
+
+
+def variant_folder(job_dir: Path, changes: dict, into: Path) -> Path:
+    """A copy of ``job_dir`` whose job.yaml has ``changes`` merged in (one level of nesting)."""
+    import shutil
+
+    import yaml
+
+    shutil.copytree(job_dir, into)
+    job = yaml.safe_load((into / "job.yaml").read_text())
+    for key, value in changes.items():
+        job[key] = {**(job.get(key) or {}), **value} if isinstance(value, dict) else value
+    (into / "job.yaml").write_text(yaml.safe_dump(job, sort_keys=False))
+    return into
+
 
 def estimate(job_dir: Path, task_path: Path, steps: int):
     """(spec, task, the rows' lengths, the estimate of ``steps`` steps) of one job, as its validation makes it."""
@@ -94,6 +127,10 @@ def reprice(source: dict) -> list[dict]:
     """The jobs of an earlier run of this bench (its ``--json`` content) with the current cost model's predictions:
     the measured side is that run's, so a change of coefficients is checked without timing anything again."""
     known = {name: (job_dir, task) for name, job_dir, task in JOBS + SMOLLM2_JOBS}
+    made = Path(tempfile.mkdtemp(prefix="bench-cost-variants-"))
+    known.update({name: (variant_folder(job_dir, changes, made / name), task)
+                  for name, job_dir, task, changes in VARIANTS + SMOLLM2_VARIANTS
+                  if any(r["job"] == name for r in source["jobs"])})
     rows = source["jobs"]
     for r in rows:
         r.update(predicted(estimate(*known[r["job"]], r["steps"])[3], r["steps"]))
@@ -106,6 +143,9 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2, help="torch threads of each job (default 2, as make run)")
     p.add_argument("--only", nargs="*", default=None, help="these jobs only (names as printed)")
     p.add_argument("--smollm2", action="store_true", help="also the SmolLM2 example jobs (needs at-models import)")
+    p.add_argument("--variants", action="store_true",
+                   help="also the example jobs with settings that change a step's cost (VARIANTS: GRPO's KL "
+                        "reference, a LoRA of rank 256, PiSSA's initialisation; with --smollm2 on SmolLM2 too)")
     p.add_argument("--cpu", action="store_true",
                    help="measure CPU seconds instead of the clock (train_log's cpu_seconds; with --threads 1 they "
                         "stand for a quiet machine's seconds on a busy one)")
@@ -119,6 +159,10 @@ def main() -> None:
     os.environ[INCLUDE_PATH_ENV] = os.pathsep.join(filter(None, [os.environ.get(INCLUDE_PATH_ENV),
                                                                   str(ROOT / "examples" / "families")]))
     jobs = JOBS + (SMOLLM2_JOBS if a.smollm2 else [])
+    if a.variants:
+        made = Path(tempfile.mkdtemp(prefix="bench-cost-variants-"))
+        jobs += [(name, variant_folder(job_dir, changes, made / name), task)
+                 for name, job_dir, task, changes in VARIANTS + (SMOLLM2_VARIANTS if a.smollm2 else [])]
     jobs = [j for j in jobs if a.only is None or j[0] in a.only]
     if a.reprice:   # the timed run's settings and machine describe the measured side
         source = json.loads(a.reprice.read_text())

@@ -353,3 +353,34 @@ def test_what_the_agent_reads_of_a_job_is_its_compute_not_the_clock():
     assert quiet.visible() == loaded.visible()
     assert _job_text(quiet.visible(), 1) == _job_text(loaded.visible(), 1)
     assert "compute: 3.2 s training" in _job_text(loaded.visible(), 1) and "$0.0004" in _job_text(loaded.visible(), 1)
+
+
+def _variant(spec: JobSpec, **changes) -> JobSpec:
+    return JobSpec.model_validate({**spec.model_dump(), **changes})
+
+
+@pytest.mark.parametrize("model", [{}, {"machine": {"smollm2-135m": {"grpo": 90.0}}}])
+def test_a_large_lora_rank_and_grpos_reference_model_are_charged(model):
+    """Settings that make a step dearer cost more compute (bench/cost_model.py --variants times them); an agent
+    choosing them is charged, not given the compute free. Ranks at or under the calibrated one, and beta 0, are
+    priced as ever."""
+    cost = CostModel(**model)
+    lora = _variant(SPEC, peft={"r": 16, "alpha": 32})
+    est = lambda spec: estimate_job(spec, cost, wall=bool(model))   # noqa: E731
+    r256 = est(_variant(lora, peft={"r": 256, "alpha": 32}))
+    assert r256.step_seconds == pytest.approx(est(lora).step_seconds * (1 + cost.lora_rank_s * 240), rel=1e-3)
+    assert "rank 256" in r256.formula
+    assert est(_variant(lora, peft={"r": 8, "alpha": 16})).step_seconds == est(lora).step_seconds
+    grpo = _grpo_spec(32, 4)
+    grpo = _variant(grpo, base_model="smollm2-135m")
+    kl = _variant(grpo, hyperparameters={**grpo.hyperparameters.model_dump(), "beta": 0.1})
+    assert est(kl).step_seconds == pytest.approx(est(grpo).step_seconds * cost.grpo_kl_factor, rel=1e-3)
+    assert "KL reference" in est(kl).formula and "KL reference" not in est(grpo).formula
+
+
+def test_the_estimate_of_a_job_without_those_settings_is_unchanged():
+    """The agent reads the estimate's formula in its validation (and the compute enters its reward): a job at the
+    calibrated rank and beta 0 gets the same numbers and words as before these settings were priced."""
+    lora = estimate_job(_variant(SPEC, peft={"r": 16, "alpha": 32}), CostModel())
+    assert lora.formula == "sft, batch 16, smollm2-135m x76, lora x0.9, $0.1/h"
+    assert lora.step_seconds == round((0.0126 + 16 * 0.00079) * (76 * 0.9), 5)

@@ -15,6 +15,7 @@ its calibration points: docs/inner_loop.md, "Cost model".
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -40,6 +41,9 @@ REF_PROMPT_TOKENS = 8.57    # prompt
 # at no less than the row factor (a model that stops early on the calibration's rows may not on a job's); one that
 # timed longer prompts (``grpo/prompt``) each token its prompts are longer or shorter than the reference's.
 CAL_COMPLETION_TOKENS, CAL_LONG_COMPLETION_TOKENS = 8, 32
+# The LoRA rank the lora_factor_* coefficients were measured at; each rank above it costs ``lora_rank_s`` of a step
+# more (a smaller rank costs no less: the adapter is a small part of a step there).
+LORA_CAL_RANK = 16
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,11 @@ class CostModel:
     dpo_step_s: float = 0.03
     dpo_pair_s: float = 0.003
     lora_factor_dpo: float = 1.2
+    # Each LoRA rank over LORA_CAL_RANK, as a share of a step: r 256 against r 16 took 1.76x the step on SmolLM2
+    # (SFT, all linear layers) and 1.56x on tiny-s (bench/cost_model.py --variants).
+    lora_rank_s: float = 0.003
+    # GRPO with beta > 0 runs a reference model over every completion: 1.23-1.25x the step on tiny-m and SmolLM2.
+    grpo_kl_factor: float = 1.25
     sample_token_s: float = 0.0001
     usd_per_hour: float = 0.10
     model_factors: dict = field(default_factory=lambda: dict(DEFAULT_MODEL_FACTORS))
@@ -190,7 +199,12 @@ def row_tokens(rows: list[dict]) -> RowTokens:
     tok = _reference_tokenizer()
     prompts = [str(r.get("prompt", "")) for r in rows]
     fulls = [p + str(r.get("answer", "")) for p, r in zip(prompts, rows)]
-    count = lambda texts: sum(len(e.ids) for e in tok.encode_batch(texts, add_special_tokens=False))  # noqa: E731
+
+    def count(texts: list[str]) -> int:   # each distinct text once (a family's pool repeats its items)
+        times = Counter(texts)
+        encoded = tok.encode_batch(list(times), add_special_tokens=False)
+        return sum(len(e.ids) * n for e, n in zip(encoded, times.values()))
+
     return RowTokens(prompt=round(count(prompts) / len(rows), 2), row=round(count(fulls) / len(rows), 2))
 
 
@@ -215,27 +229,40 @@ def _reference_tokenizer():
 
 
 def step_parts(spec, model: CostModel, tokens: RowTokens | None = None) -> tuple[float, float, float, str]:
-    """(fixed seconds, seconds of the rows or completions, LoRA factor, formula) of one step of a single-stage
-    spec on tiny-s under ``model``'s coefficients; a base model's factors scale the first two."""
+    """(fixed seconds, seconds of the rows or completions, the factor of the whole step (``step_scale``), formula)
+    of one step of a single-stage spec on tiny-s under ``model``'s coefficients; a base model's factors scale the
+    first two."""
     hp = spec.hyperparameters
     tokens = tokens or RowTokens()
     longer, longer_prompt = tokens.row - REF_ROW_TOKENS, tokens.prompt - REF_PROMPT_TOKENS
     # A row or completion shorter than the reference costs less, never under half the reference's cost.
     if spec.algorithm == "grpo":
         fixed, rows = model.grpo_step_s, grpo_rows(model, hp.batch_size, hp.max_completion_length, longer_prompt)
-        lora = model.lora_factor_grpo
         formula = f"grpo, {hp.batch_size} completions x {hp.max_completion_length} tokens"
     elif spec.algorithm == "dpo":
         per = model.dpo_pair_s
         fixed, rows = model.dpo_step_s, hp.batch_size * max(per / 2, per + longer * model.dpo_token_s)
-        lora = model.lora_factor_dpo
         formula = f"dpo, {hp.batch_size} pairs"
     else:
         per = model.sft_sequence_s
         fixed, rows = model.sft_step_s, hp.batch_size * max(per / 2, per + longer * model.sft_token_s)
-        lora = model.lora_factor_sft
         formula = f"sft, batch {hp.batch_size}"
-    return fixed, rows, (lora if spec.peft else 1.0), formula
+    return fixed, rows, step_scale(spec, model)[0], formula
+
+
+def step_scale(spec, model: CostModel) -> tuple[float, str]:
+    """(the factor of a whole step, its part of the formula): the LoRA's ``lora_factor_<algorithm>`` (times its
+    rank's share over ``LORA_CAL_RANK``) and GRPO's KL reference model's (beta > 0)."""
+    scale, label = 1.0, ""
+    if spec.peft:
+        lora = {"grpo": model.lora_factor_grpo, "dpo": model.lora_factor_dpo}.get(spec.algorithm,
+                                                                                  model.lora_factor_sft)
+        rank = 1 + model.lora_rank_s * max(0, spec.peft.r - LORA_CAL_RANK)
+        scale, label = lora * rank, f", lora x{lora:g}" + (f" x{rank:g} (rank {spec.peft.r})" if rank != 1 else "")
+    if spec.algorithm == "grpo" and spec.hyperparameters.beta > 0:
+        scale *= model.grpo_kl_factor
+        label += f", KL reference x{model.grpo_kl_factor:g}"
+    return scale, label
 
 
 def grpo_rows(model: CostModel, completions: int, length: int, longer_prompt: float) -> float:
@@ -271,7 +298,7 @@ def estimate_cost(spec, model: CostModel | None = None, steps: int | None = None
     else:  # one factor: (fixed + rows) x factor, so the reference's compute units stay bit for bit
         step = (fixed + rows) * (factor * lora) if per_row == factor else (fixed * factor + rows * per_row) * lora
         parts = f" a step, x{per_row:g} a row" if per_row != factor else ""
-    formula += f", {spec.base_model} x{factor:g}{parts}" + (f", lora x{lora:g}" if spec.peft else "")
+    formula += f", {spec.base_model} x{factor:g}{parts}" + step_scale(spec, model)[1]
     sampled = sampled_tokens(spec)
     sampling = sampled * model.sample_token_s * (sample_factor(model, spec.base_model, prompt_format, factor) if wall
                                                  else factor)

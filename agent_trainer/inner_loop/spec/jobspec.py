@@ -29,6 +29,9 @@ ALGORITHMS = ("grpo", "sft", "dpo")
 Algorithm = Literal["grpo", "sft", "dpo"]
 DPO_DEFAULT_BETA = 0.1
 MAX_STAGES = 4
+# Rows a job may build, over its sources, data files and stages (a stage sharing the job's data counts it once):
+# the harness builds, checks and prices them before anything is charged, so their number must be bounded.
+MAX_JOB_ROWS = 100_000
 _FIELD_PREFIX = re.compile(r"^(?:Value error, )?\[([\w.]+)\] ")
 
 
@@ -296,7 +299,7 @@ class JobSpec(_Strict):
                 raise ValueError("[data] Field required; "
                                  "e.g. data: {sources: [{family: calc_chain, seed: 1, size: 2000}]}")
             _check_stage(self.algorithm, self.hyperparameters, self.data, self.reward, "", "data.", self.peft)
-            return self
+            return self._bounded_data()
         top = [k for k in ("algorithm", "peft", "hyperparameters") if getattr(self, k) is not None
                and (k != "hyperparameters" or k in self.model_fields_set)]
         if top:
@@ -309,6 +312,20 @@ class JobSpec(_Strict):
                                  "top level for every stage")
             _check_stage(st.algorithm, st.hyperparameters, data, st.reward or self.reward, f"stages.{i}.",
                          f"stages.{i}.data." if st.data else "data.", st.peft)
+        return self._bounded_data()
+
+    def _bounded_data(self) -> "JobSpec":
+        """At most ``MAX_JOB_ROWS`` library items over the job's distinct data (a data file's rows are counted
+        when it is read: ``agent_trainer.inner_loop.spec.validate``)."""
+        datas = {id(d): (at, d) for at, d in ([("data.", self.data)] if self.stages is None else
+                                              [(f"stages.{i}.data." if st.data else "data.", st.data or self.data)
+                                               for i, st in enumerate(self.stages)])}
+        total = sum(src.size for _, d in datas.values() for src in d.sources)
+        if total > MAX_JOB_ROWS:
+            at = max(datas.values(), key=lambda x: sum(src.size for src in x[1].sources))[0]
+            raise ValueError(f"[{at}sources] the job draws {total:,} items from the library, more than the "
+                             f"{MAX_JOB_ROWS:,} a job may draw over its sources and stages; lower size (a step uses "
+                             "batch_size rows, and epochs repeat them)")
         return self
 
     # --- the job as run: a list of single-stage views -------------------------------------------

@@ -24,7 +24,7 @@ from agent_trainer.evaluation.tasks import TaskSpec, TaskSpecError, load_task
 from agent_trainer.inner_loop.spec.cost import CostEstimate, CostModel, estimate_job, row_tokens
 from agent_trainer.inner_loop.train.data import DataFileError, build_rows_with_origins
 from agent_trainer.inner_loop.spec.jobspec import (
-    DPO_IGNORED, GRPO_ONLY, JOB_FILE, JobSpec, error_field, parse_job, read_job_yaml,
+    DPO_IGNORED, GRPO_ONLY, JOB_FILE, MAX_JOB_ROWS, JobSpec, error_field, parse_job, read_job_yaml,
 )
 from agent_trainer.inner_loop.spec.jobfiles import (
     MAX_REWARD_FILE_BYTES, job_file_problems, job_folder_problems, oversized,
@@ -362,6 +362,12 @@ def _check_data(report: ValidationReport, spec: JobSpec, job_dir: Path, task: Ta
             return None
         seen[id(view.data)] = (view.algorithm, rows)
         out.append(rows)
+    built = sum(len(rows) for rows in {id(rows): rows for rows in out}.values())
+    if built > MAX_JOB_ROWS:
+        report.add("data.file", f"the job's data holds {built:,} rows over its sources, files and stages; a job "
+                   f"holds at most {MAX_JOB_ROWS:,}", "use fewer rows (a step uses batch_size rows; epochs repeat "
+                   "them)")
+        return None
     return out
 
 
