@@ -31,8 +31,8 @@ from agent_trainer.config import Config, ConfigError, check_installed, compose_c
 from agent_trainer.paths import PROJECT_ROOT, resolve_path  # noqa: F401 (PROJECT_ROOT: cli.PROJECT_ROOT)
 from agent_trainer import sweeps
 from agent_trainer.cli_args import (  # noqa: F401 (re-exported: cli.UserError, cli.rewrite_args, ...)
-    TASKS_DIR, UserError, expand_rerun, experimental_rerun, other_sweep_values, overrides_to_check, prog,
-    rewrite_args,
+    TASKS_DIR, UserError, expand_rerun, expand_resume, experimental_rerun, other_sweep_values, overrides_to_check,
+    prog, rewrite_args,
 )
 from agent_trainer.console_log import console_log
 from agent_trainer.registry import BASE_MODELS_ENV, INCLUDE_PATH_ENV
@@ -87,6 +87,8 @@ def main(hydra_main: Callable[[], Any], config_name: str, positional: str | None
     full = os.environ.get("HYDRA_FULL_ERROR") == "1"
     try:
         typed = expand_rerun(experimental_rerun(sys.argv[1:]))
+        if config_name == "train":
+            typed = expand_resume(typed)
         argv = rewrite_args(typed, positional)
         to_check = overrides_to_check(argv)
         if to_check is not None:
@@ -426,8 +428,7 @@ def _taken(folder: Path, earlier: dict, resumes_it: bool = False) -> str:
     if resumes_it:
         return (f"run_id= names the folder resume={folder} continues: leave run_id= out (the resumed run keeps "
                 f"its folder; this call makes none of its own)")
-    how = ("continue it: the same overrides without run_id=, plus resume=" if earlier.get("command") == "at-train"
-           else "")
+    how = "continue it: at-train resume=" if earlier.get("command") == "at-train" else ""
     return (f"run folder {folder} holds an earlier run ({earlier.get('command')}, {earlier['status']}); "
             f"give a new run_id=" + (f" (or {how}{folder})" if how else ""))
 

@@ -137,6 +137,31 @@ def experimental_rerun(argv: Sequence[str]) -> list[str]:
     return [*argv[:i], f"rerun={folder}", *argv[i + 2:]]
 
 
+def expand_resume(argv: Sequence[str]) -> list[str]:
+    """``resume=<run folder>`` -> the overrides that run was made with (its runs_dir as the absolute folder it
+    lies in), then the other arguments (later wins): ``at-train resume=runs/<id>`` continues the run as it was made,
+    ``at-train resume=runs/<id> outer.steps=20`` makes it longer. ``resume=true`` / ``false`` are left as given; a
+    folder without a run record is left for at-train to refuse."""
+    given = [a for a in argv if a.startswith("resume=")]
+    value = given[-1].partition("=")[2] if given else ""
+    if value.lower() in ("", "true", "false") or "-m" in argv or "--multirun" in argv:
+        return list(argv)
+    if any(a.startswith("rerun=") for a in argv):
+        raise UserError("rerun= starts a new run from a saved one, resume= continues one: give one of them")
+    folder = resolve_path(value)
+    record = sweeps.read_run_file(folder) if folder.is_dir() else None
+    if record is None or "overrides" not in record:
+        return list(argv)
+    resolved = folder / "config.resolved.yaml"
+    run_id = str(OmegaConf.load(resolved).get("run_id", "")) if resolved.is_file() else ""
+    parts, root = [p for p in run_id.split("/") if p], folder.resolve()
+    # The folder is <runs_dir>/<run_id>: its runs_dir as an absolute path, from wherever this command runs.
+    runs_dir = Path(*root.parts[:-len(parts)]) if parts and root.parts[-len(parts):] == tuple(parts) else None
+    drop = ("run_id", "resume", "rerun", "hydra.run.dir") + (("runs_dir",) if runs_dir else ())
+    saved = [o for o in record["overrides"] if o.partition("=")[0].lstrip("+~") not in drop]
+    return saved + ([f"runs_dir={runs_dir}"] if runs_dir else []) + list(argv)
+
+
 def expand_rerun(argv: Sequence[str]) -> list[str]:
     """``rerun=<run folder>`` -> the overrides that run was made with, then the other arguments (later wins).
 

@@ -6,6 +6,7 @@
     at-train resume=true                       # continue the newest run after its last complete step
     at-train -m seed=0,1,2 resume=true         # ... each seed its own (the newest run with its settings)
     at-train resume=true 'resume_allow_changes=[hardware]'   # ... on other hardware settings (others are refused)
+    at-train resume=runs/<run_id> outer.steps=20   # that run, with the overrides it was made with, made longer
     at-train -m experiment=smoke outer.lora_r=4,16    # a sweep: a table of its jobs at the end
     at-train -m seed=0,1,2 run_id=seeds            # three seeds; then at-compare runs=[runs/seeds] writes seeds.md
     at-train rerun=runs/<run_id>               # the same run again, from its saved overrides

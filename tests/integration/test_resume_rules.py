@@ -152,3 +152,36 @@ def test_a_checkpoint_survives_a_leftover_tmp_and_an_earlier_copy_of_its_step(tm
                                          ("no", "false"), ("0", "false"), ("runs/x", "runs/x")])
 def test_resume_is_read_once_when_the_config_is_composed(tmp_path, given, read):
     assert validate(compose_config([f"runs_dir={tmp_path}", f"resume={given}"], "train")).resume == read
+
+
+def _made(folder: Path, run_id: str, overrides: list[str]) -> Path:
+    """A run folder whose run.json holds the overrides it was made with (as at-train writes it)."""
+    from agent_trainer import sweeps
+
+    cfg = compose_config([*overrides, f"run_id={run_id}"], "train")
+    outer_run(folder, 1, cfg)
+    sweeps.write_run_file(folder, status="killed", command="at-train", overrides=[*overrides, f"run_id={run_id}"])
+    return folder
+
+
+def test_resume_of_a_folder_brings_the_overrides_it_was_made_with(tmp_path, monkeypatch):
+    """``at-train resume=<folder>`` continues the run as it was made, from any working folder: its overrides come
+    first (the command line's win), its runs_dir as the absolute folder it lies in (a relative runs=, as typed,
+    named another folder from elsewhere); resume=true, sweeps and a folder without a record are left as given."""
+    from agent_trainer.cli_args import expand_resume
+
+    monkeypatch.chdir(tmp_path)
+    run = _made(tmp_path / "runs" / "a", "a", ["experiment=smoke", "outer.lora_r=4", "tracking=off"])
+    monkeypatch.chdir(tmp_path / "runs")   # elsewhere: "runs" would now be runs/runs
+    got = expand_resume([f"resume={run}", "outer.steps=5"])
+    assert got == ["experiment=smoke", "outer.lora_r=4", "tracking=off", f"runs_dir={tmp_path / 'runs'}",
+                   f"resume={run}", "outer.steps=5"]
+    cfg = validate(compose_config(got, "train"))
+    assert resume_folder(cfg, tmp_path / "new") == run
+    assert resume_changes(compose_config(got, "train"), run) == {"outer.steps": ("2", "5")}
+    job = _made(tmp_path / "sw" / "0", "sw/0", ["experiment=smoke", "seed=0", "tracking=off"])   # a sweep's job
+    assert f"runs_dir={tmp_path}" in expand_resume([f"resume={job}"])
+    for argv in (["resume=true"], ["-m", f"resume={run}"], [f"resume={tmp_path}"]):
+        assert expand_resume(argv) == argv
+    with pytest.raises(UserError, match="give one of them"):
+        expand_resume([f"resume={run}", f"rerun={run}"])

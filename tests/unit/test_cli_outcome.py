@@ -60,7 +60,7 @@ def test_a_stopped_run_says_how_to_continue_it(tmp_path):
     run.mkdir()
     sweeps.write_run_file(run, status="killed", command="at-train", steps_completed=1)
     again = compose_config([f"runs_dir={tmp_path}", "run_id=0", "experiment=smoke", "tracking=off"], "train")
-    with pytest.raises(cli.FolderTaken, match=f"the same overrides without run_id=, plus resume={run}"):
+    with pytest.raises(cli.FolderTaken, match=f"continue it: at-train resume={run}"):
         cli.refuse_taken(again)
     both = compose_config([f"runs_dir={tmp_path}", "run_id=0", f"resume={run}", "tracking=off"], "train")
     with pytest.raises(cli.FolderTaken, match="leave run_id= out"):
