@@ -73,11 +73,12 @@ class CostModel:
     dpo_step_s: float = 0.03
     dpo_pair_s: float = 0.003
     lora_factor_dpo: float = 1.2
-    # Each LoRA rank over LORA_CAL_RANK, as a share of a step: r 256 against r 16 took 1.76x the step on SmolLM2
-    # (SFT, all linear layers) and 1.56x on tiny-s (bench/cost_model.py --variants).
-    lora_rank_s: float = 0.003
-    # GRPO with beta > 0 runs a reference model over every completion: 1.23-1.25x the step on tiny-m and SmolLM2.
-    grpo_kl_factor: float = 1.25
+    # Each LoRA rank over LORA_CAL_RANK, as a share of a step: r 256 against r 16 took 1.85x the step on SmolLM2
+    # (SFT, all linear layers; quiet) and 1.56x on tiny-s (bench/cost_model.py --variants). Priced at the larger.
+    lora_rank_s: float = 0.0035
+    # GRPO with beta > 0 runs a reference model over every completion: 1.46x the step on SmolLM2 (quiet), ~1.23x on
+    # tiny-m. Priced at the larger.
+    grpo_kl_factor: float = 1.45
     sample_token_s: float = 0.0001
     usd_per_hour: float = 0.10
     model_factors: dict = field(default_factory=lambda: dict(DEFAULT_MODEL_FACTORS))
