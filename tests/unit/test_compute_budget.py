@@ -384,3 +384,47 @@ def test_the_estimate_of_a_job_without_those_settings_is_unchanged():
     lora = estimate_job(_variant(SPEC, peft={"r": 16, "alpha": 32}), CostModel())
     assert lora.formula == "sft, batch 16, smollm2-135m x76, lora x0.9, $0.1/h"
     assert lora.step_seconds == round((0.0126 + 16 * 0.00079) * (76 * 0.9), 5)
+
+
+def test_reward_code_past_its_time_ends_the_job_as_its_own_timeout(monkeypatch):
+    """A reward slow on purpose (it sleeps; each call inside the per-call timeout) stops the training as the job's
+    ``timeout`` once the reward host's answers took more than their limit together, before the wall-clock
+    safety cap could make it an ``infra_timeout`` (excluded, retried: free for the agent)."""
+    from agent_trainer.inner_loop.train.callbacks import AGENT_TIME, BudgetGuard, agent_time_limit
+
+    clock = [0.0]
+    monkeypatch.setattr(AGENT_TIME, "spent", lambda: clock[0])
+    monkeypatch.setattr(AGENT_TIME, "limit", agent_time_limit(45.0))
+    assert AGENT_TIME.limit == 105.0 and agent_time_limit(45.0) < safety_cap(45.0)
+    guard = BudgetGuard(100, max_compute=45.0, step_compute=0.1)
+    guard.on_train_begin(None, None, None)
+    stops = []
+    for step in range(1, 41):
+        clock[0] += 4.0   # a reward that sleeps 4 s a call
+        control = SimpleNamespace(should_training_stop=False)
+        guard.on_step_end(None, SimpleNamespace(global_step=step), control)
+        stops.append(control.should_training_stop)
+    assert stops.index(True) == 26 and guard.stop_reason == "timeout", "27 x 4 s > 105 s"
+    assert "reward functions took 108 s by step 27" in guard.detail
+
+
+def test_the_reward_channel_counts_the_hosts_time():
+    import socket
+    import threading
+
+    from agent_trainer.inner_loop.isolation.reward_host import recv, send
+    from agent_trainer.inner_loop.isolation.reward_proxy import RewardChannel
+
+    ours, host = socket.socketpair()
+
+    def answer():
+        while (req := recv(host)) is not None:
+            time.sleep(0.2)
+            send(host, {"ok": True, "names": ["f"]} if req.get("op") == "load" else {"values": [0.0]})
+
+    threading.Thread(target=answer, daemon=True).start()
+    channel = RewardChannel(ours, timeout_s=5)
+    for _ in range(3):
+        channel.ask({"op": "call"}, "reward 'f'")
+    assert 0.55 < channel.seconds < 2.0
+    ours.close()

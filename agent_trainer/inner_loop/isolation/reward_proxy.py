@@ -145,14 +145,18 @@ class RewardChannel:
         self.sock, self.timeout_s = sock, timeout_s
         self.names: dict[str, list[str]] = {}  # loaded file -> its callables
         self.lock = threading.Lock()
+        self.seconds = 0.0   # wall seconds the host took to answer, every request together: the agent code's time
         sock.settimeout(timeout_s)
 
     def ask(self, request: dict, what: str) -> dict:
         t0 = time.monotonic()
         try:
             with self.lock:
-                send(self.sock, request)
-                answer = recv(self.sock)
+                try:
+                    send(self.sock, request)
+                    answer = recv(self.sock)
+                finally:
+                    self.seconds += time.monotonic() - t0
         except (socket.timeout, TimeoutError):
             raise HostGone(f"{what} did not answer within {self.timeout_s:g} s (an endless loop or a very slow "
                            "reward?); reward code must return quickly", timed_out=True) from None
@@ -228,10 +232,15 @@ def _state(state) -> dict:
             if isinstance(getattr(state, k, None), (int, float))}
 
 
-def install(fd: int, timeout_s: float) -> RewardChannel:
-    """In the trainer: route every ``source: file`` reward of this process to the host at ``fd``."""
+def install(fd: int, timeout_s: float, limit_s: float | None = None) -> RewardChannel:
+    """In the trainer: route every ``source: file`` reward of this process to the host at ``fd``; the training
+    stops as ``timeout`` once the host's answers took more than ``limit_s`` seconds together
+    (``agent_trainer.inner_loop.train.callbacks.AGENT_TIME``; None: no limit but each call's ``timeout_s``)."""
+    from agent_trainer.inner_loop.train.callbacks import AGENT_TIME
+
     channel = RewardChannel(socket.socket(fileno=fd), timeout_s)
     set_file_function_loader(channel.function)
+    AGENT_TIME.watch(lambda: channel.seconds, limit_s)
     return channel
 
 

@@ -42,6 +42,35 @@ def probe_loss(model, input_ids, labels) -> float:
 
 
 
+# The job's own code (its reward files, in the reward host) may take this many wall seconds in all, plus
+# AGENT_TIME_SHARE x the training's compute budget: far above what a reward that scores text takes (milliseconds a
+# call) on any load, far below the wall-clock safety cap, so a reward slow on purpose ends its job as the job's
+# ``timeout`` (scored, the agent's doing) instead of an ``infra_timeout`` (excluded, retried: the machine's).
+AGENT_TIME_FLOOR_S = 60.0
+AGENT_TIME_SHARE = 1.0
+
+
+def agent_time_limit(max_compute: float | None) -> float:
+    """Wall seconds the job's reward code may take in all, for a training of ``max_compute`` compute seconds."""
+    return AGENT_TIME_FLOOR_S + AGENT_TIME_SHARE * max(0.0, max_compute or 0.0)
+
+
+class AgentTime:
+    """The job process's clock of agent code (``agent_trainer.inner_loop.isolation.reward_proxy.install`` sets it)."""
+
+    def __init__(self):
+        self.spent, self.limit = (lambda: 0.0), None
+
+    def watch(self, spent, limit: float | None) -> None:
+        self.spent, self.limit = spent, limit
+
+    def over(self) -> bool:
+        return self.limit is not None and self.spent() > self.limit
+
+
+AGENT_TIME = AgentTime()
+
+
 class BudgetGuard(TrainerCallback):
     """Stops training gracefully when the step or compute budget is spent, or the run diverges.
 
@@ -96,6 +125,10 @@ class BudgetGuard(TrainerCallback):
         if spent:
             self._stop(control, "timeout", f"compute budget of {self.max_compute:g} s spent after step {step} "
                                            f"({self.step_compute:g} s a step)")
+        elif AGENT_TIME.over():
+            self._stop(control, "timeout", f"the job's reward functions took {AGENT_TIME.spent():.0f} s by step "
+                                           f"{step}, over the {AGENT_TIME.limit:.0f} s they may take; a reward "
+                                           "must score a batch in well under a second")
         elif last:
             control.should_training_stop = True
         return control
