@@ -149,17 +149,32 @@ def expand_resume(argv: Sequence[str]) -> list[str]:
     if any(a.startswith("rerun=") for a in argv):
         raise UserError("rerun= starts a new run from a saved one, resume= continues one: give one of them")
     folder = resolve_path(value)
-    record = sweeps.read_run_file(folder) if folder.is_dir() else None
-    if record is None or "overrides" not in record:
+    saved = saved_overrides(folder) if folder.is_dir() else None
+    if saved is None:
         return list(argv)
     resolved = folder / "config.resolved.yaml"
     run_id = str(OmegaConf.load(resolved).get("run_id", "")) if resolved.is_file() else ""
     parts, root = [p for p in run_id.split("/") if p], folder.resolve()
     # The folder is <runs_dir>/<run_id>: its runs_dir as an absolute path, from wherever this command runs.
     runs_dir = Path(*root.parts[:-len(parts)]) if parts and root.parts[-len(parts):] == tuple(parts) else None
-    drop = ("run_id", "resume", "rerun", "hydra.run.dir") + (("runs_dir",) if runs_dir else ())
-    saved = [o for o in record["overrides"] if o.partition("=")[0].lstrip("+~") not in drop]
+    saved = _without(saved, ("run_id", "resume", "rerun", "hydra.run.dir") + (("runs_dir",) if runs_dir else ()))
     return saved + ([f"runs_dir={runs_dir}"] if runs_dir else []) + list(argv)
+
+
+def saved_overrides(folder: Path) -> list[str] | None:
+    """The overrides a run folder was made with, as typed: its ``run.json``'s (``.hydra/overrides.yaml`` for a
+    folder without one); None when it has neither."""
+    record = sweeps.read_run_file(folder)
+    if record is not None and "overrides" in record:
+        return list(record["overrides"])
+    if (folder / ".hydra" / "overrides.yaml").is_file():
+        return [str(o) for o in OmegaConf.load(folder / ".hydra" / "overrides.yaml")]
+    return None
+
+
+def _without(overrides: Sequence[str], keys: Sequence[str]) -> list[str]:
+    """``overrides`` less those that set one of ``keys`` (``+key=``, ``~key`` included)."""
+    return [o for o in overrides if o.partition("=")[0].lstrip("+~") not in keys]
 
 
 def expand_rerun(argv: Sequence[str]) -> list[str]:
@@ -175,14 +190,9 @@ def expand_rerun(argv: Sequence[str]) -> list[str]:
     folder = resolve_path(given[0].partition("=")[2])
     if folder.is_file():
         folder = folder.parent.parent if folder.parent.name == ".hydra" else folder.parent
-    record = sweeps.read_run_file(folder)
-    if record is not None and "overrides" in record:
-        saved = list(record["overrides"])
-    elif (folder / ".hydra" / "overrides.yaml").is_file():
-        saved = [str(o) for o in OmegaConf.load(folder / ".hydra" / "overrides.yaml")]
-    else:
+    saved = saved_overrides(folder)
+    if saved is None:
         raise UserError(f"rerun={given[0].partition('=')[2]}: not a run folder (no {sweeps.RUN_FILE} or "
                         f".hydra/overrides.yaml in {folder})")
-    keep = [o for o in saved if o.partition("=")[0].lstrip("+~") not in ("run_id", "resume", "hydra.run.dir")]
     os.environ[sweeps.RERUN_ENV] = str(folder)
-    return keep + [a for a in argv if not a.startswith("rerun=")]
+    return _without(saved, ("run_id", "resume", "hydra.run.dir")) + [a for a in argv if not a.startswith("rerun=")]

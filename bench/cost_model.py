@@ -61,6 +61,13 @@ SMOLLM2_VARIANTS = [
 ]
 
 
+def variant_jobs(variants: list, names=None) -> list[tuple[str, Path, Path]]:
+    """(name, job folder, task) of ``variants`` (those in ``names`` when given), each made in a temporary folder."""
+    made = Path(tempfile.mkdtemp(prefix="bench-cost-variants-"))
+    return [(name, variant_folder(job_dir, changes, made / name), task)
+            for name, job_dir, task, changes in variants if names is None or name in names]
+
+
 def variant_folder(job_dir: Path, changes: dict, into: Path) -> Path:
     """A copy of ``job_dir`` whose job.yaml has ``changes`` merged in (one level of nesting)."""
     import shutil
@@ -127,10 +134,8 @@ def reprice(source: dict) -> list[dict]:
     """The jobs of an earlier run of this bench (its ``--json`` content) with the current cost model's predictions:
     the measured side is that run's, so a change of coefficients is checked without timing anything again."""
     known = {name: (job_dir, task) for name, job_dir, task in JOBS + SMOLLM2_JOBS}
-    made = Path(tempfile.mkdtemp(prefix="bench-cost-variants-"))
-    known.update({name: (variant_folder(job_dir, changes, made / name), task)
-                  for name, job_dir, task, changes in VARIANTS + SMOLLM2_VARIANTS
-                  if any(r["job"] == name for r in source["jobs"])})
+    known.update({name: (job_dir, task) for name, job_dir, task in
+                  variant_jobs(VARIANTS + SMOLLM2_VARIANTS, {r["job"] for r in source["jobs"]})})
     rows = source["jobs"]
     for r in rows:
         r.update(predicted(estimate(*known[r["job"]], r["steps"])[3], r["steps"]))
@@ -160,9 +165,7 @@ def main() -> None:
                                                                   str(ROOT / "examples" / "families")]))
     jobs = JOBS + (SMOLLM2_JOBS if a.smollm2 else [])
     if a.variants:
-        made = Path(tempfile.mkdtemp(prefix="bench-cost-variants-"))
-        jobs += [(name, variant_folder(job_dir, changes, made / name), task)
-                 for name, job_dir, task, changes in VARIANTS + (SMOLLM2_VARIANTS if a.smollm2 else [])]
+        jobs += variant_jobs(VARIANTS + (SMOLLM2_VARIANTS if a.smollm2 else []))
     jobs = [j for j in jobs if a.only is None or j[0] in a.only]
     if a.reprice:   # the timed run's settings and machine describe the measured side
         source = json.loads(a.reprice.read_text())

@@ -91,12 +91,11 @@ def run(job_dir: Path, model: Path, family: str, output_dir: Path, max_steps: in
 
         status["cpu"] = cpu_kind()   # the kernels this process runs (a forked warm worker: the ones it inherited)
         _quiet()
-        from agent_trainer.inner_loop.train.callbacks import AGENT_TIME
+        from agent_trainer.inner_loop.train.callbacks import AGENT_TIME, agent_time_limit
 
         AGENT_TIME.watch(lambda: 0.0, None)   # a process that trained another job before (tests) starts afresh
         if reward_fd is not None:
             from agent_trainer.inner_loop.isolation.reward_proxy import install
-            from agent_trainer.inner_loop.train.callbacks import agent_time_limit
 
             install(reward_fd, timeout_s=reward_timeout_s, limit_s=agent_time_limit(max_compute))
         from agent_trainer.inner_loop.spec.jobspec import load_job

@@ -233,6 +233,12 @@ def step_parts(spec, model: CostModel, tokens: RowTokens | None = None) -> tuple
     """(fixed seconds, seconds of the rows or completions, the factor of the whole step (``step_scale``), formula)
     of one step of a single-stage spec on tiny-s under ``model``'s coefficients; a base model's factors scale the
     first two."""
+    fixed, rows, formula = _unscaled_step(spec, model, tokens)
+    return fixed, rows, step_scale(spec, model)[0], formula
+
+
+def _unscaled_step(spec, model: CostModel, tokens: RowTokens | None) -> tuple[float, float, str]:
+    """``step_parts`` without the step's factor."""
     hp = spec.hyperparameters
     tokens = tokens or RowTokens()
     longer, longer_prompt = tokens.row - REF_ROW_TOKENS, tokens.prompt - REF_PROMPT_TOKENS
@@ -248,7 +254,7 @@ def step_parts(spec, model: CostModel, tokens: RowTokens | None = None) -> tuple
         per = model.sft_sequence_s
         fixed, rows = model.sft_step_s, hp.batch_size * max(per / 2, per + longer * model.sft_token_s)
         formula = f"sft, batch {hp.batch_size}"
-    return fixed, rows, step_scale(spec, model)[0], formula
+    return fixed, rows, formula
 
 
 def step_scale(spec, model: CostModel) -> tuple[float, str]:
@@ -281,7 +287,8 @@ def estimate_cost(spec, model: CostModel | None = None, steps: int | None = None
     hp = spec.hyperparameters
     steps = hp.max_steps if steps is None else steps
     factor, per_row, per_token, per_prompt = model_factors(model, spec.base_model, spec.algorithm, prompt_format, wall)
-    fixed, rows, lora, formula = step_parts(spec, model, tokens)
+    fixed, rows, formula = _unscaled_step(spec, model, tokens)
+    lora, scale_label = step_scale(spec, model)
     if spec.algorithm == "grpo" and (per_token, per_prompt) != (None, None):
         # A completion of the calibration's length at the row factor, each completion token more or fewer at the
         # token factor, each prompt token over the reference's at the prompt factor (measured apart: on a large
@@ -299,7 +306,7 @@ def estimate_cost(spec, model: CostModel | None = None, steps: int | None = None
     else:  # one factor: (fixed + rows) x factor, so the reference's compute units stay bit for bit
         step = (fixed + rows) * (factor * lora) if per_row == factor else (fixed * factor + rows * per_row) * lora
         parts = f" a step, x{per_row:g} a row" if per_row != factor else ""
-    formula += f", {spec.base_model} x{factor:g}{parts}" + step_scale(spec, model)[1]
+    formula += f", {spec.base_model} x{factor:g}{parts}{scale_label}"
     sampled = sampled_tokens(spec)
     sampling = sampled * model.sample_token_s * (sample_factor(model, spec.base_model, prompt_format, factor) if wall
                                                  else factor)

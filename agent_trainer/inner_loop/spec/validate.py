@@ -362,7 +362,7 @@ def _check_data(report: ValidationReport, spec: JobSpec, job_dir: Path, task: Ta
             return None
         seen[id(view.data)] = (view.algorithm, rows)
         out.append(rows)
-    built = sum(len(rows) for rows in {id(rows): rows for rows in out}.values())
+    built = sum(len(rows) for rows in {id(rows): rows for rows in out}.values())   # each list built once
     if built > MAX_JOB_ROWS:
         report.add("data.file", f"the job's data holds {built:,} rows over its sources, files and stages; a job "
                    f"holds at most {MAX_JOB_ROWS:,}", "use fewer rows (a step uses batch_size rows; epochs repeat "
