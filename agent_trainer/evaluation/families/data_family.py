@@ -23,6 +23,8 @@ from agent_trainer.evaluation.families.base import (
 CARD_KEYS = {"name", "version", "instruction", "scorer", "answer_regex", "labels", "max_new_tokens", "held_out",
              "data", "notes"}
 MAX_ROWS = 1_000_000
+# A family with at most this many distinct answers (and no labels) is a classification: its answers are a closed set.
+CLOSED_SET_MAX = 32
 NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 
 
@@ -54,7 +56,18 @@ class DataFamily(TaskFamily):
     def score_one(self, completion: str, answer: str) -> float:
         if self.scorer == "regex":
             return regex_match(completion, answer, self.answer_regex or "")
+        if self.scorer == "contains":
+            return contains_match(completion, answer, self.closed_answers())
         return super().score_one(completion, answer)
+
+    @classmethod
+    def closed_answers(cls) -> tuple[str, ...]:
+        """The family's answers when they form a closed set (the card's labels, else its distinct answers when
+        there are at most ``CLOSED_SET_MAX``), normalised; () for an open set."""
+        if "_closed" not in cls.__dict__:
+            answers = {_norm(a) for a in cls.labels} or {_norm(r.answer) for r in cls.rows}
+            cls._closed = tuple(sorted(a for a in answers if a)) if len(answers) <= CLOSED_SET_MAX else ()
+        return cls._closed
 
 
 def regex_match(completion: str, answer: str, pattern: str) -> float:
@@ -66,9 +79,23 @@ def regex_match(completion: str, answer: str, pattern: str) -> float:
     return float(" ".join(got.split()).lower() == " ".join(answer.split()).lower())
 
 
-def contains_match(completion: str, answer: str) -> float:
-    """1.0 when the answer occurs in the first line of the completion (case-insensitive)."""
-    return float(" ".join(answer.split()).lower() in " ".join(extract_answer(completion).split()).lower())
+def _norm(text: str) -> str:
+    return " ".join(text.split()).lower()
+
+
+def _says(line: str, answer: str) -> bool:
+    """Whether ``answer`` occurs in ``line`` as whole words ("5" not in "15", "no" not in "know" or "yesno")."""
+    return bool(answer) and re.search(rf"(?<!\w){re.escape(answer)}(?!\w)", line) is not None
+
+
+def contains_match(completion: str, answer: str, closed: tuple[str, ...] = ()) -> float:
+    """1.0 when the answer occurs as whole words in the first line of the completion (case-insensitive) and, for a
+    family with a closed set of answers (``closed``), no other of them does but those inside the answer: a line
+    naming several labels ("yes or no") is a hedge, not an answer, and scores 0."""
+    line, want = _norm(extract_answer(completion)), _norm(answer)
+    if not _says(line, want):
+        return 0.0
+    return float(not any(_says(line, other) and not _says(want, other) for other in closed))
 
 
 SCORERS.setdefault("contains", contains_match)

@@ -1,0 +1,69 @@
+"""A data family's ``contains`` scorer: whole words of the first line, and a hedge over a closed set scores 0.
+
+An agent is paid for its trained model's hidden score, so a scorer that a model can satisfy without knowing the
+answer is a reward: a model trained to write every label on one line ("yes no", "yesno") would have scored 1.0 on
+every item of a classification family scored by ``contains``, and one writing "0123456789" every one-digit answer.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from agent_trainer.evaluation.families.base import in_hidden_pool
+from agent_trainer.evaluation.families.data_family import CLOSED_SET_MAX, contains_match, load_card
+
+
+def card(tmp_path, rows, **keys):
+    (tmp_path / "fam.jsonl").write_text("".join(json.dumps({"prompt": p, "answer": a}) + "\n" for p, a in rows))
+    lines = ["name: fam", "scorer: contains", *(f"{k}: {json.dumps(v)}" for k, v in keys.items())]
+    (tmp_path / "fam.yaml").write_text("\n".join(lines) + "\n")
+    return load_card(tmp_path / "fam.yaml")()
+
+
+@pytest.mark.parametrize("completion, answer, score", [
+    ("Paris", "paris", 1.0), ("It is Paris, of course.", "paris", 1.0), ("  New   York \nLondon", "new york", 1.0),
+    ("x = 5.", "5", 1.0), ("15", "5", 0.0), ("I know", "no", 0.0), ("yesno", "no", 0.0), ("Parisian", "paris", 0.0),
+    ("", "paris", 0.0), ("Paris? No: Lyon\nParis", "lyon", 1.0),
+])
+def test_the_answer_counts_as_whole_words_of_the_first_line(completion, answer, score):
+    assert contains_match(completion, answer) == score
+
+
+def test_a_line_naming_several_labels_is_a_hedge_and_scores_zero(tmp_path):
+    rows = [(f"ticket {i}", ["refund", "bug", "other"][i % 3]) for i in range(60)]
+    fam = card(tmp_path, rows, labels=["refund", "bug", "other"])
+    assert fam.closed_answers() == ("bug", "other", "refund")
+    for ex in fam.training_examples(seed=0, n=20):
+        assert fam.score_one(f"{ex.answer}.", ex.answer) == 1.0
+        assert fam.score_one(f"The label is {ex.answer.upper()}", ex.answer) == 1.0
+        for hedge in ("refund bug other", "refund/bug/other", "bug or refund or other", "other, refund, bug"):
+            assert fam.score_one(hedge, ex.answer) == 0.0, hedge
+
+
+def test_distinct_answers_up_to_the_cap_are_a_closed_set_and_an_answer_may_hold_another(tmp_path):
+    answers = ["york", "new york", "paris"]
+    fam = card(tmp_path, [(f"q {i}", answers[i % 3]) for i in range(30)])
+    assert fam.closed_answers() == ("new york", "paris", "york")
+    assert fam.score_one("New York", "new york") == 1.0        # "york" lies inside the answer
+    assert fam.score_one("New York", "york") == 0.0            # the model named another answer
+    assert fam.score_one("paris or york", "york") == 0.0
+
+
+def test_an_open_set_of_answers_keeps_verbose_answers(tmp_path):
+    rows = [(f"capital {i}?", f"city{i}") for i in range(CLOSED_SET_MAX + 1)]
+    fam = card(tmp_path, rows)
+    assert fam.closed_answers() == ()
+    assert fam.score_one("city3 is the capital, not city4", "city3") == 1.0
+
+
+def test_the_closed_set_comes_from_every_row_hidden_pool_included(tmp_path):
+    """The set is the family's, not the training pool's: an answer found only in hidden rows is still a rival."""
+    prompts = [f"item {i}" for i in range(400)]
+    hidden = [p for p in prompts if in_hidden_pool("fam", p)]
+    rows = [(p, "c" if p in hidden else "ab"[i % 2]) for i, p in enumerate(prompts)]
+    fam = card(tmp_path, rows)
+    assert {ex.answer for ex in fam.training_examples(seed=0, n=200)} == {"a", "b"}
+    assert fam.closed_answers() == ("a", "b", "c")
+    assert fam.score_one("a c", "a") == 0.0
