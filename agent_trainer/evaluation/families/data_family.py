@@ -127,25 +127,59 @@ def load_card(path: str | Path) -> type[DataFamily]:
             raise CardError(f"family card {path}: answer_regex does not compile: {e}") from None
         if not card.get("answer_regex"):
             raise CardError(f"family card {path}: the regex scorer needs answer_regex")
+    labels = card.get("labels") or []
+    if not isinstance(labels, list) or not all(isinstance(x, (str, int, float)) for x in labels):
+        raise CardError(f"family card {path}: labels must be a list such as [refund, bug, other], got {labels!r}")
     data = path.parent / str(card.get("data") or f"{name}.jsonl")
-    rows = _read_rows(data)
+    rows, first_line = _read_rows(data)
     attrs = {
-        "name": name, "version": int(card.get("version", 1)),
+        "name": name, "version": _card_value(card, path, "version", int, 1),
         "instruction": str(card.get("instruction") or f"Answer the {name} prompt."),
-        "scorer": scorer, "answer_regex": card.get("answer_regex"),
-        "labels": tuple(str(x) for x in card.get("labels") or ()),
-        "max_new_tokens": int(card.get("max_new_tokens", 16)), "held_out": bool(card.get("held_out", False)),
+        "scorer": scorer, "answer_regex": card.get("answer_regex"), "labels": tuple(str(x) for x in labels),
+        "max_new_tokens": _card_value(card, path, "max_new_tokens", int, 16),
+        "held_out": _card_value(card, path, "held_out", bool, False),
         "notes": str(card.get("notes") or ""), "rows": tuple(rows), "source": str(data),
     }
-    return type(f"DataFamily_{name}", (DataFamily,), attrs)
+    cls = type(f"DataFamily_{name}", (DataFamily,), attrs)
+    _check_answers(cls, first_line)
+    return cls
 
 
-def _read_rows(path: Path) -> list[Example]:
+def _card_value(card: dict, path: Path, key: str, kind: type, default):
+    value = card.get(key, default)
+    if type(value) is not kind or (kind is int and not 1 <= value <= 100_000):
+        what = "true or false" if kind is bool else "a whole number from 1 to 100000"
+        raise CardError(f"family card {path}: {key} must be {what}, got {value!r}")
+    return value
+
+
+def _check_answers(cls: type[DataFamily], first_line: dict[str, int]) -> None:
+    """Every distinct answer must score 1.0 as its own completion (a ``numeric`` family cannot score "1,000"; a
+    ``label`` family's answers are single words among its labels): else no model could score that row."""
+    fam, labels = cls(), {_norm(x) for x in cls.labels}
+    for answer, line in first_line.items():
+        if not answer.strip():
+            why = "is empty (an empty completion would score)"
+        elif cls.scorer == "label" and labels and _norm(answer) not in labels:
+            why = f"is not one of the labels {list(cls.labels)}"
+        elif cls.scorer != "regex" and fam.score_one(answer, answer) != 1.0:
+            why = {"numeric": "is not a number (write 1000, not 1,000 or $1000)",
+                   "label": "is not one word (the label scorer reads the first word)"}.get(
+                cls.scorer, "does not score as its own completion (it spans lines)")
+        else:
+            continue
+        other = ", or use scorer: exact" if cls.scorer in ("numeric", "label") else ""
+        raise CardError(f"family data {cls.source} line {line}: the answer {answer[:60]!r} {why}; fix the row{other}")
+
+
+def _read_rows(path: Path) -> tuple[list[Example], dict[str, int]]:
+    """The rows of a family's JSONL, and the line each distinct answer first appears on."""
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as e:
         raise CardError(f"family data {path}: cannot be read: {e}") from None
-    rows = []
+    rows: list[Example] = []
+    first_line: dict[str, int] = {}
     for n, line in enumerate(lines, start=1):
         if not line.strip():
             continue
@@ -156,11 +190,12 @@ def _read_rows(path: Path) -> list[Example]:
         if not (isinstance(obj, dict) and isinstance(obj.get("prompt"), str) and isinstance(obj.get("answer"), str)):
             raise CardError(f"family data {path} line {n}: each line needs string prompt and answer")
         rows.append(Example(obj["prompt"], obj["answer"]))
+        first_line.setdefault(obj["answer"], n)
         if len(rows) > MAX_ROWS:
             raise CardError(f"family data {path}: more than {MAX_ROWS} rows")
     if not rows:
         raise CardError(f"family data {path}: no rows")
-    return rows
+    return rows, first_line
 
 
 def cards_on(include_path: list[str]) -> list[Path]:

@@ -1,4 +1,5 @@
-"""A data family's ``contains`` scorer: whole words of the first line, and a hedge over a closed set scores 0.
+"""A data family's scoring: ``contains`` reads whole words and a hedge over a closed set scores 0; a card whose own
+answers cannot score, or whose values are of the wrong kind, is refused when it loads.
 
 An agent is paid for its trained model's hidden score, so a scorer that a model can satisfy without knowing the
 answer is a reward: a model trained to write every label on one line ("yes no", "yesno") would have scored 1.0 on
@@ -11,13 +12,13 @@ import json
 
 import pytest
 
-from agent_trainer.evaluation.families.base import in_hidden_pool
+from agent_trainer.evaluation.families.base import CardError, in_hidden_pool
 from agent_trainer.evaluation.families.data_family import CLOSED_SET_MAX, contains_match, load_card
 
 
-def card(tmp_path, rows, **keys):
+def card(tmp_path, rows, scorer="contains", **keys):
     (tmp_path / "fam.jsonl").write_text("".join(json.dumps({"prompt": p, "answer": a}) + "\n" for p, a in rows))
-    lines = ["name: fam", "scorer: contains", *(f"{k}: {json.dumps(v)}" for k, v in keys.items())]
+    lines = ["name: fam", f"scorer: {scorer}", *(f"{k}: {json.dumps(v)}" for k, v in keys.items())]
     (tmp_path / "fam.yaml").write_text("\n".join(lines) + "\n")
     return load_card(tmp_path / "fam.yaml")()
 
@@ -67,3 +68,34 @@ def test_the_closed_set_comes_from_every_row_hidden_pool_included(tmp_path):
     assert {ex.answer for ex in fam.training_examples(seed=0, n=200)} == {"a", "b"}
     assert fam.closed_answers() == ("a", "b", "c")
     assert fam.score_one("a c", "a") == 0.0
+
+
+@pytest.mark.parametrize("scorer, answer, labels, says", [
+    ("numeric", "1,000", None, r"line 3: the answer '1,000' is not a number .*or use scorer: exact"),
+    ("numeric", "$5", None, "is not a number"),
+    ("label", "tech support", None, "is not one word"),
+    ("label", "shipping", ["refund", "bug"], r"is not one of the labels \['refund', 'bug'\]"),
+    ("exact", "two\nlines", None, "spans lines"),
+    ("contains", "  ", None, "is empty"),
+    ("regex", "", None, "is empty"),
+])
+def test_a_card_whose_own_answers_cannot_score_is_refused_with_the_line(tmp_path, scorer, answer, labels, says):
+    """A row no model could score (its reference answer scores 0 as its own completion) is a data error, found
+    when the card loads: a numeric family with "1,000" had a baseline of 0 on that row whatever the model said."""
+    rows = [("p1", "1"), ("p2", "1"), ("p3", answer), ("p4", "2")]
+    keys = {"labels": labels} if labels else {}
+    if scorer == "regex":
+        keys["answer_regex"] = r"(\d+)"
+    with pytest.raises(CardError, match=says):
+        card(tmp_path, rows, **keys, scorer=scorer)
+
+
+@pytest.mark.parametrize("key, value, says", [
+    ("held_out", "false", "held_out must be true or false"), ("version", "2", "version must be a whole number"),
+    ("max_new_tokens", 0, "max_new_tokens must be a whole number"), ("labels", "yes", "labels must be a list"),
+])
+def test_card_values_of_the_wrong_kind_are_refused_not_read_as_something_else(tmp_path, key, value, says):
+    """``held_out: "false"`` had been read as true (a held-out family never trained), ``labels: yes`` as the labels
+    y, e, s; a version "2" raised a traceback."""
+    with pytest.raises(CardError, match=says):
+        card(tmp_path, [("p1", "1"), ("p2", "2")], **{key: value})
