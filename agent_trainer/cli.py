@@ -31,8 +31,8 @@ from agent_trainer.config import Config, ConfigError, check_installed, compose_c
 from agent_trainer.paths import PROJECT_ROOT, resolve_path  # noqa: F401 (PROJECT_ROOT: cli.PROJECT_ROOT)
 from agent_trainer import sweeps
 from agent_trainer.cli_args import (  # noqa: F401 (re-exported: cli.UserError, cli.rewrite_args, ...)
-    TASKS_DIR, UserError, expand_rerun, expand_resume, experimental_rerun, other_sweep_values, overrides_to_check,
-    prog, rewrite_args,
+    TASKS_DIR, UserError, expand_adapter, expand_rerun, expand_resume, experimental_rerun, other_sweep_values,
+    overrides_to_check, prog, rewrite_args,
 )
 from agent_trainer.console_log import console_log
 from agent_trainer.registry import BASE_MODELS_ENV, INCLUDE_PATH_ENV
@@ -89,6 +89,8 @@ def main(hydra_main: Callable[[], Any], config_name: str, positional: str | None
         typed = expand_rerun(experimental_rerun(sys.argv[1:]))
         if config_name == "train":
             typed = expand_resume(typed)
+        elif config_name in ("episode", "fork"):
+            typed = expand_adapter(typed)
         argv = rewrite_args(typed, positional)
         to_check = overrides_to_check(argv)
         if to_check is not None:

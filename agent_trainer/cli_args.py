@@ -8,6 +8,7 @@ is reduced to the overrides composed up front. The rules: docs/sweeps.md, "The c
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -159,6 +160,47 @@ def expand_resume(argv: Sequence[str]) -> list[str]:
     runs_dir = Path(*root.parts[:-len(parts)]) if parts and root.parts[-len(parts):] == tuple(parts) else None
     saved = _without(saved, ("run_id", "resume", "rerun", "hydra.run.dir") + (("runs_dir",) if runs_dir else ()))
     return saved + ([f"runs_dir={runs_dir}"] if runs_dir else []) + list(argv)
+
+
+# What an at-train run's agent sampled its turns with: at-episode adapter=<one of its checkpoints> plays it so.
+ADAPTER_AGENT_KEYS = ("model", "model_path", "temperature", "max_new_tokens", "max_turns", "tool_schemas",
+                      "tool_format", "submit_at_turn_limit")
+
+
+def expand_adapter(argv: Sequence[str]) -> list[str]:
+    """``adapter=<a checkpoint of an at-train run>`` -> that run's agent settings (``ADAPTER_AGENT_KEYS``, from its
+    ``config.resolved.yaml``), then the other arguments (later wins): the trained agent samples as it was trained
+    (at-train's default samples at temperature 0.5, at-episode's agent group at 0.7). An adapter folder outside
+    an at-train run is left as given."""
+    given = [a for a in argv if a.startswith("adapter=")]
+    if not given or "-m" in argv or "--multirun" in argv:
+        return list(argv)
+    folder = resolve_path(given[-1].partition("=")[2])
+    run = next((up for up in [folder, *folder.parents][:4] if (up / "config.resolved.yaml").is_file()), None)
+    if run is None:
+        return list(argv)
+    conf = OmegaConf.load(run / "config.resolved.yaml")
+    agent = conf.get("agent")
+    if agent is None or conf.get("outer") is None:   # not an at-train run
+        return list(argv)
+    adopted = [f"agent.{k}={_override_value(agent[k])}" for k in ADAPTER_AGENT_KEYS if k in agent]
+    print(f"{prog()}: the adapter's run {run} sampled with {', '.join(adopted)}; playing it so (set any of them "
+          f"to change it)", file=sys.stderr)
+    return adopted + list(argv)
+
+
+def _override_value(value) -> str:
+    """``value`` as a Hydra override writes it (null, true, 0.5, a plain word or path, else quoted)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    text = str(value)
+    if re.fullmatch(r"[A-Za-z0-9_./:~+-]+", text) and text.lower() not in ("null", "true", "false"):
+        return text
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def saved_overrides(folder: Path) -> list[str] | None:

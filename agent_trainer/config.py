@@ -470,7 +470,8 @@ class EpisodeCommand(Config):
     """``at-episode``: one agent episode on one task."""
 
     adapter: Optional[str] = doc(None, "a LoRA adapter folder (e.g. runs/<id>/checkpoints/step_0009/adapter) "
-                                       "for the local agent")
+                                       "for the local agent; one of an at-train run brings that run's agent "
+                                       "model and sampling settings (the command line's win)")
 
 
 @dataclass

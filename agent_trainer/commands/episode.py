@@ -32,9 +32,10 @@ def make_agent_backend(conf: EpisodeCommand):
     a = conf.agent
     if a.backend == "local":
         from agent_trainer.outer_loop.agents.local import LocalBackend
-        from agent_trainer.outer_loop.rl.run_config import agent_dir
+        from agent_trainer.outer_loop.rl.run_config import agent_dir, policy_device
 
-        backend = LocalBackend.from_path(agent_dir(conf), model_name=a.model, tool_format=a.tool_format)
+        backend = LocalBackend.from_path(agent_dir(conf), model_name=a.model, tool_format=a.tool_format,
+                                         device=policy_device(conf))
         if conf.adapter:
             from peft import PeftModel
 
@@ -103,7 +104,7 @@ def play(cfg: DictConfig):
     check_reachable(cfg)  # a closed MLflow server fails here, in seconds
     from agent_trainer.evaluation.tasks import load_task
     from agent_trainer.outer_loop.episode.episode import Episode, reward_metrics
-    from agent_trainer.outer_loop.rl.run_config import episode_settings, job_settings, make_ledger
+    from agent_trainer.outer_loop.rl.run_config import episode_settings, job_settings, make_ledger, policy_device
     from agent_trainer.outer_loop.strategy.steering import make_steering
 
     task = load_task(resolve_path(cfg.task.spec_path))
@@ -111,7 +112,8 @@ def play(cfg: DictConfig):
     ledger = make_ledger(conf, folder)
     with cli.tracker(cfg, "at-episode") as tr:
         tr.log_config(cfg)
-        steering = make_steering(conf.strategy, run_dir=folder, ledger=ledger, cache_dir=conf.cache_dir)
+        steering = make_steering(conf.strategy, device=policy_device(conf), run_dir=folder, ledger=ledger,
+                                 cache_dir=conf.cache_dir)
         ep = Episode(backend, task, folder / "episodes" / "0", ledger=ledger, settings=episode_settings(conf),
                      episode_id="0", seed=conf.seed, job_settings=job_settings(conf), model_name=conf.agent.model,
                      steering=steering)

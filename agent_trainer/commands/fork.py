@@ -68,7 +68,7 @@ def run(cfg: DictConfig) -> list[dict] | None:
         return None
     from agent_trainer.evaluation.tasks import load_task
     from agent_trainer.outer_loop.episode.episode import Episode, reward_metrics
-    from agent_trainer.outer_loop.rl.run_config import episode_settings, job_settings, make_ledger
+    from agent_trainer.outer_loop.rl.run_config import episode_settings, job_settings, make_ledger, policy_device
     from agent_trainer.outer_loop.strategy.steering import Steering, make_evaluator, settings_from_config
     from agent_trainer.commands.episode import log_strategy, make_agent_backend
     task = load_task(resolve_path(cfg.task.spec_path))
@@ -84,9 +84,9 @@ def run(cfg: DictConfig) -> list[dict] | None:
             settings.journal_path = None     # each branch its own journal: branches must not see each other
             if b.message:
                 settings.interventions.append({"after_job": src.at, "message": b.message})
-            steering = Steering(settings, evaluator=make_evaluator(conf.strategy.evaluator, ledger=ledger,
-                                                                   cache_dir=conf.cache_dir),
-                                run_dir=folder, cache_dir=conf.cache_dir)
+            evaluator = make_evaluator(conf.strategy.evaluator, min_gain=conf.strategy.rule_min_gain,
+                                       device=policy_device(conf), ledger=ledger, cache_dir=conf.cache_dir)
+            steering = Steering(settings, evaluator=evaluator, run_dir=folder, cache_dir=conf.cache_dir)
             ep = Episode(backend, task, folder / "episodes" / b.slug, ledger=ledger, settings=episode_settings(conf),
                          episode_id=b.slug, seed=conf.seed, job_settings=job_settings(conf),
                          model_name=conf.agent.model, steering=steering)

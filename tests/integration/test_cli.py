@@ -117,3 +117,25 @@ def test_models_then_eval_end_to_end(tmp_path, built_agent, capsys):
     at_eval.run(compose_config([f"runs_dir={tmp_path}", "run_id=table", "table=true", "tracking=off",
                                 "inner.eval_size=16"], "eval"))
     assert (tmp_path / "table" / "baselines.md").read_text().strip()
+
+
+def test_an_adapter_of_an_at_train_run_samples_as_that_run_did(tmp_path, capsys):
+    """``at-episode adapter=runs/<id>/checkpoints/step_N/adapter`` plays the trained agent with its run's agent
+    settings (at-train's default samples at 0.5, at-episode's agent group at 0.7); the command line's win, and an
+    adapter outside a run is left as given."""
+    from agent_trainer.cli_args import expand_adapter
+
+    run = tmp_path / "runs" / "r"
+    adapter = run / "checkpoints" / "step_0003" / "adapter"
+    adapter.mkdir(parents=True)
+    trained = compose_config(["agent.max_turns=5", "agent.tool_schemas=compact"], "train")
+    (run / "config.resolved.yaml").write_text(OmegaConf.to_yaml(trained, resolve=True))
+    assert trained.agent.temperature == 0.5 and compose_config([], "episode").agent.temperature == 0.7
+    for argv, temperature in (([f"adapter={adapter}"], 0.5), ([f"adapter={adapter}", "agent.temperature=0.9"], 0.9)):
+        cfg = compose_config(expand_adapter(argv), "episode")
+        assert (cfg.agent.temperature, cfg.agent.max_turns, cfg.agent.tool_schemas) == (temperature, 5, "compact")
+        assert cfg.agent.model == trained.agent.model and cfg.adapter == str(adapter)
+    assert "agent.temperature=0.5" in capsys.readouterr().err
+    elsewhere = tmp_path / "mine" / "adapter"
+    elsewhere.mkdir(parents=True)
+    assert expand_adapter([f"adapter={elsewhere}"]) == [f"adapter={elsewhere}"]

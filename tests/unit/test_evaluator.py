@@ -120,3 +120,19 @@ def test_llm_evaluator_through_the_tiny_local_agent(tmp_path, built_agent):
     tot = ledger.episode_totals("e0")
     assert (tot.llm_calls, tot.tokens_in, tot.tokens_out) == (1, e.tokens_in, e.tokens_out)
     ledger.close()
+
+
+def test_the_rule_evaluator_takes_strategy_rule_min_gain():
+    """``strategy.rule_min_gain`` sets both the CONTINUE/SWITCH hint's and the rule evaluator's idea of progress: a
+    gain of 0.03 is progress at 0.01 and none at 0.05 (the evaluator had kept 0.01 whatever the setting)."""
+    from agent_trainer.config import EvaluatorConfig, EvaluatorKind, StrategyConfig
+    from agent_trainer.outer_loop.strategy.steering import make_steering
+
+    history = [rec(1, lr=1e-3, steps=100, dev=0.20), rec(2, lr=1e-3, steps=100, dev=0.23)]
+    targets = {}
+    for gain in (0.01, 0.05):
+        s = StrategyConfig(evaluator=EvaluatorConfig(kind=EvaluatorKind.rule), rule_min_gain=gain)
+        ev = make_steering(s, device="cpu").evaluator
+        assert ev.min_gain == gain
+        targets[gain] = {x.target for x in ev.evaluate(history, base_dev=0.1, task=TASK).suggestions}
+    assert targets[0.01] != targets[0.05], targets

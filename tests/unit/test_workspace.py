@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 
-from agent_trainer.evaluation.tasks import parse_task
+from agent_trainer.evaluation.tasks import load_task, parse_task
 from agent_trainer.config import BudgetConfig
 from agent_trainer.outer_loop.episode.ledger import Ledger
 from agent_trainer.outer_loop.episode.tools import SCHEMAS, ToolBox, ToolLimits, check_arguments
 from agent_trainer.outer_loop.episode.workspace import GUIDE_FILE, TASK_FILE, Workspace, WorkspaceError
 from agent_trainer.inner_loop.run.request import JobSettings
+from agent_trainer.inner_loop.spec.validate import validate_job
+
+ROOT = Path(__file__).resolve().parents[2]
 
 VALID_JOB = """base_model: tiny-s
 algorithm: sft
@@ -177,3 +181,20 @@ def test_schemas_are_openai_functions():
         assert s["type"] == "function" and fn["description"] and fn["parameters"]["type"] == "object"
         assert check_arguments(s, {k: "x" for k in fn["parameters"]["required"]
                                    if fn["parameters"]["properties"][k]["type"] == "string"})[0] is not None
+
+
+@pytest.mark.parametrize("price, verdict", [(None, True), (3.5, False)])
+def test_validate_job_prices_a_job_as_submit_job_will(tmp_path, price, verdict):
+    """The agent's validate_job takes the jobs' own settings: with a GPU's price (hardware=gpu: $3.50 an hour) a job
+    VALID at the CPU's $0.10 is over this task's dollar budget in the validation, as it is at submission."""
+    task = load_task(ROOT / "examples/tasks/calc_chain_v1_tiny.json")
+    ws = Workspace.create(tmp_path / "episode" / "workspace", task)
+    ws.write("job.yaml", (ROOT / "examples/jobs/grpo_lora/job.yaml").read_text())
+    settings = JobSettings(dry_run=False, progress=False, cache=False, price_per_hour=price)
+    box = ToolBox(ws, task, jobs_dir=tmp_path / "episode" / "jobs", validate_kwargs={"dry_run": False},
+                  job_settings=settings)
+    result = box.call("validate_job", {"path": "job.yaml"})
+    assert result.ok is verdict, result.text
+    submitted = validate_job(ws.root, task, dry_run=False, cost_model=settings.cost())
+    assert result.data["estimated_cost"] == submitted.to_dict()["estimated_cost"]
+    assert ("is over the task's $0.01 budget" in result.text) is not verdict, result.text

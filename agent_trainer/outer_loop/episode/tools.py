@@ -183,8 +183,13 @@ class ToolBox:
         self.ledger, self.episode, self.device = ledger, episode, device
         self.job_settings = job_settings or JobSettings()
         self.validate_kwargs = dict(validate_kwargs or {})
-        # validate_job's dry run calls agent rewards under the jobs' sandbox policy
-        self.validate_kwargs.setdefault("sandbox", self.job_settings.sandbox)
+        # validate_job checks as submit_job will run: the jobs' sandbox policy (its dry run calls agent rewards),
+        # their cache and base-model folder, their prices (hardware.usd_per_hour)
+        js = self.job_settings
+        for key, value in (("sandbox", js.sandbox), ("cache_dir", js.cache_dir), ("model_dir", js.model_dir)):
+            self.validate_kwargs.setdefault(key, value)
+        if "cost_model" not in self.validate_kwargs:
+            self.validate_kwargs["cost_model"] = js.cost()
         self.compute_missing_baselines = compute_missing_baselines
         self.defer_jobs = defer_jobs
         self.state = EpisodeState()
@@ -276,7 +281,7 @@ class ToolBox:
         try:
             from agent_trainer.inner_loop.models import resolve_model
 
-            path = resolve_model(model)
+            path = resolve_model(model, cache_dir=self.job_settings.cache_dir)
         except Exception as e:
             return ToolResult(f"cannot use base model {model!r}: {e}; allowed for this task: "
                               f"{', '.join(self.task.allowed_base_models)}", ok=False)
@@ -285,9 +290,13 @@ class ToolBox:
 
         n = self.task.hidden_eval_size
         fmt = for_task(self.task) if family == self.task.family else for_family(family, self.task.prompt_format)
-        value = baselines.lookup_baseline(path, family, n, fmt=fmt)
+        cache = self.job_settings.cache_dir
+        value = baselines.lookup_baseline(path, family, n, cache_dir=cache, fmt=fmt)
         if value is None and self.compute_missing_baselines:
-            value = baselines.get_baseline(path, family, n, fmt=fmt)
+            from agent_trainer.inner_loop.run.job import eval_device
+
+            device = eval_device(self.job_settings.device, self.job_settings.gpus)
+            value = baselines.get_baseline(path, family, n, cache_dir=cache, device=device, fmt=fmt)
         if value is None:
             return ToolResult(f"no baseline of {model} on {family} is known yet", ok=False)
         score = float(getattr(value, "score", value))

@@ -58,7 +58,8 @@ def steering_factory(cfg: Conf, run_dir: Path, ledger=None):
     c = typed(cfg)
     if not wanted(c.strategy):
         return None
-    return lambda: make_steering(c.strategy, run_dir=run_dir, ledger=ledger, cache_dir=c.cache_dir)
+    device = policy_device(c)
+    return lambda: make_steering(c.strategy, device=device, run_dir=run_dir, ledger=ledger, cache_dir=c.cache_dir)
 
 
 def train_settings(cfg: Conf) -> TrainSettings:

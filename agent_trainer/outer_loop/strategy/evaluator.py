@@ -181,7 +181,7 @@ class RuleEvaluator:
 
     source = "rule"
 
-    def __init__(self, min_gain: float = 0.01):
+    def __init__(self, min_gain: float):
         self.min_gain = min_gain
 
     def evaluate(self, history: Sequence[JobRecord], base_dev: float | None, task, **_: Any) -> Evaluation:

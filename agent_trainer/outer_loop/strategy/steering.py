@@ -3,7 +3,7 @@
 One ``Steering`` per episode; the episode calls its hooks ``attach`` (registers the enabled tools),
 ``after_job`` (records the job, returns the messages to add) and ``handle_turn`` (reads the answer to a check).
 
-    >>> steer = make_steering(cfg.strategy, run_dir=folder, ledger=ledger, cache_dir=cfg.cache_dir)
+    >>> steer = make_steering(cfg.strategy, run_dir=folder, ledger=ledger, cache_dir=cfg.cache_dir, device="cpu")
     >>> ep = Episode(backend, task, folder / "episodes" / "0", steering=steer, ...)
 
 Events go into the episode's ``trajectory.jsonl``, ``summary()`` / ``metrics()`` into ``summary.json`` and
@@ -60,14 +60,16 @@ def wanted(s: StrategyConfig) -> bool:
         or any((s.interventions, s.journal, s.skills))
 
 
-def make_evaluator(e: EvaluatorConfig, *, ledger=None, cache_dir=None):
-    """The evaluator of the ``strategy.evaluator`` group (None for kind none)."""
+def make_evaluator(e: EvaluatorConfig, *, min_gain: float, device: str, ledger=None, cache_dir=None):
+    """The evaluator of the ``strategy.evaluator`` group (None for kind none); ``min_gain``: ``strategy.rule_min_gain``,
+    the dev-score gain below which the rule evaluator sees no progress; ``device``: where a local LLM evaluator runs
+    (the agent's, ``hardware.agent_device`` resolved)."""
     from agent_trainer.outer_loop.strategy.evaluator import LLMEvaluator, RuleEvaluator
 
     if e.kind == EvaluatorKind.none:
         return None
     if e.kind == EvaluatorKind.rule:
-        return RuleEvaluator()
+        return RuleEvaluator(min_gain=min_gain)
     from agent_trainer.outer_loop.agents import make_backend
 
     if e.backend == "local" and not e.model_path:
@@ -76,7 +78,7 @@ def make_evaluator(e: EvaluatorConfig, *, ledger=None, cache_dir=None):
 
         register()
         backend = make_backend({"kind": "local", "model_path": str(resolve_model(e.model, cache_dir=cache_dir)),
-                                "model_name": e.model})
+                                "model_name": e.model, "device": device})
     else:
         backend = make_backend({"kind": e.backend, "model": e.model, "base_url": e.base_url,
                                 "api_key_env": e.api_key_env, **({"model_path": e.model_path} if e.model_path else {})})
@@ -86,15 +88,16 @@ def make_evaluator(e: EvaluatorConfig, *, ledger=None, cache_dir=None):
                         ledger=ledger)
 
 
-def make_steering(s: StrategyConfig, *, run_dir=None, ledger=None, cache_dir=None,
+def make_steering(s: StrategyConfig, *, device: str, run_dir=None, ledger=None, cache_dir=None,
                   extra_interventions=()) -> "Steering | None":
     """A fresh ``Steering`` for one episode from the ``strategy`` group, or None when nothing is on."""
     if not wanted(s) and not extra_interventions:
         return None
     settings = settings_from_config(s)
     settings.interventions += list(extra_interventions)
-    return Steering(settings, evaluator=make_evaluator(s.evaluator, ledger=ledger, cache_dir=cache_dir),
-                    run_dir=run_dir, cache_dir=cache_dir)
+    evaluator = make_evaluator(s.evaluator, min_gain=s.rule_min_gain, device=device, ledger=ledger,
+                               cache_dir=cache_dir)
+    return Steering(settings, evaluator=evaluator, run_dir=run_dir, cache_dir=cache_dir)
 
 
 # --- dev scores -------------------------------------------------------------------------------
