@@ -51,14 +51,20 @@ def rewrite_args(argv: Sequence[str], positional: str | None = None) -> list[str
             arg = f"{positional}={arg}"
         key, _, value = arg.partition("=")
         if key.lstrip("+~") == "task" and value:
-            arg = _task_override(value)
+            arg = _task_override(value, _include_path(argv))
         elif key == "model" and value and "," not in value and not (CONFIG_DIR / "model" / f"{value}.yaml").is_file():
             arg = f"model.name={value}"  # a model from base_models (configuration), not a configs/model option
         out.append(arg)
     return out
 
 
-def _task_override(value: str) -> str:
+def _include_path(argv: Sequence[str]) -> list[str]:
+    """The folders of a ``task.include_path=[a,b]`` override on the command line (for a hint only)."""
+    given = [a.partition("=")[2] for a in argv if a.lstrip("+").startswith("task.include_path=")]
+    return [p.strip().strip("'\"") for p in given[-1].strip("[]").split(",") if p.strip()] if given else []
+
+
+def _task_override(value: str, include_path: Sequence[str] = ()) -> str:
     if "," in value or "(" in value:  # a sweep (-m task=a,b): Hydra resolves each option
         return f"task={value}"
     if value.endswith(".json") or "/" in value:
@@ -72,6 +78,13 @@ def _task_override(value: str) -> str:
     if (TASKS_DIR / f"{value}.json").is_file():
         return f"task.spec_path={(TASKS_DIR / f'{value}.json').resolve()}"
     known = sorted({p.stem for p in (CONFIG_DIR / "task").glob("*.yaml")} | {p.stem for p in TASKS_DIR.glob("*.json")})
+    specs = [k for k in known if k.startswith(f"{value}_v")]
+    if specs:   # a built-in family's name: its specs are <family>_v<version>_<tier>
+        raise UserError(f"{value!r} is a task family; a task is one of its specs: {' or '.join(f'task={k}' for k in specs)}")
+    if any((resolve_path(folder) / f"{value}.yaml").is_file() for folder in include_path):
+        raise UserError(f"{value!r} is a family card on task.include_path, not a task spec: at-train plays it by name "
+                        f"(task.train_families=[{value}]); this command takes a spec: write {value}_v1_fast.json beside "
+                        f"the card, like examples/families/word_math_v1_fast.json, and give task=<that file>")
     raise UserError(f"unknown task {value!r}; known: {', '.join(known)} (or task=<path to a spec>.json)")
 
 

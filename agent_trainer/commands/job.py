@@ -53,6 +53,7 @@ def run(cfg: DictConfig) -> float | None:
     from agent_trainer.inner_loop.run.request import JobRequest, JobSettings
 
     spec = load_task(resolve_path(cfg.task.spec_path))
+    _check_answer_room(job_dir, spec, conf)
     with cli.tracker(cfg, "at-job", tags={"job_dir": str(job_dir)}) as tr:
         tr.log_config(cfg)
         settings = JobSettings.from_config(conf, tracker=tr)
@@ -70,6 +71,24 @@ def run(cfg: DictConfig) -> float | None:
         hint = f" ({finding['hint']})" if finding.get("hint") else ""
         print(f"  {finding.get('severity')} {finding.get('field')}: {finding.get('message')}{hint}")
     return result.hidden_score
+
+
+def _check_answer_room(job_dir, spec, conf) -> None:
+    """A family whose answers cannot fit in its ``max_new_tokens`` (of the job's base model's tokenizer) stops the
+    command before the job trains: every score would be 0 (``hidden_eval.answer_room_problem``)."""
+    from agent_trainer.evaluation.hidden_eval import EvalError, check_answer_room
+    from agent_trainer.inner_loop.models import resolve_model
+    from agent_trainer.inner_loop.spec.jobspec import load_job
+
+    try:
+        base = load_job(job_dir, spec.family).base_model
+        model = resolve_model(base, cache_dir=conf.cache_dir, build_missing=False)
+    except Exception:   # a job the validation refuses, or a model not there yet: the job run says why
+        return
+    try:
+        check_answer_room(model, spec.family, conf.inner.eval_size or spec.hidden_eval_size)
+    except EvalError as e:
+        raise cli.UserError(str(e)) from None
 
 
 def _fmt(value: float | None) -> str:

@@ -139,3 +139,17 @@ def test_an_adapter_of_an_at_train_run_samples_as_that_run_did(tmp_path, capsys)
     elsewhere = tmp_path / "mine" / "adapter"
     elsewhere.mkdir(parents=True)
     assert expand_adapter([f"adapter={elsewhere}"]) == [f"adapter={elsewhere}"]
+
+
+def test_a_family_name_given_as_task_says_which_specs_or_what_to_write(tmp_path):
+    """``task=calc_chain`` names the family's specs; ``task=<a card on the include path>`` says at-train plays it by
+    name and the other commands take a spec file; anything else lists the known tasks."""
+    from agent_trainer.cli_args import UserError, rewrite_args
+
+    with pytest.raises(UserError, match="task=calc_chain_v1_fast or task=calc_chain_v1_tiny"):
+        rewrite_args(["task=calc_chain"])
+    (tmp_path / "mood.yaml").write_text("name: mood\n")
+    with pytest.raises(UserError, match=r"task.train_families=\[mood\]"):
+        rewrite_args(["task=mood", f"task.include_path=[{tmp_path}]"])
+    with pytest.raises(UserError, match="unknown task 'mood'; known: "):
+        rewrite_args(["task=mood"])

@@ -99,3 +99,37 @@ def test_card_values_of_the_wrong_kind_are_refused_not_read_as_something_else(tm
     y, e, s; a version "2" raised a traceback."""
     with pytest.raises(CardError, match=says):
         card(tmp_path, [("p1", "1"), ("p2", "2")], **{key: value})
+
+
+def test_a_family_whose_answers_cannot_fit_its_max_new_tokens_stops_before_anything_scores(tmp_path, monkeypatch):
+    """A card's ``max_new_tokens`` too small for its own answers in a model's tokens made every score 0 (seen: a
+    sentiment card with 4 tokens, 'negative' is 6 of tiny-s's): the hidden evaluation refuses it, naming the fix."""
+    from agent_trainer.evaluation.hidden_eval import EvalError, check_answer_room
+    from agent_trainer.inner_loop.models import resolve_model
+    from agent_trainer.registry import INCLUDE_PATH_ENV
+
+    rows = [(f"The day {i} was {'good' if i % 2 else 'bad'}.", "negative" if i % 2 == 0 else "positive")
+            for i in range(400)]
+    tiny_s = resolve_model("tiny-s", build_missing=False)
+    for tokens, fits in ((4, False), (8, True)):
+        folder = tmp_path / str(tokens)
+        folder.mkdir()
+        card(folder, rows, scorer="label", max_new_tokens=tokens)
+        monkeypatch.setenv(INCLUDE_PATH_ENV, str(folder))   # the registry loads the cards of a new include path
+        if fits:
+            check_answer_room(tiny_s, "fam", 20)
+        else:
+            with pytest.raises(EvalError, match=r"'negative' takes 6 tokens .* set max_new_tokens: 6 or more"):
+                check_answer_room(tiny_s, "fam", 20)
+
+
+def test_every_built_in_family_leaves_room_for_its_answers():
+    from transformers import AutoTokenizer
+
+    from agent_trainer.evaluation.families import BUILT_IN, get_family
+    from agent_trainer.evaluation.hidden_eval import answer_room_problem, hidden_set
+    from agent_trainer.inner_loop.models import resolve_model
+
+    tokenizer = AutoTokenizer.from_pretrained(str(resolve_model("tiny-s", build_missing=False)))
+    for name in sorted(BUILT_IN):
+        assert answer_room_problem(tokenizer, get_family(name), hidden_set(name, 200)) is None, name
