@@ -108,6 +108,35 @@ def resolve_specs(conf: Config, folder: Path) -> dict[str, Path]:
     return sources
 
 
+def check_answer_room(conf: Config) -> None:
+    """Every family the run plays must leave room for its answers in the tokens of each allowed base model that is
+    here (``hidden_eval.answer_room_problem``): else every job of it would train and then score 0. Run after
+    ``resolve_specs``; ``cli.UserError`` names the family and the fix."""
+    from transformers import AutoTokenizer
+
+    from agent_trainer.evaluation.families import get_family
+    from agent_trainer.evaluation.hidden_eval import answer_room_problem, hidden_set
+    from agent_trainer.evaluation.tasks import load_task
+    from agent_trainer.inner_loop.models import resolve_model
+
+    tokenizers: dict[str, object] = {}
+    train, held = families_played(conf)
+    for family in dict.fromkeys(train + held):
+        spec = load_task(conf.task.spec_pattern.format(family=family))
+        examples = hidden_set(family, conf.inner.eval_size or spec.hidden_eval_size)
+        for name in spec.allowed_base_models:
+            if name not in tokenizers:
+                try:
+                    path = resolve_model(name, cache_dir=conf.cache_dir, build_missing=False, progress=False)
+                except Exception:   # not built or imported here yet: its first job builds it (or says why)
+                    tokenizers[name] = None
+                    continue
+                tokenizers[name] = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+            problem = tokenizers[name] and answer_room_problem(tokenizers[name], get_family(family), examples)
+            if problem:
+                raise cli.UserError(f"{problem} ({name}'s tokenizer)")
+
+
 def heldout_warning(conf: Config) -> str | None:
     """A line when held-out families are configured but this run never evaluates them."""
     held = list(conf.task.held_out_families)

@@ -32,7 +32,7 @@ from agent_trainer.config import CONFIG_DIR, TrainCommand
 from agent_trainer.paths import resolve_path
 from agent_trainer.tracking import check_reachable
 from agent_trainer.commands._errors import user_errors
-from agent_trainer.commands._task_specs import heldout_warning, resolve_specs
+from agent_trainer.commands._task_specs import check_answer_room, heldout_warning, resolve_specs
 
 RUN_MARKER = "outer_run.json"
 
@@ -229,6 +229,7 @@ def run(cfg: DictConfig) -> float | None:
             print("sbatch script of one outer step's batch:\n" + plan["sbatch"])
         return None
     check_reachable(cfg)  # a closed MLflow server fails here, in seconds
+    check_answer_room(conf)
     from agent_trainer.outer_loop.rl.run_config import quiet_libraries
 
     quiet_libraries()  # one progress bar (outer steps), not one per model load and inner job

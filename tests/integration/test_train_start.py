@@ -70,3 +70,19 @@ def test_a_user_error_after_start_up_leaves_no_folder_and_no_mlflow_run(tmp_path
 
         assert mlflow.MlflowClient(f"sqlite:///{db}").search_runs(
             [e.experiment_id for e in mlflow.MlflowClient(f"sqlite:///{db}").search_experiments()]) == []
+
+
+def test_a_family_without_room_for_its_answers_stops_at_train_before_any_step(tmp_path):
+    """Every job of a family whose answers are longer (in a base model's tokens) than its ``max_new_tokens`` would
+    train and then score 0: at-train refuses it at start, naming the family, the answer and the model."""
+    fams = tmp_path / "fams"
+    fams.mkdir()
+    (fams / "mood.jsonl").write_text("".join(json.dumps({"prompt": f"Day {i} was {'bad' if i % 2 else 'good'}.",
+                                                         "answer": "negative" if i % 2 else "positive"}) + "\n"
+                                             for i in range(400)))
+    (fams / "mood.yaml").write_text(yaml.safe_dump({"name": "mood", "scorer": "label", "max_new_tokens": 4}))
+    cfg = compose_config(["experiment=smoke", f"runs_dir={tmp_path / 'runs'}", "tracking=off", "run_id=m",
+                          f"task.include_path=[{fams}]", "task.train_families=[calc_chain,mood]"], "train")
+    with pytest.raises(UserError, match=r"family mood: its answer 'negative' takes 6 tokens .*\(tiny-s's tokenizer\)"):
+        at_train.run(cfg)
+    assert not (tmp_path / "runs" / "m" / "metrics.jsonl").exists()

@@ -171,7 +171,7 @@ class ToolBox:
     """The tools of one episode, bound to its workspace, task, ledger and limits."""
 
     def __init__(self, workspace: Workspace, task, *, limits: ToolLimits | None = None, jobs_dir: str | Path,
-                 ledger=None, episode: str = "0", device: str = "cpu", job_settings: JobSettings | None = None,
+                 ledger=None, episode: str = "0", device: str | None = None, job_settings: JobSettings | None = None,
                  validate_kwargs: dict[str, Any] | None = None, compute_missing_baselines: bool = True,
                  defer_jobs: bool = False):
         self.ws, self.task = workspace, task
@@ -180,8 +180,9 @@ class ToolBox:
         if self.jobs_dir == self.ws.root or self.ws.root in self.jobs_dir.parents:
             raise ValueError(f"jobs_dir {self.jobs_dir} is inside the workspace; the agent could read hidden "
                              f"scores there: put it next to the workspace, e.g. <episode>/jobs")
-        self.ledger, self.episode, self.device = ledger, episode, device
         self.job_settings = job_settings or JobSettings()
+        # the ledger's label of this episode's jobs: where they run (hardware.device)
+        self.ledger, self.episode, self.device = ledger, episode, device or self.job_settings.device
         self.validate_kwargs = dict(validate_kwargs or {})
         # validate_job checks as submit_job will run: the jobs' sandbox policy (its dry run calls agent rewards),
         # their cache and base-model folder, their prices (hardware.usd_per_hour)
