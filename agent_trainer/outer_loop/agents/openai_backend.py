@@ -17,6 +17,7 @@ import logging
 import time
 from typing import Any, Callable
 
+from agent_trainer.config import AgentConfig
 from agent_trainer.outer_loop.agents.base import (
     AgentBackend, BackendError, Generation, card_context, error_text, model_cards, quote_body,
     read_api_key, redact_keys,
@@ -43,8 +44,9 @@ class OpenAIBackend(AgentBackend):
     native_tools = True  # tools travel as OpenAI function schemas; the server renders them
 
     def __init__(self, *, model: str, base_url: str | None = None, api_key_env: str | None = "OPENAI_API_KEY",
-                 timeout_s: float = 300.0, max_retries: int = 2, retry_backoff_s: float = 1.0,
-                 context_tokens: int | None = None, tool_choice: str = "auto", parallel_tool_calls: bool | None = None,
+                 timeout_s: float = AgentConfig.timeout_s, max_retries: int = AgentConfig.max_retries,
+                 retry_backoff_s: float = AgentConfig.retry_backoff_s, context_tokens: int | None = None,
+                 tool_choice: str = AgentConfig.tool_choice, parallel_tool_calls: bool | None = None,
                  legacy_max_tokens: bool = False, logprobs: bool = False, extra_body: dict[str, Any] | None = None,
                  tool_format: str = "auto"):
         import httpx2

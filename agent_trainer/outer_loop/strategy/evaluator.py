@@ -14,6 +14,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
+from agent_trainer.config import EvaluatorConfig
 from agent_trainer.outer_loop.episode.tools import check_arguments, tool_schema
 
 EXECUTION_TARGETS = ("learning_rate", "max_steps", "batch_size", "num_generations", "warmup_ratio",
@@ -265,8 +266,8 @@ class LLMEvaluator:
 
     source = "llm"
 
-    def __init__(self, backend, *, model_name: str = "evaluator", temperature: float = 0.7,
-                 max_new_tokens: int = 320, ledger=None):
+    def __init__(self, backend, *, model_name: str = "evaluator", temperature: float = EvaluatorConfig.temperature,
+                 max_new_tokens: int = EvaluatorConfig.max_new_tokens, ledger=None):
         self.backend, self.model_name = backend, model_name
         self.temperature, self.max_new_tokens, self.ledger = temperature, max_new_tokens, ledger
 
