@@ -80,11 +80,12 @@ def _task_override(value: str, include_path: Sequence[str] = ()) -> str:
     known = sorted({p.stem for p in (CONFIG_DIR / "task").glob("*.yaml")} | {p.stem for p in TASKS_DIR.glob("*.json")})
     specs = [k for k in known if k.startswith(f"{value}_v")]
     if specs:   # a built-in family's name: its specs are <family>_v<version>_<tier>
-        raise UserError(f"{value!r} is a task family; a task is one of its specs: {' or '.join(f'task={k}' for k in specs)}")
+        raise UserError(f"{value!r} is a task family; a task is one of its specs: "
+                        f"{' or '.join(f'task={k}' for k in specs)}")
     if any((resolve_path(folder) / f"{value}.yaml").is_file() for folder in include_path):
-        raise UserError(f"{value!r} is a family card on task.include_path, not a task spec: at-train plays it by name "
-                        f"(task.train_families=[{value}]); this command takes a spec: write {value}_v1_fast.json beside "
-                        f"the card, like examples/families/word_math_v1_fast.json, and give task=<that file>")
+        raise UserError(f"{value!r} is a family card on task.include_path, not a task spec: at-train plays it by "
+                        f"name (task.train_families=[{value}]); this command takes a spec: write {value}_v1_fast.json "
+                        f"beside the card, like examples/families/word_math_v1_fast.json, and give task=<that file>")
     raise UserError(f"unknown task {value!r}; known: {', '.join(known)} (or task=<path to a spec>.json)")
 
 

@@ -162,7 +162,8 @@ def test_limits_and_budget(box, tmp_path):
     box.limits.max_jobs_per_episode = 2
     box.ledger = Ledger.open(tmp_path / "run", budget=BudgetConfig(max_jobs_per_episode=0))
     res = box.call("submit_job", {})
-    assert not res.ok and "not submitted" in res.text and "budget.max_jobs_per_episode" in res.text and not box.state.jobs
+    assert not res.ok and "not submitted" in res.text and "budget.max_jobs_per_episode" in res.text
+    assert not box.state.jobs
     assert [box.next_turn() for _ in range(4)] == [True, True, True, False] and box.done
     assert box.call("finish", {"summary": "done"}).ok and box.state.finished
     assert "finished" in box.call("list_files", {}).text

