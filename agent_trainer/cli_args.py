@@ -186,10 +186,10 @@ def expand_adapter(argv: Sequence[str]) -> list[str]:
     ``config.resolved.yaml``), then the other arguments (later wins): the trained agent samples as it was trained
     (at-train's default samples at temperature 0.5, at-episode's agent group at 0.7). An adapter folder outside
     an at-train run is left as given."""
-    given = [a for a in argv if a.startswith("adapter=")]
-    if not given or "-m" in argv or "--multirun" in argv:
+    given = [a.partition("=")[2] for a in argv if a.startswith("adapter=")]
+    if not given or "," in given[-1]:   # a sweep over adapters: each keeps the command line's settings
         return list(argv)
-    folder = resolve_path(given[-1].partition("=")[2])
+    folder = resolve_path(given[-1])
     run = next((up for up in [folder, *folder.parents][:4] if (up / "config.resolved.yaml").is_file()), None)
     if run is None:
         return list(argv)

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from agent_trainer.registry import REGISTRY_ENV
+from agent_trainer.salt import SALT_ENV
 from helpers.run_if import BUILT, NO_BUILDS, missing, models_missing, smollm2_missing
 
 
@@ -64,6 +66,22 @@ def pytest_collection_modifyitems(config, items):
             reasons[key] = missing(config, needs)
         if key and reasons[key]:
             item.add_marker(pytest.mark.skip(reason=reasons[key]))
+
+
+# What a command run inside a test exports into os.environ (``cli.export_registries``): task.include_path,
+# base_models and the hidden salt.
+EXPORTED_ENV = (*REGISTRY_ENV, SALT_ENV)
+
+
+@pytest.fixture(autouse=True)
+def exported_env(monkeypatch):
+    """Every test ends with the exported variables as it found them: a command that a test runs (and that may fail
+    half-way) must not hand its data families or models to the tests after it in the same worker."""
+    for var in EXPORTED_ENV:
+        monkeypatch.setenv(var, os.environ.get(var, ""))   # records the value (or its absence) to restore
+        if not os.environ[var]:
+            monkeypatch.delenv(var)
+    yield
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -136,6 +136,8 @@ def test_an_adapter_of_an_at_train_run_samples_as_that_run_did(tmp_path, capsys)
         assert (cfg.agent.temperature, cfg.agent.max_turns, cfg.agent.tool_schemas) == (temperature, 5, "compact")
         assert cfg.agent.model == trained.agent.model and cfg.adapter == str(adapter)
     assert "agent.temperature=0.5" in capsys.readouterr().err
+    swept = ["-m", "seed=0,1", f"adapter={adapter}"]
+    assert expand_adapter(swept)[-3:] == swept and len(expand_adapter(swept)) > 3
     elsewhere = tmp_path / "mine" / "adapter"
     elsewhere.mkdir(parents=True)
     assert expand_adapter([f"adapter={elsewhere}"]) == [f"adapter={elsewhere}"]
