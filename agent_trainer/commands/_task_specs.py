@@ -108,10 +108,11 @@ def resolve_specs(conf: Config, folder: Path) -> dict[str, Path]:
     return sources
 
 
-def check_answer_room(conf: Config) -> None:
-    """Every family the run plays must leave room for its answers in the tokens of each allowed base model that is
-    here (``hidden_eval.answer_room_problem``): else every job of it would train and then score 0. Run after
-    ``resolve_specs``; ``cli.UserError`` names the family and the fix."""
+def check_answer_room(conf: Config, tasks=None) -> None:
+    """Every task played (``tasks``: ``TaskSpec``s; default every family at-train plays, after ``resolve_specs``)
+    must leave room for its answers in the tokens of each allowed base model that is here
+    (``hidden_eval.answer_room_problem``): else every job of it would train and then score 0. ``cli.UserError``
+    names the family, the answer and the model."""
     from transformers import AutoTokenizer
 
     from agent_trainer.evaluation.families import get_family
@@ -119,11 +120,12 @@ def check_answer_room(conf: Config) -> None:
     from agent_trainer.evaluation.tasks import load_task
     from agent_trainer.inner_loop.models import resolve_model
 
+    if tasks is None:
+        train, held = families_played(conf)
+        tasks = [load_task(conf.task.spec_pattern.format(family=f)) for f in dict.fromkeys(train + held)]
     tokenizers: dict[str, object] = {}
-    train, held = families_played(conf)
-    for family in dict.fromkeys(train + held):
-        spec = load_task(conf.task.spec_pattern.format(family=family))
-        examples = hidden_set(family, conf.inner.eval_size or spec.hidden_eval_size)
+    for spec in tasks:
+        examples = hidden_set(spec.family, conf.inner.eval_size or spec.hidden_eval_size)
         for name in spec.allowed_base_models:
             if name not in tokenizers:
                 try:
@@ -132,9 +134,10 @@ def check_answer_room(conf: Config) -> None:
                     tokenizers[name] = None
                     continue
                 tokenizers[name] = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-            problem = tokenizers[name] and answer_room_problem(tokenizers[name], get_family(family), examples)
+            problem = tokenizers[name] and answer_room_problem(tokenizers[name], get_family(spec.family), examples,
+                                                               model=name)
             if problem:
-                raise cli.UserError(f"{problem} ({name}'s tokenizer)")
+                raise cli.UserError(problem)
 
 
 def heldout_warning(conf: Config) -> str | None:

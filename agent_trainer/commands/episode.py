@@ -102,12 +102,14 @@ def play(cfg: DictConfig):
     if cfg.dry_run:
         return None
     check_reachable(cfg)  # a closed MLflow server fails here, in seconds
+    from agent_trainer.commands._task_specs import check_answer_room
     from agent_trainer.evaluation.tasks import load_task
     from agent_trainer.outer_loop.episode.episode import Episode, reward_metrics
     from agent_trainer.outer_loop.rl.run_config import episode_settings, job_settings, make_ledger, policy_device
     from agent_trainer.outer_loop.strategy.steering import make_steering
 
     task = load_task(resolve_path(cfg.task.spec_path))
+    check_answer_room(conf, [task])
     backend = make_agent_backend(conf)
     ledger = make_ledger(conf, folder)
     with cli.tracker(cfg, "at-episode") as tr:

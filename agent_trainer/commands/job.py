@@ -48,12 +48,13 @@ def run(cfg: DictConfig) -> float | None:
     check_reachable(cfg)  # a closed MLflow server fails here, in seconds
     if not (job_dir / "job.yaml").is_file():
         raise cli.UserError(f"{cfg.job_dir!r} is not a job folder (no job.yaml); e.g. at-job examples/jobs/sft_full")
+    from agent_trainer.commands._task_specs import check_answer_room
     from agent_trainer.evaluation.tasks import load_task
     from agent_trainer.inner_loop.run.job import run_request
     from agent_trainer.inner_loop.run.request import JobRequest, JobSettings
 
     spec = load_task(resolve_path(cfg.task.spec_path))
-    _check_answer_room(job_dir, spec, conf)
+    check_answer_room(conf, [spec])   # a family no model here could score stops before the job trains
     with cli.tracker(cfg, "at-job", tags={"job_dir": str(job_dir)}) as tr:
         tr.log_config(cfg)
         settings = JobSettings.from_config(conf, tracker=tr)
@@ -71,24 +72,6 @@ def run(cfg: DictConfig) -> float | None:
         hint = f" ({finding['hint']})" if finding.get("hint") else ""
         print(f"  {finding.get('severity')} {finding.get('field')}: {finding.get('message')}{hint}")
     return result.hidden_score
-
-
-def _check_answer_room(job_dir, spec, conf) -> None:
-    """A family whose answers cannot fit in its ``max_new_tokens`` (of the job's base model's tokenizer) stops the
-    command before the job trains: every score would be 0 (``hidden_eval.answer_room_problem``)."""
-    from agent_trainer.evaluation.hidden_eval import EvalError, check_answer_room
-    from agent_trainer.inner_loop.models import resolve_model
-    from agent_trainer.inner_loop.spec.jobspec import load_job
-
-    try:
-        base = load_job(job_dir, spec.family).base_model
-        model = resolve_model(base, cache_dir=conf.cache_dir, build_missing=False)
-    except Exception:   # a job the validation refuses, or a model not there yet: the job run says why
-        return
-    try:
-        check_answer_room(model, spec.family, conf.inner.eval_size or spec.hidden_eval_size)
-    except EvalError as e:
-        raise cli.UserError(str(e)) from None
 
 
 def _fmt(value: float | None) -> str:

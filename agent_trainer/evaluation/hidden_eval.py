@@ -125,26 +125,17 @@ def _generate(torch, model, tokenizer, prompts: list[str], max_new_tokens: int, 
     return out
 
 
-def answer_room_problem(tokenizer, family: TaskFamily, examples: list[Example]) -> str | None:
+def answer_room_problem(tokenizer, family: TaskFamily, examples: list[Example],
+                        model: str = "this model") -> str | None:
     """Why no completion can score when an answer takes more tokens of ``tokenizer`` than the family lets a model
     generate (a data family's card with too small a ``max_new_tokens``); None when every answer fits."""
     need = {a: len(tokenizer(a, add_special_tokens=False)["input_ids"]) for a in {e.answer for e in examples}}
     answer, tokens = max(need.items(), key=lambda kv: (kv[1], kv[0]), default=("", 0))
     if tokens <= family.max_new_tokens:
         return None
-    return (f"family {family.name}: its answer {answer[:40]!r} takes {tokens} tokens of this model's tokenizer, over "
+    return (f"family {family.name}: its answer {answer[:40]!r} takes {tokens} tokens of {model}'s tokenizer, over "
             f"the {family.max_new_tokens} the family lets a model generate, so no completion could score; set "
             f"max_new_tokens: {tokens} or more in its card")
-
-
-def check_answer_room(model_dir: str | Path, family_name: str, n: int) -> None:
-    """``EvalError`` (see ``answer_room_problem``) before anything trains, from the model folder's tokenizer."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
-    problem = answer_room_problem(tokenizer, get_family(family_name), hidden_set(family_name, n))
-    if problem:
-        raise EvalError(problem)
 
 
 def score_examples(model, tokenizer, family: TaskFamily, examples: list[Example], batch_size: int = 64,

@@ -104,23 +104,28 @@ def test_card_values_of_the_wrong_kind_are_refused_not_read_as_something_else(tm
 def test_a_family_whose_answers_cannot_fit_its_max_new_tokens_stops_before_anything_scores(tmp_path, monkeypatch):
     """A card's ``max_new_tokens`` too small for its own answers in a model's tokens made every score 0 (seen: a
     sentiment card with 4 tokens, 'negative' is 6 of tiny-s's): the hidden evaluation refuses it, naming the fix."""
-    from agent_trainer.evaluation.hidden_eval import EvalError, check_answer_room
+    from transformers import AutoTokenizer
+
+    from agent_trainer.evaluation.families import get_family
+    from agent_trainer.evaluation.hidden_eval import EvalError, answer_room_problem, hidden_set, score_examples
     from agent_trainer.inner_loop.models import resolve_model
     from agent_trainer.registry import INCLUDE_PATH_ENV
 
     rows = [(f"The day {i} was {'good' if i % 2 else 'bad'}.", "negative" if i % 2 == 0 else "positive")
             for i in range(400)]
-    tiny_s = resolve_model("tiny-s", build_missing=False)
+    tokenizer = AutoTokenizer.from_pretrained(str(resolve_model("tiny-s", build_missing=False)))
     for tokens, fits in ((4, False), (8, True)):
         folder = tmp_path / str(tokens)
         folder.mkdir()
         card(folder, rows, scorer="label", max_new_tokens=tokens)
         monkeypatch.setenv(INCLUDE_PATH_ENV, str(folder))   # the registry loads the cards of a new include path
+        problem = answer_room_problem(tokenizer, get_family("fam"), hidden_set("fam", 20))
         if fits:
-            check_answer_room(tiny_s, "fam", 20)
+            assert problem is None
         else:
-            with pytest.raises(EvalError, match=r"'negative' takes 6 tokens .* set max_new_tokens: 6 or more"):
-                check_answer_room(tiny_s, "fam", 20)
+            assert "'negative' takes 6 tokens" in problem and "set max_new_tokens: 6 or more" in problem
+            with pytest.raises(EvalError, match="set max_new_tokens: 6"):   # before any model generates
+                score_examples(None, tokenizer, get_family("fam"), hidden_set("fam", 20))
 
 
 def test_every_built_in_family_leaves_room_for_its_answers():
