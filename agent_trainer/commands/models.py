@@ -71,6 +71,9 @@ def run(cfg: DictConfig) -> dict[str, Path] | None:
     built = build_all(seed=conf.seed, cache_dir=conf.cache_dir, force=conf.force, local=conf.build_shipped)
     paths = {str(k): Path(v) for k, v in built.items()}
     cli.print_kv({name: f"{path}{_how_built(name, path)}" for name, path in paths.items()})
+    if conf.seed != 0:
+        print(f"at-models: these are seed {conf.seed}'s builds; jobs, baselines and the agent use seed 0's (the "
+              f"shipped files); train on one by its folder: +base_models.<name>.path=<folder above>")
     return paths
 
 
