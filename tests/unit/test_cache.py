@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from agent_trainer.evaluation.tasks import TaskSpec
+from agent_trainer.salt import SALT_ENV
 from agent_trainer.inner_loop.run.cache import CACHED_FROM_FILE, JobCache, cache_counts, cache_key, key_parts
 from agent_trainer.inner_loop.run.job import Job
 from agent_trainer.inner_loop.run.request import JobRequest
@@ -56,6 +57,12 @@ def test_every_part_of_a_jobs_content_changes_the_key(base_dir, tmp_path, monkey
     assert _key(_job(tmp_path, "n"), base_dir) == ref
     assert _key(_job(tmp_path, "n2"), base_dir, hidden_n=32) != ref
     assert _key(_job(tmp_path, "sandbox"), base_dir, wrap=lambda argv: argv) != ref, "sandboxed"
+
+    # Another hidden set (task.hidden_salt): its own score and contamination verdict, never the other salt's.
+    monkeypatch.setenv(SALT_ENV, "public:other")
+    assert _key(_job(tmp_path, "salt"), base_dir) != ref
+    monkeypatch.setenv(SALT_ENV, "public")
+    assert _key(_job(tmp_path, "salt_public"), base_dir) == ref, "the default salt keeps the keys it had"
 
     # Another kernel path (torch's level, MKL's code branch) rounds differently: never a hit for the other one.
     monkeypatch.setenv("MKL_CBWR", "COMPATIBLE")

@@ -94,8 +94,10 @@ def _plain(value: Any) -> Any:
 def key_parts(job) -> dict[str, Any]:
     """Everything the key hashes, readable (stored in the entry), for a ``Job`` whose spec was parsed."""
     from agent_trainer.inner_loop.models import resolve_model
+    from agent_trainer.salt import hidden_salt
 
     r, spec = job.request, job.spec
+    salt = hidden_salt().label   # the hidden set scored and checked against (the default's keys are kept)
     s = r.settings
     base = Path(s.model_dir) if s.model_dir else Path(resolve_model(spec.base_model, cache_dir=s.cache_dir))
     return {
@@ -111,6 +113,7 @@ def key_parts(job) -> dict[str, Any]:
         "cpu": cpu_kind(),   # a shared cache on a cluster of several CPU kinds: their numbers differ in the last digits
         "harness": harness_digest(),
         "settings": {k: _plain(v) for k, v in sorted(outcome_settings(job).items())},
+        **({"hidden_salt": salt} if salt != "public" else {}),
     }
 
 
