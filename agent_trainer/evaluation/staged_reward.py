@@ -114,13 +114,17 @@ def staged_reward(validation_failures: int | None, job: JobOutcome | None,
     post = base = up = nup = None
     flagged = bool(job and job.flagged)
     if job is not None:
-        success = 1.0 if job.status == "ok" else 0.0
         scored = job.status in ("ok", "timeout") and job.post_score is not None and job.baseline is not None
         if scored:
             base = float(job.baseline)
             post = base if flagged else float(job.post_score)
             up = post - base
             nup = normalized_uplift(post, base)
+    # A flagged job (trained on hidden items: the contamination, trained-rows or oracle checks) earns what a refused
+    # one does: no success, quality or speed, so a disguised try never pays more than an honest job that did nothing.
+    if job is not None and not flagged:
+        success = 1.0 if job.status == "ok" else 0.0
+        if post is not None:
             quality = w.post * post + w.uplift * nup
             if job.status == "timeout" and quality > 0:
                 # Only the credit is cut: a harmful model that also ran out of time keeps its whole penalty,
@@ -129,7 +133,7 @@ def staged_reward(validation_failures: int | None, job: JobOutcome | None,
         if job.status == "ok":
             speed = _clip(1.0 - job.train_seconds / max(1e-9, job.budget_seconds), 0.0, 1.0)
     total = w.validation * validation + w.success * success + w.quality * quality + w.speed * speed
-    if job is not None and job.status in REFUSED:
+    if job is not None and (job.status in REFUSED or flagged):
         total -= w.invalid_job
     return StagedReward(validation=validation, job_success=success, quality=quality, speed=speed, total=total,
                         post_score=post, baseline=base, uplift=up, normalized_uplift=nup, flagged=flagged, weights=w)

@@ -86,12 +86,19 @@ def test_weights_are_configurable():
         RewardWeights(speed=-1)
 
 
-def test_flagged_job_scores_as_its_baseline():
+def test_a_flagged_job_scores_as_its_baseline_and_earns_what_a_refused_one_does():
+    """Caught training on hidden items pays less than a job that trained nothing: a disguise the checks might miss
+    must not be a free try (it had earned success, speed and the baseline's quality like an honest job)."""
     clean, flagged = (staged_reward(0, ok_job(post=0.9, base=0.2)),
                       staged_reward(0, ok_job(post=0.9, base=0.2, flagged=True)))
     assert flagged.uplift == 0.0 and flagged.normalized_uplift == 0.0 and flagged.post_score == 0.2
-    assert flagged.quality == pytest.approx(0.25 * 0.2) and flagged.flagged
-    assert clean.total > flagged.total
+    assert (flagged.job_success, flagged.quality, flagged.speed) == (0.0, 0.0, 0.0) and flagged.flagged
+    idle = staged_reward(0, ok_job(post=0.2, base=0.2))
+    refused = staged_reward(0, JobOutcome(status="invalid", train_seconds=0, budget_seconds=90))
+    assert clean.total > idle.total > flagged.total == pytest.approx(refused.total)
+    w = RewardWeights(invalid_job=0.2)
+    assert staged_reward(0, ok_job(post=0.9, base=0.2, flagged=True), w).total == pytest.approx(
+        staged_reward(0, JobOutcome(status="invalid", train_seconds=0, budget_seconds=90), w).total)
 
 
 def test_failed_jobs_earn_no_quality_or_speed():
