@@ -92,7 +92,8 @@ def estimate(job_dir: Path, task_path: Path, steps: int):
     task = load_task(task_path)
     spec = load_job(job_dir, task.family)
     views = spec.stage_specs()
-    tokens = [row_tokens(build_rows_with_origins(v, job_dir, task.family)[0]) for v in views]   # as the validation
+    tokens = [row_tokens(build_rows_with_origins(v, job_dir, task.family)[0], pairs=v.algorithm == "dpo")
+              for v in views]   # as the validation
     est = estimate_job(spec, CostModel.measured("cpu"), steps=[min(steps, v.hyperparameters.max_steps) for v in views],
                        prompt_format=task.prompt_format, wall=True, tokens=tokens)
     return spec, task, tokens, est

@@ -428,3 +428,21 @@ def test_the_reward_channel_counts_the_hosts_time():
         channel.ask({"op": "call"}, "reward 'f'")
     assert 0.55 < channel.seconds < 2.0
     ours.close()
+
+
+def test_a_dpo_data_files_pairs_are_priced_by_the_text_trained_and_long_rows_at_the_trainers_cut():
+    """DPO trains ``prompt + chosen`` and ``prompt + rejected``, never ``answer``: pairs of ~1,000 tokens behind
+    one-token answers had been priced as one-token rows (a red-team job ran 58 s of training priced at 1 s). A
+    sequence counts at most ``MAX_SEQUENCE_TOKENS``, where every trainer cuts it."""
+    from agent_trainer.inner_loop.spec.cost import MAX_SEQUENCE_TOKENS, estimate_cost, row_tokens
+
+    long_text = " ".join(f"count a in banana{i}? 3" for i in range(300))
+    pair = {"prompt": "count a in banana? ", "answer": "3", "chosen": "3 " + long_text, "rejected": "2"}
+    as_sft, as_dpo = row_tokens([pair]), row_tokens([pair], pairs=True)
+    assert as_sft.row < 20 and as_dpo.row == MAX_SEQUENCE_TOKENS and as_sft.prompt == as_dpo.prompt
+    short = row_tokens([{**pair, "chosen": "3", "rejected": "2"}], pairs=True)
+    assert short.row == as_sft.row, "a pair as long as the answer costs what the answer did"
+    spec = JobSpec.model_validate({"base_model": "tiny-s", "algorithm": "dpo", "seed": 0,
+                                   "hyperparameters": {"learning_rate": 5e-4, "batch_size": 32, "max_steps": 8,
+                                                       "beta": 0.5}, "data": {"file": "data.jsonl"}})
+    assert estimate_cost(spec, tokens=as_dpo).step_seconds > 5 * estimate_cost(spec, tokens=as_sft).step_seconds

@@ -15,7 +15,6 @@ its calibration points: docs/inner_loop.md, "Cost model".
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -44,6 +43,7 @@ CAL_COMPLETION_TOKENS, CAL_LONG_COMPLETION_TOKENS = 8, 32
 # The LoRA rank the lora_factor_* coefficients were measured at; each rank above it costs ``lora_rank_s`` of a step
 # more (a smaller rank costs no less: the adapter is a small part of a step there).
 LORA_CAL_RANK = 16
+MAX_SEQUENCE_TOKENS = 512   # TRL's max_length in every trainer config (inner_loop/train/config.py): longer is cut
 
 
 @dataclass(frozen=True)
@@ -193,20 +193,33 @@ def sample_factor(model: CostModel, name: str, prompt_format: str, default: floa
     return default
 
 
-def row_tokens(rows: list[dict]) -> RowTokens:
-    """Mean tokens of ``rows`` (``prompt``, ``answer``) with the project's tokenizer (the reference when none)."""
+def row_tokens(rows: list[dict], pairs: bool = False) -> RowTokens:
+    """Mean tokens of ``rows`` with the project's tokenizer (the reference when none): ``prompt`` and ``row``, the
+    prompt with what is trained after it: the ``answer``, or with ``pairs`` (DPO) the longer of a row's ``chosen``
+    and ``rejected`` where it has both (a data file's pairs; sampled pairs are priced by their completion length),
+    at most ``MAX_SEQUENCE_TOKENS`` a sequence, as the trainer cuts them."""
     if not rows:
         return RowTokens()
     tok = _reference_tokenizer()
     prompts = [str(r.get("prompt", "")) for r in rows]
-    fulls = [p + str(r.get("answer", "")) for p, r in zip(prompts, rows)]
 
-    def count(texts: list[str]) -> int:   # each distinct text once (a family's pool repeats its items)
-        times = Counter(texts)
-        encoded = tok.encode_batch(list(times), add_special_tokens=False)
-        return sum(len(e.ids) * n for e, n in zip(encoded, times.values()))
+    def lengths(texts: list[str]) -> list[int]:   # each distinct text encoded once (a family's pool repeats items)
+        distinct = list(dict.fromkeys(texts))
+        counted = {t: len(e.ids) for t, e in zip(distinct, tok.encode_batch(distinct, add_special_tokens=False))}
+        return [counted[t] for t in texts]
 
-    return RowTokens(prompt=round(count(prompts) / len(rows), 2), row=round(count(fulls) / len(rows), 2))
+    def trained(r: dict) -> list[str]:
+        if pairs and isinstance(r.get("chosen"), str) and isinstance(r.get("rejected"), str):
+            return [r["chosen"], r["rejected"]]
+        return [str(r.get("answer", ""))]
+
+    fulls = [[p + t for t in trained(r)] for p, r in zip(prompts, rows)]
+    flat = lengths([t for texts in fulls for t in texts])
+    longest, at = [], 0
+    for texts in fulls:
+        longest.append(min(MAX_SEQUENCE_TOKENS, max(flat[at:at + len(texts)])))
+        at += len(texts)
+    return RowTokens(prompt=round(sum(lengths(prompts)) / len(rows), 2), row=round(sum(longest) / len(rows), 2))
 
 
 _TOKENIZER = []

@@ -507,7 +507,8 @@ def check_spec(report: ValidationReport, spec: JobSpec, job_dir: Path, task: Tas
         views = spec.stage_specs()
         steps = [v.effective_max_steps(len(r) if stage_rows else v.rows_per_step())
                  for v, r in zip(views, stage_rows or [None] * len(views))]
-        tokens = [row_tokens(r) for r in stage_rows] if stage_rows else None   # priced per token
+        tokens = ([row_tokens(r, pairs=v.algorithm == "dpo") for v, r in zip(views, stage_rows)]
+                  if stage_rows else None)   # priced per token
         report.estimated_cost = estimate_job(spec, cost_model, steps=steps, prompt_format=task.prompt_format,
                                              tokens=tokens)
         report.wall_estimate = estimate_job(spec, cost_model, steps=steps, prompt_format=task.prompt_format,
