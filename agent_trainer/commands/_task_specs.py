@@ -125,17 +125,18 @@ def check_answer_room(conf: Config, tasks=None) -> None:
         tasks = [load_task(conf.task.spec_pattern.format(family=f)) for f in dict.fromkeys(train + held)]
     tokenizers: dict[str, object] = {}
     for spec in tasks:
+        family = get_family(spec.family)
         examples = hidden_set(spec.family, conf.inner.eval_size or spec.hidden_eval_size)
         for name in spec.allowed_base_models:
             if name not in tokenizers:
                 try:
                     path = resolve_model(name, cache_dir=conf.cache_dir, build_missing=False, progress=False)
                 except Exception:   # not built or imported here yet: its first job builds it (or says why)
-                    tokenizers[name] = None
-                    continue
-                tokenizers[name] = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-            problem = tokenizers[name] and answer_room_problem(tokenizers[name], get_family(spec.family), examples,
-                                                               model=name)
+                    path = None
+                tokenizers[name] = path and AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+            if tokenizers[name] is None:
+                continue
+            problem = answer_room_problem(tokenizers[name], family, examples, model=name)
             if problem:
                 raise cli.UserError(problem)
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import yaml
 
 from agent_trainer.evaluation.families.base import (
-    SCORERS, CardError, Example, FamilyError, TaskFamily, extract_answer, in_hidden_pool,
+    SCORERS, CardError, Example, FamilyError, TaskFamily, extract_answer, in_hidden_pool, normalize,
 )
 
 CARD_KEYS = {"name", "version", "instruction", "scorer", "answer_regex", "labels", "max_new_tokens", "held_out",
@@ -65,7 +65,7 @@ class DataFamily(TaskFamily):
         """The family's answers when they form a closed set (the card's labels, else its distinct answers when
         there are at most ``CLOSED_SET_MAX``), normalised; () for an open set."""
         if "_closed" not in cls.__dict__:
-            answers = {_norm(a) for a in cls.labels} or {_norm(r.answer) for r in cls.rows}
+            answers = {normalize(a) for a in cls.labels} or {normalize(r.answer) for r in cls.rows}
             cls._closed = tuple(sorted(a for a in answers if a)) if len(answers) <= CLOSED_SET_MAX else ()
         return cls._closed
 
@@ -76,11 +76,7 @@ def regex_match(completion: str, answer: str, pattern: str) -> float:
     if not m:
         return 0.0
     got = m.group(1) if m.groups() else m.group(0)
-    return float(" ".join(got.split()).lower() == " ".join(answer.split()).lower())
-
-
-def _norm(text: str) -> str:
-    return " ".join(text.split()).lower()
+    return float(normalize(got) == normalize(answer))
 
 
 def _says(line: str, answer: str) -> bool:
@@ -92,7 +88,7 @@ def contains_match(completion: str, answer: str, closed: tuple[str, ...] = ()) -
     """1.0 when the answer occurs as whole words in the first line of the completion (case-insensitive) and, for a
     family with a closed set of answers (``closed``), no other of them does but those inside the answer: a line
     naming several labels ("yes or no") is a hedge, not an answer, and scores 0."""
-    line, want = _norm(extract_answer(completion)), _norm(answer)
+    line, want = normalize(extract_answer(completion)), normalize(answer)
     if not _says(line, want):
         return 0.0
     return float(not any(_says(line, other) and not _says(want, other) for other in closed))
@@ -156,11 +152,11 @@ def _card_value(card: dict, path: Path, key: str, kind: type, default):
 def _check_answers(cls: type[DataFamily], first_line: dict[str, int]) -> None:
     """Every distinct answer must score 1.0 as its own completion (a ``numeric`` family cannot score "1,000"; a
     ``label`` family's answers are single words among its labels): else no model could score that row."""
-    fam, labels = cls(), {_norm(x) for x in cls.labels}
+    fam, labels = cls(), {normalize(x) for x in cls.labels}
     for answer, line in first_line.items():
         if not answer.strip():
             why = "is empty (an empty completion would score)"
-        elif cls.scorer == "label" and labels and _norm(answer) not in labels:
+        elif cls.scorer == "label" and labels and normalize(answer) not in labels:
             why = f"is not one of the labels {list(cls.labels)}"
         elif cls.scorer != "regex" and fam.score_one(answer, answer) != 1.0:
             why = {"numeric": "is not a number (write 1000, not 1,000 or $1000)",

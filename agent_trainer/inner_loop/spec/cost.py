@@ -202,24 +202,18 @@ def row_tokens(rows: list[dict], pairs: bool = False) -> RowTokens:
         return RowTokens()
     tok = _reference_tokenizer()
     prompts = [str(r.get("prompt", "")) for r in rows]
+    fulls = [[p + t for t in _trained(r, pairs)] for p, r in zip(prompts, rows)]
+    distinct = list(dict.fromkeys([*prompts, *(t for texts in fulls for t in texts)]))   # a pool repeats items
+    count = {t: len(e.ids) for t, e in zip(distinct, tok.encode_batch(distinct, add_special_tokens=False))}
+    row = sum(min(MAX_SEQUENCE_TOKENS, max(count[t] for t in texts)) for texts in fulls)
+    return RowTokens(prompt=round(sum(count[p] for p in prompts) / len(rows), 2), row=round(row / len(rows), 2))
 
-    def lengths(texts: list[str]) -> list[int]:   # each distinct text encoded once (a family's pool repeats items)
-        distinct = list(dict.fromkeys(texts))
-        counted = {t: len(e.ids) for t, e in zip(distinct, tok.encode_batch(distinct, add_special_tokens=False))}
-        return [counted[t] for t in texts]
 
-    def trained(r: dict) -> list[str]:
-        if pairs and isinstance(r.get("chosen"), str) and isinstance(r.get("rejected"), str):
-            return [r["chosen"], r["rejected"]]
-        return [str(r.get("answer", ""))]
-
-    fulls = [[p + t for t in trained(r)] for p, r in zip(prompts, rows)]
-    flat = lengths([t for texts in fulls for t in texts])
-    longest, at = [], 0
-    for texts in fulls:
-        longest.append(min(MAX_SEQUENCE_TOKENS, max(flat[at:at + len(texts)])))
-        at += len(texts)
-    return RowTokens(prompt=round(sum(lengths(prompts)) / len(rows), 2), row=round(sum(longest) / len(rows), 2))
+def _trained(row: dict, pairs: bool) -> list[str]:
+    """What a row trains after its prompt: its answer, or (``pairs``) its chosen and rejected when it has both."""
+    if pairs and isinstance(row.get("chosen"), str) and isinstance(row.get("rejected"), str):
+        return [row["chosen"], row["rejected"]]
+    return [str(row.get("answer", ""))]
 
 
 _TOKENIZER = []
