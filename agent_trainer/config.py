@@ -583,49 +583,54 @@ def validate(cfg: DictConfig) -> Config:
         raise ConfigError(" ".join(str(e).split()).split(" full_key:")[0]) from None
     _check(isinstance(obj, Config),
            f"not an agent-trainer config (got {type(obj).__name__}); compose configs/config.yaml")
-    a, t, h, o, b = obj.agent, obj.task, obj.hardware, obj.outer, obj.budget
-    if a.api_key_env is not None:
+    agent, task, hardware, outer, budget = obj.agent, obj.task, obj.hardware, obj.outer, obj.budget
+    if agent.api_key_env is not None:
         _check(
-            bool(_ENV_NAME.match(a.api_key_env)) and not a.api_key_env.startswith("sk-"),
+            bool(_ENV_NAME.match(agent.api_key_env)) and not agent.api_key_env.startswith("sk-"),
             "agent.api_key_env takes the NAME of an environment variable (e.g. OPENAI_API_KEY), not the key itself",
         )
-    _check_agent(a, train=isinstance(obj, TrainCommand))
-    _check_registered("agent.backend", a.backend, "agent_trainer.outer_loop.agents", "BACKENDS")
-    if a.tool_format != "auto":
-        _check_registered("agent.tool_format", a.tool_format, "agent_trainer.outer_loop.agents.toolcalls",
+    _check_agent(agent, train=isinstance(obj, TrainCommand))
+    _check_registered("agent.backend", agent.backend, "agent_trainer.outer_loop.agents", "BACKENDS")
+    if agent.tool_format != "auto":
+        _check_registered("agent.tool_format", agent.tool_format, "agent_trainer.outer_loop.agents.toolcalls",
                           "TOOL_CALL_FORMATS")
-    _check_registered("hardware.executor", h.executor, "agent_trainer.inner_loop.run.executor", "EXECUTORS")
-    _check(a.max_turns >= 1 and a.max_new_tokens >= 1, "agent.max_turns and agent.max_new_tokens must be >= 1")
-    _check_salt(t.hidden_salt)
-    overlap = sorted(set(t.train_families) & set(t.held_out_families))
+    _check_registered("hardware.executor", hardware.executor, "agent_trainer.inner_loop.run.executor", "EXECUTORS")
+    _check(agent.max_turns >= 1 and agent.max_new_tokens >= 1, "agent.max_turns and agent.max_new_tokens must be >= 1")
+    _check_salt(task.hidden_salt)
+    overlap = sorted(set(task.train_families) & set(task.held_out_families))
     _check(not overlap, f"task: families {overlap} are both trained on and held out; remove them from one list")
-    _check(h.max_parallel_jobs >= 1, "hardware.max_parallel_jobs must be >= 1")
-    _check(h.executor != "sequential" or h.max_parallel_jobs == 1,
+    _check(hardware.max_parallel_jobs >= 1, "hardware.max_parallel_jobs must be >= 1")
+    _check(hardware.executor != "sequential" or hardware.max_parallel_jobs == 1,
            "hardware.executor=sequential runs one job at a time; set hardware.max_parallel_jobs=1 "
            "or hardware.executor=local_parallel")
-    _check(h.device != Device.cpu or h.gpus_per_job == 0, "hardware.device=cpu cannot use hardware.gpus_per_job > 0")
-    _check(h.threads_per_job is None or h.threads_per_job >= 1, "hardware.threads_per_job must be >= 1 or null")
-    _check(h.agent_threads is None or h.agent_threads >= 1, "hardware.agent_threads must be >= 1 or null")
-    _check(h.cpu_kernels in ("native", "portable"), f"hardware.cpu_kernels must be native or portable, "
-                                                    f"not {h.cpu_kernels!r}")
+    _check(hardware.device != Device.cpu or hardware.gpus_per_job == 0,
+           "hardware.device=cpu cannot use hardware.gpus_per_job > 0")
+    _check(hardware.threads_per_job is None or hardware.threads_per_job >= 1,
+           "hardware.threads_per_job must be >= 1 or null")
+    _check(hardware.agent_threads is None or hardware.agent_threads >= 1,
+           "hardware.agent_threads must be >= 1 or null")
+    _check(hardware.cpu_kernels in ("native", "portable"),
+           f"hardware.cpu_kernels must be native or portable, not {hardware.cpu_kernels!r}")
     for key in ("cpus_per_job", "mem_gb", "time_limit_min"):
-        _check(getattr(h, key) is None or getattr(h, key) >= 1, f"hardware.{key} must be >= 1 or null")
-    _check(o.group_size >= 2, "outer.group_size must be >= 2: group-relative advantages compare episodes of one task")
-    _check(o.steps >= 1 and o.tasks_per_step >= 1, "outer.steps and outer.tasks_per_step must be >= 1")
-    _check(o.lr > 0 and o.clip_eps > 0 and o.kl_beta >= 0,
+        _check(getattr(hardware, key) is None or getattr(hardware, key) >= 1, f"hardware.{key} must be >= 1 or null")
+    _check(outer.group_size >= 2,
+           "outer.group_size must be >= 2: group-relative advantages compare episodes of one task")
+    _check(outer.steps >= 1 and outer.tasks_per_step >= 1, "outer.steps and outer.tasks_per_step must be >= 1")
+    _check(outer.lr > 0 and outer.clip_eps > 0 and outer.kl_beta >= 0,
            "outer.lr and outer.clip_eps must be > 0, outer.kl_beta >= 0")
-    _check(o.lr_warmup_steps >= 0, f"outer.lr_warmup_steps must be >= 0, got {o.lr_warmup_steps}")
-    check_update(o)
-    check_reward(o.reward)
-    _check(o.max_steps_off_policy >= 0 and o.heldout_every >= 0,
+    _check(outer.lr_warmup_steps >= 0, f"outer.lr_warmup_steps must be >= 0, got {outer.lr_warmup_steps}")
+    check_update(outer)
+    check_reward(outer.reward)
+    _check(outer.max_steps_off_policy >= 0 and outer.heldout_every >= 0,
            "outer.max_steps_off_policy and outer.heldout_every must be >= 0")
-    _check(o.heldout_episodes >= 0,
-           f"outer.heldout_episodes must be >= 0 (0 = no held-out evaluation), got {o.heldout_episodes}")
-    _check(o.train_eval_episodes >= 0,
-           f"outer.train_eval_episodes must be >= 0 (0 = no training-family evaluation), got {o.train_eval_episodes}")
-    _check(b.max_jobs_per_episode >= 1, "budget.max_jobs_per_episode must be >= 1")
+    _check(outer.heldout_episodes >= 0,
+           f"outer.heldout_episodes must be >= 0 (0 = no held-out evaluation), got {outer.heldout_episodes}")
+    _check(outer.train_eval_episodes >= 0,
+           "outer.train_eval_episodes must be >= 0 (0 = no training-family evaluation), "
+           f"got {outer.train_eval_episodes}")
+    _check(budget.max_jobs_per_episode >= 1, "budget.max_jobs_per_episode must be >= 1")
     for key in ("max_usd_per_episode", "max_tokens_per_episode", "max_usd_per_run", "max_tokens_per_run"):
-        value = getattr(b, key)
+        value = getattr(budget, key)
         _check(value is None or value > 0, f"budget.{key} must be > 0 or null (no cap), got {value}")
     _check(getattr(obj, "prompt_format", None) in (None, "raw", "chat"),
            f"prompt_format must be raw or chat, got {getattr(obj, 'prompt_format', None)!r}")
@@ -639,7 +644,7 @@ def validate(cfg: DictConfig) -> Config:
     _check(obj.inner.eval_batch_size >= 1, "inner.eval_batch_size must be >= 1")
     _check(obj.inner.eval_size is None or obj.inner.eval_size >= 1, "inner.eval_size must be >= 1 or null")
     obj.base_models = {name: _base_model_entry(name, entry) for name, entry in obj.base_models.items()}
-    for folder in t.include_path:
+    for folder in task.include_path:
         _check(resolve_path(folder).is_dir(), f"task.include_path: {folder} is not a folder (it holds data families' "
                                               "*.yaml cards and their rows)")
     for name, entry in obj.base_models.items():

@@ -70,7 +70,8 @@ def test_command_configs_compose_into_their_schema(composer, name, schema):
     assert type(obj) is schema
 
 
-def test_group_defaults_are_the_cpu_default(composer):
+def test_root_config_groups_default_to_one_cpu_job_at_a_time(composer):
+    """configs/config.yaml alone (no experiment): the sequential executor, the local agent, tiny-s on calc_chain."""
     obj = validate(composer())
     assert (obj.hardware.device, obj.hardware.executor, obj.agent.backend) == ("cpu", "sequential", "local")
     assert obj.model.name == "tiny-s" and obj.task.spec_path.endswith("calc_chain_v1_fast.json")

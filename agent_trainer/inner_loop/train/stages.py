@@ -140,7 +140,7 @@ def run_stages(spec: JobSpec, job_dir: str | Path, model_path: str | Path, famil
             shutil.rmtree(stale, ignore_errors=True)
         (output_dir / TRAIN_LOG).write_text("")
     current = Path(model_path)
-    used_c, used_steps = 0.0, 0
+    compute_used, used_steps = 0.0, 0
     costs = list(stage_costs or [])
     stages: list[dict] = []
     configs: dict = {}
@@ -148,9 +148,10 @@ def run_stages(spec: JobSpec, job_dir: str | Path, model_path: str | Path, famil
     for i, view in enumerate(views):
         stage_out = output_dir / f"stage_{i + 1}" if multi else output_dir
         steps_left = max_steps - used_steps
-        step_c, sample_c = costs[i] if i < len(costs) else (0.0, 0.0)
-        budget_c = (None if max_compute is None
-                    else max(0.0, max_compute - used_c) * shares[i] / sum(shares[i:]) - sample_c)
+        step_compute, sample_compute = costs[i] if i < len(costs) else (0.0, 0.0)
+        # this stage's share of the compute left, less what its data generation costs
+        stage_compute = (None if max_compute is None
+                         else max(0.0, max_compute - compute_used) * shares[i] / sum(shares[i:]) - sample_compute)
         if steps_left <= 0:
             stages.append({"status": "timeout", "steps": 0, "planned_steps": 0, "seconds": 0.0,
                            "detail": "the task's step budget was spent by the earlier stages; not run"})
@@ -169,11 +170,12 @@ def run_stages(spec: JobSpec, job_dir: str | Path, model_path: str | Path, famil
         log = (StepLog(output_dir / TRAIN_LOG, clock=None, append=True, step_offset=used_steps,
                        fields={"stage": i + 1}) if multi else None)
         report = train(view, rows, rewards, current, stage_out, max_steps=steps_left,
-                       max_compute=None if budget_c is None else max(0.0, budget_c), step_compute=step_c, log=log,
+                       max_compute=None if stage_compute is None else max(0.0, stage_compute),
+                       step_compute=step_compute, log=log,
                        device=device, vllm=vllm, fmt=fmt)
         entry["steps"] = report.steps
         used_steps += report.steps
-        used_c += sample_c + report.steps * step_c
+        compute_used += sample_compute + report.steps * step_compute
         detail = "; ".join(filter(None, [g.summary() for g in gen] + [report.detail]))
         stages.append({**report.as_dict(), "seconds": round(report.seconds + gen_s, 3), "detail": detail,
                        "generation": [g.as_dict() for g in gen], "data_source": source})

@@ -116,7 +116,7 @@ class Trainer:
         turns write tool calls (``agent.tool_format``; ``auto``: from its chat template)."""
         from agent_trainer.outer_loop.agents.local import LocalBackend
 
-        self.s, self.run_dir = settings, Path(run_dir)
+        self.settings, self.run_dir = settings, Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.ledger, self.tracker, self.progress = ledger, tracker, progress
         self.train_tasks = load_tasks(settings.train_tasks)
@@ -161,14 +161,16 @@ class Trainer:
     # --- one step --------------------------------------------------------------------------
     def play(self, tasks: list, step: int) -> list:
         """Step ``step``'s training episodes (``group_size`` per task), played to their end, jobs run."""
-        return self.rollouts.play(tasks, self.s.group_size, step, "train", seed_base=(self.s.seed, step))
+        return self.rollouts.play(tasks, self.settings.group_size, step, "train", seed_base=(self.settings.seed, step))
 
     def step(self, step: int) -> dict[str, float]:
         t0 = time.time()
         self.jobs.reset()
-        held_before, held_after = heldout.schedule(step, self.s.steps, self.s.heldout_every, self.s.heldout_at_start,
-                                                   enabled=bool(self.heldout_tasks) and self.s.heldout_episodes > 0)
-        tasks = step_tasks(self.train_tasks, self.s.seed, self.s.tasks_per_step, step)
+        settings = self.settings
+        held_before, held_after = heldout.schedule(step, settings.steps, settings.heldout_every,
+                                                   settings.heldout_at_start,
+                                                   enabled=bool(self.heldout_tasks) and settings.heldout_episodes > 0)
+        tasks = step_tasks(self.train_tasks, self.settings.seed, self.settings.tasks_per_step, step)
         episodes = self.play(tasks, step)
         t2 = time.time()
         jobs_s = self.jobs.waited
@@ -177,7 +179,7 @@ class Trainer:
         held = self.evaluate(heldout.HELDOUT, step, heldout.PREFIX) if held_before else {}
         trained = self.evaluate(heldout.TRAIN, step, heldout.TRAIN.prefix) if self.train_eval and step == 0 else {}
         fresh = self.samples(results, tasks)
-        samples, self.replay = mix_replay(self.replay, fresh, self.policy.version, self.s.max_steps_off_policy)
+        samples, self.replay = mix_replay(self.replay, fresh, self.policy.version, self.settings.max_steps_off_policy)
         update = self.policy.update(samples) if fresh else {"skipped": 1.0}
         if fresh:
             self.sync_sampler()
@@ -194,17 +196,17 @@ class Trainer:
         metrics.update(trained)
         if held_after:   # the last step: the policy the run leaves
             metrics.update(self.end_of_run(heldout.HELDOUT, step, metrics))
-        if self.train_eval and step == self.s.steps - 1:
+        if self.train_eval and step == self.settings.steps - 1:
             metrics.update(self.end_of_run(heldout.TRAIN, step, metrics))
-        if step == self.s.steps - 1:   # the last step: the training gain's interval, over the episodes
-            metrics.update(training_gain(self.run_dir, self.s.steps))
+        if step == self.settings.steps - 1:   # the last step: the training gain's interval, over the episodes
+            metrics.update(training_gain(self.run_dir, self.settings.steps))
         metrics["seconds_step"] = time.time() - t0
         return metrics
 
     @property
     def train_eval(self) -> bool:
         """Whether the training families are played on fixed seeds at the start and the end."""
-        return self.s.train_eval_episodes > 0
+        return self.settings.train_eval_episodes > 0
 
     def evaluate(self, evaluation: heldout.Evaluation, step: int, prefix: str) -> dict[str, Any]:
         """The current policy on a fixed-seed evaluation's tasks (``rollouts.evaluate_fixed``): the held-out
@@ -216,8 +218,8 @@ class Trainer:
     def fixed_tasks(self, evaluation: heldout.Evaluation) -> tuple[list, int]:
         """``(tasks, episodes per task)`` of a fixed-seed evaluation."""
         if evaluation is heldout.TRAIN:
-            return self.train_tasks, self.s.train_eval_episodes
-        return self.heldout_tasks, self.s.heldout_episodes
+            return self.train_tasks, self.settings.train_eval_episodes
+        return self.heldout_tasks, self.settings.heldout_episodes
 
     def end_of_run(self, evaluation: heldout.Evaluation, step: int, metrics: dict[str, Any]) -> dict[str, Any]:
         """An evaluation after the last update and its paired gain over the start (``heldout.paired``; none when
@@ -233,7 +235,7 @@ class Trainer:
 
     def samples(self, results: list[EpisodeResult], tasks: list) -> list[TurnSample]:
         """``turn_samples`` at the policy's current version."""
-        return turn_samples(results, tasks, self.s.policy, self.policy.version)
+        return turn_samples(results, tasks, self.settings.policy, self.policy.version)
 
     # --- the loop --------------------------------------------------------------------------
     def checkpoint(self, step: int, metrics: dict[str, float]) -> None:
@@ -249,7 +251,7 @@ class Trainer:
         from tqdm.auto import tqdm
 
         self.sync_tracker()
-        bar = tqdm(range(self.state.step, self.s.steps), initial=self.state.step, total=self.s.steps,
+        bar = tqdm(range(self.state.step, self.settings.steps), initial=self.state.step, total=self.settings.steps,
                    desc="outer steps", disable=not self.progress)
         for step in bar:
             metrics = self.step(step)
