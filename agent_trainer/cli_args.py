@@ -20,6 +20,12 @@ from agent_trainer.config import CONFIG_DIR
 from agent_trainer.paths import PROJECT_ROOT, resolve_path
 
 TASKS_DIR = PROJECT_ROOT / "examples" / "tasks"
+# Recipes named by a version until 2026-12-07: a saved run made under the old name resumes (or reruns) under the new
+# one, which composes the same config; typed on a command line, the old name is one line naming the new one.
+RENAMED_EXPERIMENTS = {"smollm2_cpu_v8": "smollm2_cpu", "smollm2_cpu_v7": "smollm2_cpu/no_kl"}
+# Recipes removed then: their numbers are in docs/results/, their files at this commit.
+REMOVED_EXPERIMENTS = ("smollm2_cpu_v3", "smollm2_cpu_v4", "smollm2_cpu_v5", "smollm2_cpu_v6")
+REMOVED_EXPERIMENTS_COMMIT = "671c9cd0fa02cfc11d2c0165d4ee85ad9dd5bfab"
 # Hydra flags followed by a value (so that value is not taken for a positional argument).
 _FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn",
                      "--config-dir", "-cd", "--experimental-rerun", "--shell-completion", "-sc"}
@@ -50,11 +56,39 @@ def rewrite_args(argv: Sequence[str], positional: str | None = None) -> list[str
                 raise UserError(f"more than one {positional} given ({arg!r}); give one")
             arg = f"{positional}={arg}"
         key, _, value = arg.partition("=")
+        if key.lstrip("+~") == "experiment":
+            _refuse_old_experiment(value)
         if key.lstrip("+~") == "task" and value:
             arg = _task_override(value, _include_path(argv))
         elif key == "model" and value and "," not in value and not (CONFIG_DIR / "model" / f"{value}.yaml").is_file():
             arg = f"model.name={value}"  # a model from base_models (configuration), not a configs/model option
         out.append(arg)
+    return out
+
+
+def _refuse_old_experiment(value: str) -> None:
+    """An experiment named by a removed version (``experiment=smollm2_cpu_v8``): one line with the name to use."""
+    for name in value.split(","):
+        name = name.strip()
+        if name in RENAMED_EXPERIMENTS:
+            raise UserError(f"experiment={name} is now experiment={RENAMED_EXPERIMENTS[name]} (the same config); "
+                            f"saved runs made under the old name resume as they are")
+        if name in REMOVED_EXPERIMENTS:
+            raise UserError(f"experiment={name} was removed; the current recipe is experiment=smollm2_cpu "
+                            f"(its numbers: docs/results/); to run the old one: git checkout "
+                            f"{REMOVED_EXPERIMENTS_COMMIT[:12]}")
+
+
+def renamed_experiments(overrides: Sequence[str]) -> list[str]:
+    """Saved overrides with a renamed experiment's new name (``RENAMED_EXPERIMENTS``), said once on stderr."""
+    out = []
+    for o in overrides:
+        key, _, value = o.partition("=")
+        if key.lstrip("+~") == "experiment" and value in RENAMED_EXPERIMENTS:
+            print(f"{prog()}: the saved run's experiment={value} is now experiment={RENAMED_EXPERIMENTS[value]} "
+                  f"(the same config)", file=sys.stderr)
+            o = f"{key}={RENAMED_EXPERIMENTS[value]}"
+        out.append(o)
     return out
 
 
@@ -219,12 +253,12 @@ def _override_value(value) -> str:
 
 def saved_overrides(folder: Path) -> list[str] | None:
     """The overrides a run folder was made with, as typed: its ``run.json``'s (``.hydra/overrides.yaml`` for a
-    folder without one); None when it has neither."""
+    folder without one), a renamed experiment under its new name; None when it has neither."""
     record = sweeps.read_run_file(folder)
     if record is not None and "overrides" in record:
-        return list(record["overrides"])
+        return renamed_experiments(record["overrides"])
     if (folder / ".hydra" / "overrides.yaml").is_file():
-        return [str(o) for o in OmegaConf.load(folder / ".hydra" / "overrides.yaml")]
+        return renamed_experiments([str(o) for o in OmegaConf.load(folder / ".hydra" / "overrides.yaml")])
     return None
 
 

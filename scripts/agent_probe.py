@@ -3,7 +3,7 @@
     .venv/bin/python scripts/agent_probe.py smollm2-agent smollm2-agent-valid        # 20 episodes each
     .venv/bin/python scripts/agent_probe.py smollm2-agent --episodes 40 --json probe.json
 
-Each episode runs as at-train's do under ``experiment=smollm2_cpu_v5`` (6 turns, temperature 0.7, 192 new tokens a
+Each episode runs as at-train's do under ``experiment=smollm2_cpu`` (6 turns, temperature 0.7, 192 new tokens a
 turn, full tool schemas, the last valid job submitted at the turn limit; each a flag), except that a submitted job
 is never run: the episode ends there. Every job file an episode writes is validated afresh (``validate_job``, no dry
 run), so a file counts whether or not the agent validated it. Printed per agent model, with Wilson 95% intervals:

@@ -1,4 +1,4 @@
-"""The pretrained agent's recipe (``experiment=smollm2_cpu``): it composes into what docs/real_models.md says, and
+"""The pretrained agent's recipe (``experiment=smollm2_cpu``): it composes into what docs/agents.md says, and
 a one-step version of it runs end to end on the tiny agent (batched sampling, the lean update, held-out start and
 end)."""
 
@@ -11,53 +11,24 @@ import pytest
 from agent_trainer.config import compose_config, validate
 
 
-@pytest.mark.parametrize("recipe", ["smollm2_cpu", "smollm2_cpu_v3", "smollm2_cpu_v4", "smollm2_cpu_v5",
-                                    "smollm2_cpu_v6", "smollm2_cpu_v7", "smollm2_cpu_v8"])
+@pytest.mark.parametrize("recipe", ["smollm2_cpu", "smollm2_cpu/no_kl"])
 def test_the_recipe_is_what_the_docs_say(recipe):
     c = validate(compose_config([f"experiment={recipe}"], "train"))
-    valid = recipe in ("smollm2_cpu_v7", "smollm2_cpu_v8")
-    assert c.agent.model == ("smollm2-agent-valid" if valid else "smollm2-agent")
-    assert c.agent.backend == "local"
+    assert c.agent.model == "smollm2-agent-valid" and c.agent.backend == "local"
+    assert (c.agent.max_turns, c.agent.submit_at_turn_limit, c.outer.reward.invalid_job,
+            c.outer.reward.validation_without_job) == (6, True, 0.2, 0.25)
+    assert (c.outer.lr, c.outer.epochs, c.outer.scale_by_std, c.outer.focus_top_frac) == (3e-4, 1, False, 1.0)
     assert c.outer.tasks_per_step * c.outer.group_size >= 8 and c.outer.tasks_per_step >= 2
     assert c.outer.group_size >= 4 and c.outer.steps >= 12
     assert list(c.task.train_families) == ["calc_chain", "reverse_text", "sort_numbers", "unit_convert", "count_char"]
     assert list(c.task.held_out_families) == ["triage"]
     assert c.outer.heldout_at_start and c.outer.heldout_every > c.outer.steps and c.outer.heldout_episodes >= 8
     assert c.outer.gradient_checkpointing and c.outer.micro_batch_tokens > 0
-    if recipe == "smollm2_cpu_v3":     # the two changes docs/real_models.md names, nothing else
+    if recipe == "smollm2_cpu/no_kl":     # the recipe without its KL term to the warm start, nothing else
         base = validate(compose_config(["experiment=smollm2_cpu"], "train"))
-        assert (c.agent.max_turns, c.outer.reward.invalid_job) == (6, 0.2)
-        c.agent.max_turns, c.outer.reward.invalid_job = base.agent.max_turns, base.outer.reward.invalid_job
-        c.run_id = base.run_id    # ${now:...}, composed a moment apart
-        assert c == base
-    if recipe == "smollm2_cpu_v4":     # v3 and the share of validation kept without a job, nothing else
-        base = validate(compose_config(["experiment=smollm2_cpu_v3"], "train"))
-        assert (c.outer.reward.validation_without_job, base.outer.reward.validation_without_job) == (0.25, 0.0)
-        c.outer.reward.validation_without_job = 0.0
-        c.run_id = base.run_id
-        assert c == base
-    if recipe == "smollm2_cpu_v5":     # v4 and the harness submitting the last VALID job at the turn limit
-        base = validate(compose_config(["experiment=smollm2_cpu_v4"], "train"))
-        assert (c.agent.submit_at_turn_limit, base.agent.submit_at_turn_limit) == (True, False)
-        c.agent.submit_at_turn_limit = False
-        c.run_id = base.run_id
-        assert c == base
-    if recipe == "smollm2_cpu_v6":     # v5 and the loss on the top 20% of tokens by entropy
-        base = validate(compose_config(["experiment=smollm2_cpu_v5"], "train"))
-        assert (c.outer.focus_top_frac, base.outer.focus_top_frac) == (0.2, 1.0)
-        c.outer.focus_top_frac = base.outer.focus_top_frac
-        c.run_id = base.run_id
-        assert c == base
-    if recipe == "smollm2_cpu_v7":     # v5 with the warm start that does not learn the novice's invalid files
-        base = validate(compose_config(["experiment=smollm2_cpu_v5"], "train"))
-        c.agent.model = base.agent.model
-        c.run_id = base.run_id
-        assert c == base
-    if recipe == "smollm2_cpu_v8":     # v7 and a KL term to the warm start
-        base = validate(compose_config(["experiment=smollm2_cpu_v7"], "train"))
-        assert (c.outer.kl_beta, base.outer.kl_beta) == (0.1, 0.0)
+        assert (c.outer.kl_beta, base.outer.kl_beta) == (0.0, 0.1)
         c.outer.kl_beta = base.outer.kl_beta
-        c.run_id = base.run_id
+        c.run_id = base.run_id    # ${now:...}, composed a moment apart
         assert c == base
 
 

@@ -185,3 +185,26 @@ def test_resume_of_a_folder_brings_the_overrides_it_was_made_with(tmp_path, monk
         assert expand_resume(argv) == argv
     with pytest.raises(UserError, match="give one of them"):
         expand_resume([f"resume={run}", f"rerun={run}"])
+
+
+def test_a_run_saved_under_a_renamed_recipe_resumes_under_its_new_name(tmp_path, monkeypatch, capsys):
+    """A run made with ``experiment=smollm2_cpu_v8`` (the recipe's name until 2026-12-07) resumes as
+    ``experiment=smollm2_cpu``, the same config; typed, the old name is one line naming the new one."""
+    from agent_trainer import sweeps
+    from agent_trainer.cli_args import RENAMED_EXPERIMENTS, expand_resume, rewrite_args
+
+    monkeypatch.chdir(tmp_path)
+    folder = tmp_path / "runs" / "old"
+    outer_run(folder, 1, compose_config(["experiment=smollm2_cpu", "seed=1", "run_id=old"], "train"))
+    sweeps.write_run_file(folder, status="killed", command="at-train",
+                          overrides=["experiment=smollm2_cpu_v8", "seed=1", "run_id=old"])
+    got = expand_resume([f"resume={folder}"])
+    assert got[:2] == ["experiment=smollm2_cpu", "seed=1"] and "now experiment=smollm2_cpu" in capsys.readouterr().err
+    cfg = compose_config(got, "train")
+    assert resume_folder(validate(cfg), tmp_path / "new", cfg) == folder
+    assert resume_changes(cfg, folder) == {}
+    for old, new in RENAMED_EXPERIMENTS.items():
+        with pytest.raises(UserError, match=f"experiment={old} is now experiment={new}"):
+            rewrite_args([f"experiment={old}", "seed=0"])
+    with pytest.raises(UserError, match="smollm2_cpu_v5 was removed.*git checkout"):
+        rewrite_args(["-m", "experiment=smoke,smollm2_cpu_v5"])

@@ -37,8 +37,8 @@ NOT_GROUPS = {"local"}
 
 def config_files() -> list[str]:
     """``group=option`` for every YAML file of every group, and ``@<name>`` for every command's config."""
-    groups = sorted(f"{d.name}={f.stem}" for d in CONFIG_DIR.iterdir() if d.is_dir() and d.name not in NOT_GROUPS
-                    for f in d.glob("*.yaml"))
+    groups = sorted(f"{d.name}={f.relative_to(d).with_suffix('').as_posix()}"
+                    for d in CONFIG_DIR.iterdir() if d.is_dir() and d.name not in NOT_GROUPS for f in d.rglob("*.yaml"))
     return groups + [f"@{name}" for name in sorted(COMMAND_SCHEMAS)]
 
 

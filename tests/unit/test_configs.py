@@ -25,9 +25,9 @@ NOT_GROUPS = {"local"}  # optional personal overrides, usually absent
 def group_files() -> list[tuple[str, str]]:
     """(group, option) for every YAML file on disk, so new files are covered automatically."""
     return sorted(
-        (d.name, f.stem)
+        (d.name, f.relative_to(d).with_suffix("").as_posix())   # experiment/smollm2_cpu/no_kl.yaml: smollm2_cpu/no_kl
         for d in CONFIG_DIR.iterdir() if d.is_dir() and d.name not in NOT_GROUPS
-        for f in d.glob("*.yaml")
+        for f in d.rglob("*.yaml")
     )
 
 

@@ -29,7 +29,7 @@ def test_validating_without_submitting_earns_nothing():
 
 
 def test_a_share_of_validation_without_a_job_ranks_stopping_after_valid_between_the_others():
-    """With ``validation_without_job`` = 0.25 and ``invalid_job`` = 0.2 (experiment=smollm2_cpu_v4) the four ends
+    """With ``validation_without_job`` = 0.25 and ``invalid_job`` = 0.2 (experiment=smollm2_cpu) the four ends
     of an episode rank: a valid job that ran > a valid file not submitted > nothing valid, nothing submitted >
     a refused submission; the kept share also halves per retry."""
     w = RewardWeights(validation_without_job=0.25, invalid_job=0.2)
