@@ -1,4 +1,4 @@
-"""GPU check (the Python part of scripts/gpu_check.sh): what one GPU does with a Qwen3-0.6B-sized model.
+"""GPU check: what one lent GPU does with this project, in one short run (~3-6 min on one H200).
 
 Measures, on a randomly initialised model of the real Qwen3-0.6B architecture (28 layers, hidden
 1024, 16/8 heads, head_dim 128, MLP 3072, vocab 151,936, tied embeddings; ~0.6 B parameters):
@@ -25,13 +25,23 @@ skips its part with a line saying so. ``--tiny`` shrinks everything for a CPU sm
 
     python bench/gpu_check.py --out /tmp/gpu_check            # on the GPU machine (~3-6 min)
     python bench/gpu_check.py --tiny --device cpu             # smoke test here (~1 min)
+
+Run it with the interpreter that has torch. The machine has no internet: nothing is installed from an index.
+The project is imported from this checkout. Missing pure-Python packages (trl, datasets, pydantic, ...) are
+installed from ./wheels when that folder exists (pip download them elsewhere and carry it); otherwise the parts
+that need them are skipped with a message. The whole run stops after ``GPU_CHECK_TIMEOUT`` seconds (default 480,
+exit 124) with the parts done so far in ``$OUT/gpu_check.json`` (OUT default /tmp/gpu_check).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
+import shutil
+import signal
+import subprocess
 import sys
 import time
 import traceback
@@ -39,6 +49,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # runs from a checkout without `pip install -e .`
+os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+NEEDED = ("torch", "transformers", "peft", "lightning", "trl", "datasets", "accelerate", "pydantic", "yaml",
+          "tokenizers")
 
 QWEN3_06B = dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
                  num_key_value_heads=8, head_dim=128, vocab_size=151936, max_position_embeddings=40960,
@@ -370,6 +384,37 @@ def agent_vllm(device: str, tiny: bool, folder: Path) -> dict:
             "greedy_tokens_in_common": f"{same} of {len(local_greedy)}"}
 
 
+def prepare_machine() -> None:
+    """Say which GPU this is, and install missing packages from ./wheels (offline) when that folder exists."""
+    if shutil.which("nvidia-smi"):
+        subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,memory.used,driver_version",
+                        "--format=csv,noheader"], check=False)
+    else:
+        say("no nvidia-smi on this machine")
+    missing = [n for n in NEEDED if importlib.util.find_spec(n) is None]
+    if not missing:
+        return
+    say(f"missing: {' '.join(missing)}")
+    if not (ROOT / "wheels").is_dir():
+        say("no ./wheels folder: the parts needing them are skipped")
+        return
+    pkgs = ["pyyaml" if n == "yaml" else n for n in missing]
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "--no-index", "--find-links", str(ROOT / "wheels"),
+                           *pkgs], capture_output=True, text=True)
+    say("installed from ./wheels" if done.returncode == 0 else "offline install failed; going on")
+
+
+def stop_after(seconds: int, out: Path) -> None:
+    """After ``seconds``, write the report of the parts done so far and exit 124."""
+    def stop(signum, frame):
+        REPORT["stopped"] = f"at the {seconds} s limit"
+        (out / "gpu_check.json").write_text(json.dumps(REPORT, indent=2, default=str) + "\n")
+        say(f"stopped at the {seconds} s limit; report: {out / 'gpu_check.json'}")
+        os._exit(124)
+    signal.signal(signal.SIGALRM, stop)
+    signal.alarm(seconds)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--tiny", action="store_true", help="a tiny model and tiny batches (CPU smoke test)")
@@ -377,6 +422,11 @@ def main() -> int:
     p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or "/tmp/gpu_check"))
     p.add_argument("--vllm", choices=("auto", "off"), default="auto", help="also a GRPO run with TRL's vLLM mode")
     a = p.parse_args()
+    a.out.mkdir(parents=True, exist_ok=True)
+    limit = int(os.environ.get("GPU_CHECK_TIMEOUT") or 480)
+    say(f"python {sys.executable}, out {a.out}, limit {limit}s")
+    prepare_machine()
+    stop_after(limit, a.out)
     import warnings
 
     warnings.filterwarnings("ignore", message="TRL currently supports vLLM versions")  # five lines per import
@@ -385,7 +435,6 @@ def main() -> int:
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cpu":
         torch.set_num_threads(1)
-    a.out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     environment(device)
     if build(device, a.tiny, a.out / "model") is None:
@@ -394,8 +443,6 @@ def main() -> int:
     inner_grpo(device, a.tiny, a.out)
     harness_job(device, a.tiny, a.out)
     hidden_eval(device, a.tiny)
-    import importlib.util
-
     from agent_trainer.config import vllm_build
 
     if a.vllm == "auto" and importlib.util.find_spec("vllm") is not None and (

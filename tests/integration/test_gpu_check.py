@@ -1,4 +1,4 @@
-"""``scripts/gpu_check.sh --tiny --device cpu``: the one prepared script for a lent GPU machine, kept working here.
+"""``bench/gpu_check.py --tiny --device cpu``: the one prepared script for a lent GPU machine, kept working here.
 
 A GPU session has minutes of device time; a check that broke unseen since the last one would waste them.
 This runs the same code at toy size on the CPU (~25 s): every part reports numbers and none fails.
@@ -22,8 +22,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.slow
 def test_tiny_gpu_check_runs_every_part_on_the_cpu(tmp_path):
-    env = {**os.environ, "PYTHON": sys.executable, "OUT": str(tmp_path)}
-    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--tiny", "--device", "cpu"], cwd=ROOT,
+    env = {**os.environ, "OUT": str(tmp_path)}
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--tiny", "--device", "cpu"], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((tmp_path / "gpu_check.json").read_text())
