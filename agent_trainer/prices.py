@@ -7,7 +7,7 @@
     (0.0, 0.0, 'local server')
 
 USD per 1M tokens (input, output); ``agent.usd_per_1m_tokens_in`` / ``..._out`` override them. An unknown
-model costs 0 on a local server and raises on any other (docs/real_models.md, "A served agent").
+model costs 0 on a local server and raises on any other (docs/agents.md, "A served agent").
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ What each part runs:
 - baselines: tiny-s and tiny-m on the first 200 hidden items of every family, scored afresh (a new cache),
   as ``at-eval table=true`` does (docs/baselines.md).
 - jobs: every example job in ``examples/jobs`` on ``examples/tasks/calc_chain_v1_fast.json``, one torch thread,
-  no job cache (docs/inner_loop.md, "Measured: the example jobs on calc_chain").
+  no job cache (docs/jobs.md, "What the example jobs do on calc_chain").
 - main: ``at-train seed=0 outer.steps=<--main-steps> inner.cache=false`` (the main job, ``make run``; the agent's
   threads pinned to the record's) and its ``metrics.jsonl`` step by step, clocks and dollars excluded
   (``bench/same_steps.py``). With fewer steps than the record, the keys only a run's last step has (the

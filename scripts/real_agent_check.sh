@@ -17,7 +17,7 @@
 #    TOOL_CHOICE=required writes calls whose arguments echo the schemas until max_new_tokens);
 # 5. at-train with SmolLM2 as the agent policy (configs/agent/smollm2.yaml, LoRA) for 3 steps: reward
 #    per step and the share of turns with a parsed tool call, first step against last.
-# Figures go to docs/real_models.md ("A pretrained agent"). Logs and runs: $OUT.
+# Figures go to docs/results/ (2026-12-03-served-agent.md). Logs and runs: $OUT.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

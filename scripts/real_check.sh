@@ -11,7 +11,7 @@
 # 3. an SFT-LoRA job (chat format, calc_chain) and a GRPO-LoRA job (raw format, count_char) on it
 #    (examples/real/), each scored on 100 hidden items in its task's format
 # 4. the example data family (examples/families/word_math) through at-eval and at-job on tiny-s
-# The report (with the commands) is what docs/real_models.md quotes.
+# The report (with the commands) is what docs/results/2026-12-03-real-check.md quotes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/real_check}

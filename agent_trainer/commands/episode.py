@@ -7,7 +7,7 @@
 Writes ``runs/<run_id>/`` (resolved config, ledger.jsonl, episodes/0/ with the workspace, trajectory, job
 and summary.json, written however the episode ends) and one MLflow run. Exit codes: 0 finished, 1 an
 unexpected error, 2 a user mistake, 3 backend_error, 4 budget_exhausted, 5 max_turns without a
-submission, 130 interrupted (docs/real_models.md, "A served agent").
+submission, 130 interrupted (docs/agents.md, "A served agent").
 """
 
 from __future__ import annotations

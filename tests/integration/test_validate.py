@@ -116,7 +116,7 @@ INVALID = [
 ]
 
 
-# The strategy space (docs/inner_loop.md): dpo, self-generated sources, stages.
+# The strategy space (docs/jobs.md): dpo, self-generated sources, stages.
 STAGED = {"base_model": "tiny-s", "seed": 0, "data": BASE["data"], "reward": BASE["reward"],
           "stages": [{"algorithm": "sft", "hyperparameters": {"batch_size": 32, "max_steps": 100}},
                      {"algorithm": "grpo",

@@ -132,9 +132,9 @@ def test_docs_baselines_are_the_records():
 
 @pytest.mark.parametrize("name", sorted(RECORD["jobs"]))
 def test_docs_example_jobs_are_the_records(name):
-    rows = table_rows("docs/inner_loop.md", "job | `ran`")
+    rows = table_rows("docs/jobs.md", "job | `ran`")
     want = RECORD["jobs"][name]
-    assert name in rows, f"docs/inner_loop.md's example-job table has no row for {name}"
+    assert name in rows, f"docs/jobs.md's example-job table has no row for {name}"
     cells = rows[name]
     assert cells[1] == want["base_model"] and cells[2] == want["status"]
     got = [re.sub(r"\*", "", c) for c in cells[4:7]]

@@ -40,7 +40,8 @@ def _events(ep, name):
             if r.get("event") == name]
 
 
-# the write-and-validate loop a policy fell into (docs/real_models.md, v4): valid, never submitted
+# the write-and-validate loop a policy fell into (docs/results/2026-12-05-smollm2-v4-validation-without-job.md):
+# valid, never submitted
 LOOP = [[call("write_file", path="job.yaml", content=GOOD)], [call("validate_job", path="job.yaml")],
         [call("write_file", path="job.yaml")], [call("validate_job", path="job.yaml")]]
 

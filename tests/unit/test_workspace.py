@@ -141,7 +141,8 @@ def test_validate_then_submit_counts_retries_and_hides_results(box, task, tmp_pa
 
 
 def test_a_job_submitted_unchanged_after_an_invalid_validation_is_counted(ws, task, tmp_path):
-    """The habit the SmolLM2 agent learned (docs/real_models.md): validate, read INVALID, submit the same file."""
+    """The habit the SmolLM2 agent learned (docs/results/2026-12-04-smollm2-recipe-first-seeds.md): validate, read
+    INVALID, submit the same file."""
     box = ToolBox(ws, task, limits=ToolLimits(max_turns=9, max_jobs_per_episode=3), jobs_dir=tmp_path / "jobs",
                   validate_kwargs={"dry_run": False}, defer_jobs=True,
                   job_settings=JobSettings(dry_run=False, progress=False, cache=False))

@@ -3,7 +3,7 @@
     spec = load_job("examples/jobs/grpo_lora")      # JobSpecError with one line per problem
 
 Only the *shape* of a job is checked here; ``agent_trainer.inner_loop.spec.validate`` adds the checks that need the
-task, the files and a dry run. Example jobs and the field rules: docs/inner_loop.md, "The job folder" and
+task, the files and a dry run. Example jobs and the field rules: docs/jobs.md, "The job folder" and
 "Strategy space".
 """
 

@@ -4,7 +4,7 @@
     rows[0]   # {"prompt": "calc: 12+7-3=", "answer": "16", "family": "calc_chain"}
 
 ``build_rows_with_origins`` also says where each row came from (curated, self_generated, agent).
-The mixing rule and the data file's format: docs/inner_loop.md, "The job folder".
+The mixing rule and the data file's format: docs/jobs.md, "The job folder".
 """
 
 from __future__ import annotations

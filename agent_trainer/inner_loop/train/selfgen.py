@@ -5,7 +5,7 @@
     pairs, stats = preference_pairs(model, tokenizer, prompt_rows, spec.hyperparameters, rewards, seed=0)
 
 Runs the job's reward code: call it in the job's own process (``agent_trainer.inner_loop.train.stages``), never in
-the harness. The rules: docs/inner_loop.md, "Strategy space".
+the harness. The rules: docs/jobs.md, "Strategy space".
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@
     status["status"], ran      # "ok", {"stages": [{"algorithm": "sft", "peft": "full", ...}, ...]}
 
 Runs agent code (rewards): call it in the job's process only (``agent_trainer.inner_loop.run.worker``). The stages'
-budget, outputs and ``ran``: docs/inner_loop.md, "Strategy space".
+budget, outputs and ``ran``: docs/jobs.md, "Strategy space".
 """
 
 from __future__ import annotations

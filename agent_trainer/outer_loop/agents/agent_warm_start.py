@@ -7,7 +7,7 @@
 
 Built once, on first use and under a lock, into the model cache (not by ``at-models``), with a progress bar
 over the transcripts and the training steps on a terminal (``progress=False``: none). What it is trained on and
-how: docs/real_models.md, "A pretrained agent".
+how: docs/agents.md, "A pretrained agent".
 """
 
 from __future__ import annotations
@@ -55,8 +55,9 @@ class WarmStart:
 WARM_STARTS: dict[str, WarmStart] = {
     "smollm2-agent": WarmStart(base="smollm2-135m"),
     # Twice the transcripts, two epochs, and the novice's invalid files not learned: its first job files pass
-    # validation 20 times in 20 before any RL, smollm2-agent's once (scripts/agent_probe.py; docs/real_models.md,
-    # "experiment=smollm2_cpu_v7"). ~35 minutes to build on 2 cores.
+    # validation 20 times in 20 before any RL, smollm2-agent's once (scripts/agent_probe.py;
+    # docs/results/2026-12-06-smollm2-valid-warm-start.md). The warm start of experiment=smollm2_cpu. ~35 minutes to
+    # build on 2 cores.
     "smollm2-agent-valid": WarmStart(base="smollm2-135m", n_transcripts=64, epochs=2, learn_invalid_writes=False),
 }
 

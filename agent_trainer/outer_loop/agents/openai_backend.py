@@ -8,7 +8,7 @@
 Works with OpenAI, ``vllm serve``, SGLang and llama.cpp's server. Every failure is one ``BackendError`` line
 (the episode ends as ``backend_error``); long conversations are trimmed to the server's context
 (``agent_trainer.outer_loop.agents.context``); the key, read from the variable named by ``api_key_env``, is never logged
-or raised. Settings, retries and errors: docs/real_models.md, "A served agent".
+or raised. Settings, retries and errors: docs/agents.md, "A served agent".
 """
 from __future__ import annotations
 

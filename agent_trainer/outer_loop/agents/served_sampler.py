@@ -8,7 +8,7 @@
 The policy is trained in at-train as always; ``push_adapter`` saves its adapter after each update and loads it
 into the server, and turns go to ``/v1/completions`` as token ids rendered here, so the ids and log-probs the
 update scores are the ones sampled. Every failure is one ``ServedSamplerError`` line. Details and measurements:
-docs/real_models.md, "Served sampler"; ``agent_trainer/commands/served_sampler_check.py`` checks a real server.
+docs/agents.md, "Served sampler"; ``agent_trainer/commands/served_sampler_check.py`` checks a real server.
 """
 
 from __future__ import annotations

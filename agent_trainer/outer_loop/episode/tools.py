@@ -65,7 +65,8 @@ class EpisodeState:
     finished: bool = False
     summary: str = ""
     pending: list["PendingJob"] = field(default_factory=list)  # submitted, not yet run (deferred mode)
-    # Jobs submitted unchanged after validate_job called them INVALID (a habit to watch in RL: docs/real_models.md)
+    # Jobs submitted unchanged after validate_job called them INVALID (a habit to watch in RL:
+    # docs/results/2026-12-04-smollm2-recipe-first-seeds.md)
     submitted_unfixed: int = 0
     invalid_seen: dict[str, str] = field(default_factory=dict)  # job folder -> digest of what validation refused
     last_valid: tuple[str, str] | None = None  # (job folder, digest) of the last job validate_job called VALID

@@ -39,7 +39,7 @@ def step_metrics(results: list[EpisodeResult], update: dict, seconds: dict, ledg
         "harness_submitted_rate": sum(r.harness_submitted > 0 for r in results) / n,
         "valid_rate": sum(r.reward["validation"] > 0 for r in results) / n,   # a job called VALID at least once
         "refused_calls_mean": sum(r.refused_calls for r in results) / n,
-        # episodes that submitted a job unchanged after validate_job called it INVALID (docs/real_models.md)
+        # episodes that submitted a job unchanged after validate_job called it INVALID (docs/results/)
         "submitted_unfixed_rate": sum(r.submitted_unfixed > 0 for r in results) / n,
         "job_success_rate": sum(r.reward["job_success"] for r in results) / n,
         "quality_mean": sum(r.reward["quality"] for r in results) / n,
