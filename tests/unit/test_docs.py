@@ -20,6 +20,8 @@ from pydantic import BaseModel
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md"]
+# The research log and the benchmarks' index: their links resolve too (their names are a record, not checked).
+LOG = [*sorted((ROOT / "docs" / "results").glob("*.md")), ROOT / "bench" / "README.md"]
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 TICKED = re.compile(r"`([^`\n]+)`")
 DOTTED = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+$")
@@ -128,7 +130,7 @@ def ticked(doc: Path) -> list[str]:
     return [m.group(1).strip().removesuffix("()") for m in TICKED.finditer(doc.read_text())]
 
 
-@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+@pytest.mark.parametrize("doc", DOCS + LOG, ids=lambda p: str(p.relative_to(ROOT)))
 def test_links_resolve(doc):
     targets = [m.group(1) for m in LINK.finditer(doc.read_text())]
     missing = [t for t in targets if not t.startswith(("http://", "https://", "mailto:", "#"))
