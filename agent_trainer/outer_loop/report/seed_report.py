@@ -3,7 +3,7 @@
     >>> runs = collect(uri, ["runs/<sweep id>"])          # e.g. at-train -m seed=0,1,2 hydra/launcher=joblib
     >>> write_seed_report(runs, "runs/<compare run>")    # seeds.md, .csv, .png (only when the runs differ in seed)
 
-Numbers from MLflow only (``agent_trainer.outer_loop.report.compare_runs.collect``). The columns: docs/outer_loop.md,
+Numbers from MLflow only (``agent_trainer.outer_loop.report.compare_runs.collect``). The columns: docs/evaluation.md,
 "Three seeds and a seed report".
 """
 

@@ -6,7 +6,7 @@ evaluation, so two evaluations differ only by the policy that played them.
 - ``TRAIN``: the training families, at the start and the end when ``outer.train_eval_episodes`` > 0
   (``train_eval_*``, ``train_eval_end_*``, the paired ``paired_train_*``, as ``scripts/policy_eval.py`` writes).
 
-When they run, their seeds, their metrics and the paired gains: docs/outer_loop.md, "Held-out evaluation".
+When they run, their seeds, their metrics and the paired gains: docs/evaluation.md, "Held-out evaluation".
 """
 
 from __future__ import annotations

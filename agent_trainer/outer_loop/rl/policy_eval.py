@@ -10,7 +10,7 @@ and end rewards exactly.
     >>> out = evaluate_runs(["runs/<run>"], families="train", episodes=4, steps=["start", "last"])
     >>> out["runs"][0]["gain"]      # {"from": "start", "to": 11, "gain": ..., "lo": ..., "hi": ...}
 
-``scripts/policy_eval.py`` is its command line; docs/outer_loop.md, "Three seeds and a seed report".
+``scripts/policy_eval.py`` is its command line; docs/evaluation.md, "Three seeds and a seed report".
 """
 
 from __future__ import annotations
