@@ -37,7 +37,7 @@ def test_one_step_of_the_recipe_runs_on_the_tiny_agent(tmp_path, built_agent):
     from agent_trainer.commands import train as at_train
 
     # Shrunk for the suite: the tiny agent (the recipe's warm start is SmolLM2's) with 4 turns, one task of two
-    # episodes, one held-out episode and one a training task at the start and end, short hidden evaluations (inner=fast).
+    # episodes, one held-out episode and one a training task at the start and end, short hidden evaluations.
     cfg = compose_config([f"runs_dir={tmp_path}", "run_id=recipe", "experiment=smollm2_cpu", "agent=tiny_local",
                           "agent.model=tiny-agent", "agent.max_new_tokens=320", "agent.max_turns=4", "outer.steps=1",
                           "outer.tasks_per_step=1", "outer.group_size=2", "outer.heldout_episodes=1",
