@@ -119,3 +119,28 @@ def test_the_job_check_reads_rows_as_the_trainer_renders_them(tmp_path):
     assert not check_job(spec, job, "calc_chain", N).flagged, "without the model's tokens it passes (round 4)"
     r = check_job(spec, job, "calc_chain", N, model_dir=SMOL, fmt=fmt)
     assert r.flagged and r.kinds["token"] == N, r.summary()
+
+
+def test_the_folder_tokenizer_reads_as_transformers_does(tmp_path):
+    """The checking child's tokenizer (no transformers import): the same ids, offsets, pieces and chat renders."""
+    from transformers import AutoTokenizer
+
+    from agent_trainer.evaluation.folder_tokenizer import FolderTokenizer
+    from agent_trainer.evaluation.prompts import render
+
+    build_tokenizer().save_pretrained(tmp_path / "tiny")
+    folders = [tmp_path / "tiny"] + ([SMOL] if (SMOL / "tokenizer.json").is_file() else [])
+    texts = ["calc: 11-3-3=", "xcalc:  11 -3-3=5", "триаж: é 字 \u00a0 x", "<|im_start|>user\nhi<|im_end|>"]
+    for folder in folders:
+        ours, theirs = FolderTokenizer.load(folder), AutoTokenizer.from_pretrained(folder, local_files_only=True)
+        assert len(ours) == len(theirs)
+        for t in texts:
+            a = ours(t, add_special_tokens=False, return_offsets_mapping=True)
+            b = theirs(t, add_special_tokens=False, return_offsets_mapping=True)
+            assert a["input_ids"] == b["input_ids"] and [tuple(o) for o in a["offset_mapping"]] == \
+                [tuple(o) for o in b["offset_mapping"]], (folder, t)
+        ids = list(range(0, len(ours), 97))
+        assert ours.batch_decode([[i] for i in ids]) == theirs.batch_decode([[i] for i in ids])
+        assert ours.convert_ids_to_tokens(ids) == theirs.convert_ids_to_tokens(ids)
+        for fmt in (for_family("calc_chain", "chat"), for_family("triage", "chat")):
+            assert render(ours, "calc: 11-3-3=", fmt) == render(theirs, "calc: 11-3-3=", fmt), folder

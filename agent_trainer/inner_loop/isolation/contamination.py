@@ -88,10 +88,10 @@ def _tokenizer(model_dir, fmt):
     """``(the base model's tokenizer, the row renderer of format fmt)``, or ``(None, None)`` without a model."""
     if model_dir is None:
         return None, None
+    from agent_trainer.evaluation.folder_tokenizer import FolderTokenizer
     from agent_trainer.evaluation.prompts import RAW, render
-    from agent_trainer.inner_loop.models import load_tokenizer
 
-    tokenizer = load_tokenizer(model_dir)
+    tokenizer = FolderTokenizer.load(model_dir)
     if fmt is None or fmt == RAW:
         return tokenizer, None
     return tokenizer, lambda prompt: render(tokenizer, prompt, fmt)
