@@ -317,7 +317,8 @@ def _token_judge(family: str, n: int, tokenizer, fmt):
 def find_overlap(family: str, n: int, texts: Iterable[tuple[str, str]], min_hits: int = MIN_HITS,
                  tokenizer=None, fmt=None) -> ContaminationReport:
     """Check ``(source label, text)`` pairs against the first ``n`` hidden items of ``family``: the character rule
-    first, then (given the base model's ``tokenizer`` and the job's prompt format ``fmt``) the token judge.
+    first, then (given the base model's ``tokenizer`` and the job's prompt format ``fmt``) the token judge; a
+    triple ``(source, text, False)`` is left to the character rule (a field whose row's joined text the judge reads).
 
     A text too large to fold (``FoldTooLarge``) ends the check with ``error`` set and the report flagged."""
     index = _index(family, int(n))
@@ -338,7 +339,7 @@ def find_overlap(family: str, n: int, texts: Iterable[tuple[str, str]], min_hits
             report.sources.append({"source": source, "kind": kind, "item": item})
 
     batch: list[tuple[str, str]] = []
-    for source, text in texts:
+    for source, text, *token_judged in texts:
         report.texts_checked += 1
         try:
             found = index.scan(units(text))
@@ -348,7 +349,7 @@ def find_overlap(family: str, n: int, texts: Iterable[tuple[str, str]], min_hits
             return report
         for kind, item in found:
             hit(source, kind, item)
-        if judge is not None:
+        if judge is not None and (not token_judged or token_judged[0]):
             batch.append((source, text))
             if len(batch) >= BATCH:
                 for t, kind, item in judge.scan([x for _, x in batch]):

@@ -58,18 +58,24 @@ class FolderTokenizer:
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = False,
                             tokenize: bool = False) -> str:
         """The chat template rendered as transformers renders it (its sandboxed jinja2 settings)."""
-        import jinja2.ext
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-
         if tokenize:
             raise ValueError("FolderTokenizer renders text only (tokenize=False)")
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
-        env.filters["tojson"] = lambda x, indent=None: json.dumps(x, ensure_ascii=False, indent=indent)
-
-        def raise_exception(message):
-            raise jinja2.exceptions.TemplateError(message)
-
-        env.globals["raise_exception"] = raise_exception
         special = {k: v for k, v in self.config.items() if k.endswith("_token") and isinstance(v, str)}
-        return env.from_string(self.chat_template).render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                                          **special)
+        return self._compiled().render(messages=messages, add_generation_prompt=add_generation_prompt, **special)
+
+    def _compiled(self):
+        """The chat template compiled once (compiling it for every row cost 20 s on 1,000 rows)."""
+        if getattr(self, "_template", None) is None:
+            import jinja2.ext
+            from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                                extensions=[jinja2.ext.loopcontrols])
+            env.filters["tojson"] = lambda x, indent=None: json.dumps(x, ensure_ascii=False, indent=indent)
+
+            def raise_exception(message):
+                raise jinja2.exceptions.TemplateError(message)
+
+            env.globals["raise_exception"] = raise_exception
+            self._template = env.from_string(self.chat_template)
+        return self._template

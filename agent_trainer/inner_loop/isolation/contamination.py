@@ -33,13 +33,14 @@ CHECK_LIMITS = {"RLIMIT_AS": 4 * 2**30, "RLIMIT_CPU": 300, "RLIMIT_FSIZE": 64 * 
 CHECK_DEADLINE_S = 600.0
 
 
-def row_texts(where: str, row: object, render=None) -> Iterator[tuple[str, str]]:
+def row_texts(where: str, row: object, render=None) -> Iterator[tuple]:
     """``(where, text)`` for one parsed row: its string values, its rendered texts (``render``: the prompt in the
     job's format, as the trainer renders it), all its strings joined."""
     fields = row.items() if isinstance(row, dict) else [("value", row)]
     strings = [(str(k)[:40], v) for k, v in fields if isinstance(v, str)]
     for key, value in strings:
-        yield f"{where} {key}", value
+        # A third element False: the token judge may skip the field, the joined text holds it whole (half the work).
+        yield (f"{where} {key}", value) if len(strings) == 1 else (f"{where} {key}", value, False)
     if isinstance(row, dict):
         for text in rendered_texts(row, render):
             yield f"{where} as trained", text
@@ -47,7 +48,7 @@ def row_texts(where: str, row: object, render=None) -> Iterator[tuple[str, str]]
         yield f"{where} joined", "".join(v for _, v in strings)
 
 
-def agent_texts(spec, job_dir: str | Path, render=None) -> Iterator[tuple[str, str]]:
+def agent_texts(spec, job_dir: str | Path, render=None) -> Iterator[tuple]:
     """``(where, text)`` for every data row and reward file the job's stages use."""
     job_dir = Path(job_dir)
     views = spec.stage_specs() if hasattr(spec, "stage_specs") else [spec]
@@ -94,6 +95,10 @@ def _tokenizer(model_dir, fmt):
     tokenizer = FolderTokenizer.load(model_dir)
     if fmt is None or fmt == RAW:
         return tokenizer, None
+    # The template around a prompt is the same for every row: rendered once, when it places the prompt verbatim.
+    head, mark, tail = render(tokenizer, "\x00", fmt).partition("\x00")
+    if mark and render(tokenizer, "calc: 1+1=", fmt) == f"{head}calc: 1+1={tail}":
+        return tokenizer, lambda prompt: f"{head}{prompt}{tail}"
     return tokenizer, lambda prompt: render(tokenizer, prompt, fmt)
 
 
