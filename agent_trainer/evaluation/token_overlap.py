@@ -184,7 +184,7 @@ class TokenJudge:
     def _contained(self, j: int, keys: list[int], text: str) -> bool:
         """Whether ``keys`` hold item ``j`` contiguously, its first and last token possibly merged with glue: the
         text's tokens up to the core end (with no whitespace token) in the item's first token's text, and those
-        after it start with its last token's text (``xtriage:`` read as ``xt`` ``riage`` ``:`` still holds ``triage``)."""
+        after it start with its last token's text (``xtriage:`` read as ``xt`` ``riage`` ``:`` holds ``triage``)."""
         item, core = self.items[j], self.cores[j]
         if len(core) == len(item):
             return core in text

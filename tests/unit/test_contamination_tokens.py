@@ -23,7 +23,8 @@ from agent_trainer.evaluation.token_overlap import TokenJudge
 from agent_trainer.inner_loop.models.tokenizer import build_tokenizer
 
 N = 200
-SMOL = Path(os.environ.get("AGENT_TRAINER_CACHE", Path.home() / ".cache" / "agent-trainer")) / "models" / "smollm2-135m-v1"
+CACHE = Path(os.environ.get("AGENT_TRAINER_CACHE", Path.home() / ".cache" / "agent-trainer"))
+SMOL = CACHE / "models" / "smollm2-135m-v1"
 GLUES = ["x", "Q", "50494", "%", "#", "é", "ж", "字", "_", "7"]
 
 

@@ -3,7 +3,8 @@
 A family draws items from a seeded generator. Every prompt is assigned to one of two disjoint
 pools by a hash of its *split key*: the *hidden* pool (about 1 in ``HIDDEN_BUCKETS``) and the
 *training* pool. The split key (``TaskFamily.split_key``) is the same for an item's twins (a data family's prompts
-equal after folding), so a twin never sits in the other pool; an item without twins keys on its own prompt. Agent-facing generators (``training_examples``) only ever return training-pool
+equal after folding), so a twin never sits in the other pool; an item without twins keys on its own prompt.
+Agent-facing generators (``training_examples``) only ever return training-pool
 items and only accept seeds below ``MAX_AGENT_SEED``; the hidden set is drawn from seeds at
 ``HIDDEN_SEED_BASE`` and above and keeps hidden-pool items only. So no seed an agent can pass
 reaches a hidden item, and disjointness holds by construction (a test checks it too).
