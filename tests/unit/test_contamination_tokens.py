@@ -145,3 +145,28 @@ def test_the_folder_tokenizer_reads_as_transformers_does(tmp_path):
         assert ours.convert_ids_to_tokens(ids) == theirs.convert_ids_to_tokens(ids)
         for fmt in (for_family("calc_chain", "chat"), for_family("triage", "chat")):
             assert render(ours, "calc: 11-3-3=", fmt) == render(theirs, "calc: 11-3-3=", fmt), folder
+
+
+def test_sampled_trained_rows_are_judged_on_token_ids_after_training(tmp_path):
+    """``check_trained`` in its child with the base model's folder: a sampled stage's glued hidden row is flagged."""
+    import yaml
+
+    from agent_trainer.inner_loop.isolation.contamination import check_trained
+    from agent_trainer.inner_loop.spec.jobspec import load_job
+    from agent_trainer.inner_loop.train.data import TRAINED_ROWS
+
+    job, out = tmp_path / "job", tmp_path / "out"
+    job.mkdir()
+    out.mkdir()
+    (job / "job.yaml").write_text(yaml.safe_dump({
+        "base_model": "tiny-s", "algorithm": "sft", "seed": 0, "hyperparameters": {"max_steps": 2},
+        "data": {"sources": [{"family": "calc_chain", "size": 16, "self_generated": {"samples_per_prompt": 2}}]},
+        "reward": {"functions": [{"name": "exact_match"}]}}))
+    build_tokenizer().save_pretrained(tmp_path / "tiny")
+    h = hidden_set("calc_chain", N)[7]
+    rows = [{"prompt": "calc: 1+2=", "answer": "3"}, {"prompt": "q" + h.prompt, "answer": h.answer}]
+    (out / TRAINED_ROWS).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    spec = load_job(job)
+    assert not check_trained(spec, job, out, "calc_chain", N).flagged, "the character rule alone misses it"
+    r = check_trained(spec, job, out, "calc_chain", N, model_dir=tmp_path / "tiny", fmt=for_family("calc_chain", "chat"))
+    assert r.flagged and r.kinds["token"] == 1, r.summary()
