@@ -60,3 +60,18 @@ def test_an_honest_library_only_job_is_not_flagged_for_the_cards_twins(tmp_path,
     # ... while the hidden items themselves, in either spelling, are.
     caps = [(f"h{i}", e.prompt[0].upper() + e.prompt[1:]) for i, e in enumerate(hidden_set("twins", n))]
     assert find_overlap("twins", n, caps, tokenizer=build_tokenizer()).hits == n
+
+
+def test_the_word_math_sft_examples_library_rows_are_not_flagged(monkeypatch):
+    """examples/families/word_math_sft (seed 1, 4,000 library rows): the seed-0 sample of public text missed ~13% of
+    the card's training rows, and their phrases ("cal has 2 coins and gives away") counted as distinctive pieces of
+    hidden items (2 items flagged); the public text of a data family is now its whole training pool."""
+    from pathlib import Path
+
+    from agent_trainer.evaluation.prompts import for_family
+
+    monkeypatch.setenv(INCLUDE_PATH_ENV, str(Path(__file__).parents[2] / "examples" / "families"))
+    rows = [(f"row {i}", e.prompt + e.answer) for i, e in enumerate(get_family("word_math").training_examples(1, 4000))]
+    assert not find_overlap("word_math", 100, rows).flagged
+    chat = for_family("word_math", "chat")
+    assert not find_overlap("word_math", 100, rows, tokenizer=build_tokenizer(), fmt=chat).flagged
