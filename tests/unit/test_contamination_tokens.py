@@ -64,11 +64,13 @@ def test_glue_of_any_class_in_front_or_behind_every_hidden_item_is_flagged(token
 @pytest.mark.parametrize("family", sorted(BUILT_IN))
 def test_no_clean_training_row_of_a_built_in_family_is_flagged(tokenizers, family):
     """Rows of the training pool from seeds the template sample does not use, alone and as one job."""
-    fam = get_family(family)
-    rows = [(f"seed {s} row {i}", e.prompt + e.answer)
-            for s in (1, 2) for i, e in enumerate(fam.training_examples(seed=s, n=1000))]
+    from agent_trainer.evaluation.prompts import render
+
+    examples = [(s, i, e) for s in (1, 2) for i, e in enumerate(get_family(family).training_examples(seed=s, n=1000))]
     for name, tok in tokenizers.items():
         for fmt in (RAW, for_family(family, "chat")):
+            # As the trainer renders them: in the chat format the template (with the family's instruction) as well.
+            rows = [(f"seed {s} row {i}", render(tok, e.prompt, fmt) + e.answer) for s, i, e in examples]
             r = find_overlap(family, N, rows, tokenizer=tok, fmt=fmt)
             assert not r.flagged, (name, fmt.kind, r.summary())
 
