@@ -50,7 +50,7 @@ def _found(conf: Config, family: str) -> Path | None:
 
 def _from_card(family: str, reference: dict | None) -> dict | None:
     """A spec for a family that has a card (a registered data family) but no spec file; None when it has none."""
-    from agent_trainer.evaluation.families import BUILT_IN, FAMILIES, in_hidden_pool
+    from agent_trainer.evaluation.families import BUILT_IN, FAMILIES
 
     if family not in FAMILIES or family in BUILT_IN:   # a broken card on the include path fails here, as itself
         return None  # (a built-in family's spec files ship in examples/tasks: the pattern must find one)
@@ -61,7 +61,8 @@ def _from_card(family: str, reference: dict | None) -> dict | None:
     spec.update(name=f"{family}_v{cls.version}_{tier}", family=family, version=cls.version)
     rows = getattr(cls, "rows", None)
     if rows:
-        hidden = len({r.prompt for r in rows if in_hidden_pool(family, r.prompt)})
+        fam = cls()
+        hidden = len({r.prompt for r in rows if fam.in_hidden(r.prompt)})
         spec["hidden_eval_size"] = max(1, min(int(spec.get("hidden_eval_size", 200)), hidden))
     return spec
 

@@ -207,7 +207,8 @@ class ContaminationReport:
     n: int
     flagged: bool = False
     hits: int = 0  # distinct hidden items hit
-    kinds: dict[str, int] = field(default_factory=lambda: {"exact": 0, "contained": 0, "near": 0, "ngram": 0})
+    kinds: dict[str, int] = field(default_factory=lambda: {"exact": 0, "contained": 0, "near": 0, "ngram": 0,
+                                                           "token": 0, "token-near": 0, "token-spread": 0})
     sources: list[dict] = field(default_factory=list)  # {"source", "kind", "item"} (first MAX_LISTED)
     texts_checked: int = 0
     error: str = ""  # why the check could not finish (the texts then count as contaminated)
@@ -298,20 +299,54 @@ def _salted_index(family: str, n: int, salt: str) -> HiddenIndex:
     from agent_trainer.evaluation.families import get_family
     from agent_trainer.evaluation.hidden_eval import hidden_set
 
-    fam = get_family(family)
-    return HiddenIndex([e.prompt for e in hidden_set(family, n, salt)],
-                       (ex.prompt for ex in fam.training_examples(seed=0, n=TEMPLATE_SAMPLE)))
+    return HiddenIndex([e.prompt for e in hidden_set(family, n, salt)], public_prompts(get_family(family)))
 
 
-def find_overlap(family: str, n: int, texts: Iterable[tuple[str, str]],
-                 min_hits: int = MIN_HITS) -> ContaminationReport:
-    """Check ``(source label, text)`` pairs against the first ``n`` hidden items of ``family``.
+def public_prompts(fam) -> list[str]:
+    """The family's public text, whose pieces never count as distinctive: a data family's whole training pool (a
+    sample missed ~13% of word_math's rows, and their shared phrases flagged its honest library-only job), else the
+    first ``TEMPLATE_SAMPLE`` training items of seed 0."""
+    rows = getattr(fam, "rows", None)
+    if rows:
+        return [r.prompt for r in rows if not fam.in_hidden(r.prompt)]
+    return [ex.prompt for ex in fam.training_examples(seed=0, n=TEMPLATE_SAMPLE)]
+
+
+def _token_judge(family: str, n: int, tokenizer, fmt):
+    """The token judge (``agent_trainer.evaluation.token_overlap``) of the family's first ``n`` hidden items."""
+    from agent_trainer.evaluation.families import get_family
+    from agent_trainer.evaluation.hidden_eval import hidden_set
+    from agent_trainer.evaluation.token_overlap import TokenJudge
+
+    return TokenJudge(tokenizer, [e.prompt for e in hidden_set(family, n)], public_prompts(get_family(family)), fmt)
+
+
+def find_overlap(family: str, n: int, texts: Iterable[tuple[str, str]], min_hits: int = MIN_HITS,
+                 tokenizer=None, fmt=None) -> ContaminationReport:
+    """Check ``(source label, text)`` pairs against the first ``n`` hidden items of ``family``: the character rule
+    first, then (given the base model's ``tokenizer`` and the job's prompt format ``fmt``) the token judge; a
+    triple ``(source, text, False)`` is left to the character rule (a field whose row's joined text the judge reads).
 
     A text too large to fold (``FoldTooLarge``) ends the check with ``error`` set and the report flagged."""
     index = _index(family, int(n))
+    judge = None
+    if tokenizer is not None:
+        from agent_trainer.evaluation.prompts import RAW
+        from agent_trainer.evaluation.token_overlap import BATCH
+
+        judge = _token_judge(family, int(n), tokenizer, fmt or RAW)
     report = ContaminationReport(family=family, n=int(n))
     hit_items: set[int] = set()
-    for source, text in texts:
+
+    def hit(source: str, kind: str, item: int) -> None:
+        if item not in hit_items:
+            report.kinds[kind] += 1
+        hit_items.add(item)
+        if len(report.sources) < MAX_LISTED:
+            report.sources.append({"source": source, "kind": kind, "item": item})
+
+    batch: list[tuple[str, str]] = []
+    for source, text, *token_judged in texts:
         report.texts_checked += 1
         try:
             found = index.scan(units(text))
@@ -320,11 +355,18 @@ def find_overlap(family: str, n: int, texts: Iterable[tuple[str, str]],
             report.flagged = True
             return report
         for kind, item in found:
-            if item not in hit_items:
-                report.kinds[kind] += 1
-            hit_items.add(item)
-            if len(report.sources) < MAX_LISTED:
-                report.sources.append({"source": source, "kind": kind, "item": item})
+            hit(source, kind, item)
+        if judge is not None and (not token_judged or token_judged[0]):
+            batch.append((source, text))
+            if len(batch) >= BATCH:
+                for t, kind, item in judge.scan([x for _, x in batch]):
+                    hit(batch[t][0], kind, item)
+                batch = []
+    if judge is not None:
+        for t, kind, item in judge.scan([x for _, x in batch]):
+            hit(batch[t][0], kind, item)
+        for kind, item in judge.spread_hits():
+            hit("pieces over several texts", kind, item)
     report.hits = len(hit_items)
     report.flagged = report.hits >= min_hits
     return report

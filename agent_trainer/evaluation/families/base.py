@@ -1,8 +1,10 @@
 """Task family base class: a versioned, declarative task with training generators and a hidden set.
 
 A family draws items from a seeded generator. Every prompt is assigned to one of two disjoint
-pools by a hash of the prompt: the *hidden* pool (about 1 in ``HIDDEN_BUCKETS``) and the
-*training* pool. Agent-facing generators (``training_examples``) only ever return training-pool
+pools by a hash of its *split key*: the *hidden* pool (about 1 in ``HIDDEN_BUCKETS``) and the
+*training* pool. The split key (``TaskFamily.split_key``) is the same for an item's twins (a data family's prompts
+equal after folding), so a twin never sits in the other pool; an item without twins keys on its own prompt.
+Agent-facing generators (``training_examples``) only ever return training-pool
 items and only accept seeds below ``MAX_AGENT_SEED``; the hidden set is drawn from seeds at
 ``HIDDEN_SEED_BASE`` and above and keeps hidden-pool items only. So no seed an agent can pass
 reaches a hidden item, and disjointness holds by construction (a test checks it too).
@@ -77,6 +79,16 @@ class TaskFamily:
         raise NotImplementedError
 
     # --- public API -----------------------------------------------------------------------
+    def split_key(self, prompt: str) -> str:
+        """The text the hidden/training split hashes for ``prompt``: one key for an item and its twins (here the
+        prompt itself; a data family keys a group of twins on its lexicographically first member, so an item
+        without twins keeps the split it always had)."""
+        return prompt
+
+    def in_hidden(self, prompt: str) -> bool:
+        """True when ``prompt`` belongs to the family's hidden pool (``in_hidden_pool`` of its ``split_key``)."""
+        return in_hidden_pool(self.name, self.split_key(prompt))
+
     def training_examples(self, seed: int, n: int) -> list[Example]:
         """``n`` training-pool items drawn from ``seed`` (0 <= seed < MAX_AGENT_SEED)."""
         if not isinstance(seed, int) or not 0 <= seed < MAX_AGENT_SEED:
@@ -97,7 +109,7 @@ class TaskFamily:
         rng = random.Random(f"{self.name}/v{self.version}/{seed}")
         while True:
             ex = self._sample(rng)
-            if not in_hidden_pool(self.name, ex.prompt):
+            if not self.in_hidden(ex.prompt):
                 yield ex
 
     def _draw(self, seed: int, n: int, hidden: bool, salt: str = "") -> list[Example]:
@@ -111,7 +123,7 @@ class TaskFamily:
             if attempts > 400 * n + 10_000:
                 raise FamilyError(f"family {self.name} could not draw {n} distinct items")
             ex = self._sample(rng)
-            if in_hidden_pool(self.name, ex.prompt) != hidden:
+            if self.in_hidden(ex.prompt) != hidden:
                 continue
             # Training draws may repeat prompts (like sampling with replacement); hidden sets may not.
             if hidden:

@@ -3,13 +3,18 @@
     at-eval task.include_path=[/my/tasks] task=/my/tasks/word_math_task.json
 
 Every folder of ``task.include_path`` is searched for ``*.yaml`` cards when a family is looked up; a
-data family then works like a built-in one (the same hash split into a hidden and a training pool).
+data family then works like a built-in one (the same hash split into a hidden and a training pool). Rows whose
+prompts are equal after the folds the contamination check uses (``canonical_prompt``: case, spacing, Unicode
+look-alikes) are twins: the card loads with each group merged into its first row (``merged_twins`` counts the
+rows dropped), and the group keys the split on its lexicographically first prompt, so a card's twin can never sit
+in the training pool while its sibling is hidden (and flag an honest library-only job for the card's fault).
 The card's keys and defaults: docs/real_models.md, "A data set as a task family".
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import random
 import re
 from pathlib import Path
@@ -17,7 +22,7 @@ from pathlib import Path
 import yaml
 
 from agent_trainer.evaluation.families.base import (
-    SCORERS, CardError, Example, FamilyError, TaskFamily, extract_answer, in_hidden_pool, normalize,
+    SCORERS, CardError, Example, FamilyError, TaskFamily, extract_answer, normalize,
 )
 
 CARD_KEYS = {"name", "version", "instruction", "scorer", "answer_regex", "labels", "max_new_tokens", "held_out",
@@ -26,6 +31,7 @@ MAX_ROWS = 1_000_000
 # A family with at most this many distinct answers (and no labels) is a classification: its answers are a closed set.
 CLOSED_SET_MAX = 32
 NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+log = logging.getLogger(__name__)
 
 
 class DataFamily(TaskFamily):
@@ -34,12 +40,17 @@ class DataFamily(TaskFamily):
     rows: tuple[Example, ...] = ()
     answer_regex: str | None = None
     source: str = ""
+    merged_twins: int = 0                 # rows of the card dropped as twins of an earlier row
+    split_keys: dict[str, str] = {}       # a kept row's prompt -> its group's first prompt (only for groups of 2+)
+
+    def split_key(self, prompt: str) -> str:
+        return self.split_keys.get(prompt, prompt)
 
     def _sample(self, rng: random.Random) -> Example:
         return self.rows[rng.randrange(len(self.rows))]
 
     def _draw(self, seed: int, n: int, hidden: bool, salt: str = "") -> list[Example]:
-        pool = [r for r in self.rows if in_hidden_pool(self.name, r.prompt) == hidden]
+        pool = [r for r in self.rows if self.in_hidden(r.prompt) == hidden]
         if hidden:
             # Distinct prompts, in a fixed shuffled order: the first n are the hidden set of size n.
             pool = list({r.prompt: r for r in pool}.values())
@@ -128,6 +139,12 @@ def load_card(path: str | Path) -> type[DataFamily]:
         raise CardError(f"family card {path}: labels must be a list such as [refund, bug, other], got {labels!r}")
     data = path.parent / str(card.get("data") or f"{name}.jsonl")
     rows, first_line = _read_rows(data)
+    read = len(rows)
+    rows, split_keys = merge_twins(rows)
+    merged = read - len(rows)
+    if merged:
+        log.warning("family card %s: %d of its %d rows merged as twins of earlier rows (prompts equal after the "
+                    "contamination check's folds)", path, merged, read)
     attrs = {
         "name": name, "version": _card_value(card, path, "version", int, 1),
         "instruction": str(card.get("instruction") or f"Answer the {name} prompt."),
@@ -135,10 +152,34 @@ def load_card(path: str | Path) -> type[DataFamily]:
         "max_new_tokens": _card_value(card, path, "max_new_tokens", int, 16),
         "held_out": _card_value(card, path, "held_out", bool, False),
         "notes": str(card.get("notes") or ""), "rows": tuple(rows), "source": str(data),
+        "merged_twins": merged, "split_keys": split_keys,
     }
     cls = type(f"DataFamily_{name}", (DataFamily,), attrs)
     _check_answers(cls, first_line)
     return cls
+
+
+def canonical_prompt(prompt: str) -> str:
+    """A prompt as the contamination check compares it: folded (case, Unicode look-alikes) and in units, so that
+    spacing and glue between units do not count (``Calc:  11 - 3`` is ``calc: 11-3``)."""
+    from agent_trainer.evaluation.contamination import FoldTooLarge, tokens
+
+    try:
+        return "\x1f".join(tokens(prompt))
+    except FoldTooLarge:
+        return normalize(prompt)
+
+
+def merge_twins(rows: list[Example]) -> tuple[list[Example], dict[str, str]]:
+    """``(rows with each group of twins merged into its first row, kept prompt -> the group's split key)``: the
+    split key is the group's lexicographically first prompt, listed only for groups of two or more (a row
+    without twins keeps the split of its own prompt)."""
+    groups: dict[str, list[Example]] = {}
+    for r in rows:
+        groups.setdefault(canonical_prompt(r.prompt), []).append(r)
+    kept = [g[0] for g in groups.values()]
+    keys = {g[0].prompt: min(x.prompt for x in g) for g in groups.values() if len({x.prompt for x in g}) > 1}
+    return kept, keys
 
 
 def _card_value(card: dict, path: Path, key: str, kind: type, default):

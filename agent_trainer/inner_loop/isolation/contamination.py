@@ -11,7 +11,7 @@ a malicious file costs that child, never the harness; a child that fails or runs
 What is checked: docs/security.md, "Contamination rules".
 
     python -m agent_trainer.inner_loop.isolation.contamination parse|job|trained SPEC.json JOB_DIR OUT_DIR FAMILY N \
-        REPORT.json STAGES_RUN SALT_SETTING
+        REPORT.json STAGES_RUN SALT_SETTING MODEL_DIR|- '["raw"|"chat", SYSTEM_PROMPT|null]'
 """
 
 from __future__ import annotations
@@ -33,20 +33,22 @@ CHECK_LIMITS = {"RLIMIT_AS": 4 * 2**30, "RLIMIT_CPU": 300, "RLIMIT_FSIZE": 64 * 
 CHECK_DEADLINE_S = 600.0
 
 
-def row_texts(where: str, row: object) -> Iterator[tuple[str, str]]:
-    """``(where, text)`` for one parsed row: its string values, its rendered texts, all its strings joined."""
+def row_texts(where: str, row: object, render=None) -> Iterator[tuple]:
+    """``(where, text)`` for one parsed row: its string values, its rendered texts (``render``: the prompt in the
+    job's format, as the trainer renders it), all its strings joined."""
     fields = row.items() if isinstance(row, dict) else [("value", row)]
     strings = [(str(k)[:40], v) for k, v in fields if isinstance(v, str)]
     for key, value in strings:
-        yield f"{where} {key}", value
+        # A third element False: the token judge may skip the field, the joined text holds it whole (half the work).
+        yield (f"{where} {key}", value) if len(strings) == 1 else (f"{where} {key}", value, False)
     if isinstance(row, dict):
-        for text in rendered_texts(row):
+        for text in rendered_texts(row, render):
             yield f"{where} as trained", text
     if len(strings) > 1:
         yield f"{where} joined", "".join(v for _, v in strings)
 
 
-def agent_texts(spec, job_dir: str | Path) -> Iterator[tuple[str, str]]:
+def agent_texts(spec, job_dir: str | Path, render=None) -> Iterator[tuple]:
     """``(where, text)`` for every data row and reward file the job's stages use."""
     job_dir = Path(job_dir)
     views = spec.stage_specs() if hasattr(spec, "stage_specs") else [spec]
@@ -64,7 +66,7 @@ def agent_texts(spec, job_dir: str | Path) -> Iterator[tuple[str, str]]:
             except (ValueError, RecursionError):
                 yield f"{name} line {n}", line
                 continue
-            yield from row_texts(f"{name} line {n}", row)
+            yield from row_texts(f"{name} line {n}", row, render)
     for name in reward_files:
         try:
             yield name, (job_dir / name).read_text(encoding="utf-8", errors="replace")
@@ -72,21 +74,43 @@ def agent_texts(spec, job_dir: str | Path) -> Iterator[tuple[str, str]]:
             continue
 
 
-def check_job(spec, job_dir: str | Path, family: str, hidden_n: int, *, in_child: bool = True) -> ContaminationReport:
+def check_job(spec, job_dir: str | Path, family: str, hidden_n: int, *, in_child: bool = True,
+              model_dir: str | Path | None = None, fmt=None) -> ContaminationReport:
     """The job's agent-provided texts checked against the first ``hidden_n`` hidden items of ``family``
-    (in a child process unless ``in_child=False``)."""
+    (in a child process unless ``in_child=False``); with the base model's folder ``model_dir``, also on its token
+    ids, rows rendered in the job's prompt format ``fmt``."""
     if in_child:
-        return in_check_child("job", spec, job_dir, None, family, hidden_n)
-    return find_overlap(family, hidden_n, agent_texts(spec, job_dir))
+        return in_check_child("job", spec, job_dir, None, family, hidden_n, model_dir=model_dir, fmt=fmt)
+    tokenizer, render = _tokenizer(model_dir, fmt)
+    return find_overlap(family, hidden_n, agent_texts(spec, job_dir, render), tokenizer=tokenizer, fmt=fmt)
+
+
+def _tokenizer(model_dir, fmt):
+    """``(the base model's tokenizer, the row renderer of format fmt)``, or ``(None, None)`` without a model."""
+    if model_dir is None:
+        return None, None
+    from agent_trainer.evaluation.folder_tokenizer import FolderTokenizer
+    from agent_trainer.evaluation.prompts import RAW, render
+
+    tokenizer = FolderTokenizer.load(model_dir)
+    if fmt is None or fmt == RAW:
+        return tokenizer, None
+    # The template around a prompt is the same for every row: rendered once, when it places the prompt verbatim.
+    head, mark, tail = render(tokenizer, "\x00", fmt).partition("\x00")
+    if mark and render(tokenizer, "calc: 1+1=", fmt) == f"{head}calc: 1+1={tail}":
+        return tokenizer, lambda prompt: f"{head}{prompt}{tail}"
+    return tokenizer, lambda prompt: render(tokenizer, prompt, fmt)
 
 
 def in_check_child(mode: str, spec, job_dir: str | Path, output_dir: str | Path | None, family: str, hidden_n: int,
                    stages_run: int | None = None, *, limits: dict[str, int] | None = None,
-                   deadline_s: float = CHECK_DEADLINE_S) -> ContaminationReport:
+                   deadline_s: float = CHECK_DEADLINE_S, model_dir: str | Path | None = None,
+                   fmt=None) -> ContaminationReport:
     """``check_job`` (``mode="job"``) or ``check_trained`` (``"trained"``) run in a child started by the launcher,
     with ``limits`` (default ``CHECK_LIMITS``) and a wall-clock deadline. A child that fails, is killed or
     overruns gives a flagged report whose ``error`` says why."""
-    answer, error = _in_child(mode, spec, job_dir, output_dir, family, hidden_n, stages_run, limits, deadline_s)
+    answer, error = _in_child(mode, spec, job_dir, output_dir, family, hidden_n, stages_run, limits, deadline_s,
+                              model_dir, fmt)
     return _failed(family, hidden_n, error) if answer is None else ContaminationReport(**answer)
 
 
@@ -99,7 +123,8 @@ def parse_in_child(spec, job_dir: str | Path, family: str, *, limits: dict[str, 
     return None if answer is not None else error
 
 
-def _in_child(mode, spec, job_dir, output_dir, family, hidden_n, stages_run, limits, deadline_s):
+def _in_child(mode, spec, job_dir, output_dir, family, hidden_n, stages_run, limits, deadline_s, model_dir=None,
+              fmt=None):
     """``(the child's JSON answer, "")``, or ``(None, why it gave none)``."""
     from agent_trainer.salt import hidden_salt
     from agent_trainer.inner_loop.isolation.launcher import STDOUT, TimeoutExpired, kill_group, python_module, start
@@ -112,7 +137,8 @@ def _in_child(mode, spec, job_dir, output_dir, family, hidden_n, stages_run, lim
         argv = python_module(__name__, mode, tmp / "spec.json", Path(job_dir).resolve(),
                              Path(output_dir).resolve() if output_dir else "-", family, int(hidden_n),
                              tmp / "report.json", "-" if stages_run is None else int(stages_run),
-                             hidden_salt().setting)
+                             hidden_salt().setting, Path(model_dir).resolve() if model_dir else "-",
+                             json.dumps([fmt.kind, fmt.system] if fmt is not None else ["raw", None]))
         t0 = time.monotonic()
         with open(tmp / "check.log", "wb") as log:
             proc = start(argv, cwd=tmp, env=dict(os.environ), agent_dirs=agent_dirs,
@@ -156,13 +182,16 @@ def _sampled(view) -> bool:
 
 
 def check_trained(spec, job_dir: str | Path, output_dir: str | Path, family: str, hidden_n: int,
-                  stages_run: int | None = None, *, in_child: bool = True) -> ContaminationReport:
+                  stages_run: int | None = None, *, in_child: bool = True, model_dir: str | Path | None = None,
+                  fmt=None) -> ContaminationReport:
     """The rows the job's process trained on (its records), against the declared data and the hidden set
     (in a child process unless ``in_child=False``).
 
     ``stages_run``: how many stages started (``result.json``'s ``ran``); later ones have no record."""
     if in_child:
-        return in_check_child("trained", spec, job_dir, output_dir, family, hidden_n, stages_run)
+        return in_check_child("trained", spec, job_dir, output_dir, family, hidden_n, stages_run,
+                              model_dir=model_dir, fmt=fmt)
+    tokenizer, render = _tokenizer(model_dir, fmt)
     views = spec.stage_specs()
     dirs = _stage_dirs(spec, Path(output_dir))[: len(views) if stages_run is None else stages_run]
     undeclared: list[dict] = []
@@ -173,7 +202,7 @@ def check_trained(spec, job_dir: str | Path, output_dir: str | Path, family: str
             undeclared.append({"source": f"stage {i}", "kind": "undeclared", "item": -1})
             continue
         for n, row in enumerate(record, start=1):
-            for text in rendered_texts(row):
+            for text in rendered_texts(row, render):
                 trained_texts.append((f"stage {i} trained row {n}", text))
         if _sampled(view):
             continue
@@ -182,7 +211,7 @@ def check_trained(spec, job_dir: str | Path, output_dir: str | Path, family: str
             changed = sum(a != b for a, b in zip(record, declared)) + abs(len(record) - len(declared))
             undeclared.append({"source": f"stage {i}: {changed} of {len(record)} trained rows are not the job's "
                                          "declared rows", "kind": "undeclared", "item": -1})
-    report = find_overlap(family, hidden_n, trained_texts)
+    report = find_overlap(family, hidden_n, trained_texts, tokenizer=tokenizer, fmt=fmt)
     if undeclared:
         report.kinds["undeclared"] = len(undeclared)
         report.sources = undeclared + report.sources
@@ -195,7 +224,10 @@ def _main(argv: list[str]) -> int:
 
     from agent_trainer.salt import SALT_ENV
 
-    mode, spec_path, job_dir, output_dir, family, n, report_path, stages_run, salt = argv
+    from agent_trainer.evaluation.prompts import PromptFormat
+
+    mode, spec_path, job_dir, output_dir, family, n, report_path, stages_run, salt, model_dir, fmt = argv
+    model_dir, fmt = (None if model_dir == "-" else model_dir), PromptFormat(*json.loads(fmt))
     os.environ[SALT_ENV] = salt  # the harness's salt setting (a file's path for a secret, never the secret)
     spec = spec_from_json(Path(spec_path).read_text(), family)
     if mode == "parse":  # every data file read and parsed as the validation will; only finishing matters
@@ -209,10 +241,11 @@ def _main(argv: list[str]) -> int:
         Path(report_path).write_text("{}")
         return 0
     if mode == "job":
-        report = check_job(spec, job_dir, family, int(n), in_child=False)
+        report = check_job(spec, job_dir, family, int(n), in_child=False, model_dir=model_dir, fmt=fmt)
     else:
         report = check_trained(spec, job_dir, output_dir, family, int(n),
-                               None if stages_run == "-" else int(stages_run), in_child=False)
+                               None if stages_run == "-" else int(stages_run), in_child=False, model_dir=model_dir,
+                               fmt=fmt)
     Path(report_path).write_text(json.dumps(report.to_dict()))
     return 0
 

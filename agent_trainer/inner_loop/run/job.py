@@ -207,7 +207,7 @@ def execute(job: Job) -> JobResult:
     base_dir, wrap, reward_host = prepare(job, res)
     log, saved = train(job, res, base_dir, wrap, reward_host)
     if res.status in ("ok", "timeout") and saved and (r.out / "model").is_dir():
-        _check_trained(res, job.spec, r.job_dir, r.out, r.task.family, r.hidden_n)
+        _check_trained(res, job.spec, r.job_dir, r.out, r.task, r.hidden_n, base_dir)
         with HARNESS_LOCK:
             _score(res, r.out / "model", base_dir, r.settings.cache_dir,
                    eval_device(r.settings.device, r.settings.gpus), for_task(r.task))
@@ -252,7 +252,7 @@ def prepare(job: Job, res: JobResult):
         from agent_trainer.inner_loop.isolation.reward_proxy import RewardHost
         from agent_trainer.inner_loop.isolation.sandbox import trainer_wrapper
 
-        found = check_job(spec, r.job_dir, r.task.family, r.hidden_n)
+        found = check_job(spec, r.job_dir, r.task.family, r.hidden_n, model_dir=base_dir, fmt=for_task(r.task))
         res.flagged, res.contamination = found.flagged, found.to_dict()
         res.sandbox = "bwrap" if job.policy.use_bwrap() else "unsafe"
         if wrap is None and res.sandbox == "bwrap":
@@ -350,11 +350,12 @@ def _salt_label() -> str:
     return hidden_salt().label
 
 
-def _check_trained(res: JobResult, spec, job_dir: Path, out: Path, family: str, hidden_n: int) -> None:
+def _check_trained(res: JobResult, spec, job_dir: Path, out: Path, task, hidden_n: int, base_dir: Path) -> None:
     """Flag the job when the rows its process trained on are not its declared rows or hold hidden items."""
     from agent_trainer.inner_loop.isolation.contamination import check_trained
 
-    after = check_trained(spec, job_dir, out, family, hidden_n, stages_run=len(res.ran.get("stages", [])) or None)
+    after = check_trained(spec, job_dir, out, task.family, hidden_n, stages_run=len(res.ran.get("stages", [])) or None,
+                          model_dir=base_dir, fmt=for_task(task))
     if after.error:   # fails closed: the job scores as its baseline, and the harness says why
         log.warning("job %s: the trained-rows check could not finish (%s); the job is flagged", res.job_dir,
                     after.error)

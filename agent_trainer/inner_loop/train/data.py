@@ -182,10 +182,12 @@ TRAINED_FIELDS = ("prompt", "answer", "chosen", "rejected")
 TRAINED_ROWS = "trained_rows.jsonl"
 
 
-def rendered_texts(row: dict) -> list[str]:
+def rendered_texts(row: dict, render=None) -> list[str]:
     """The texts a row trains the model on, as it reads them: ``prompt + answer`` (SFT's sequence, and GRPO's
-    prompt with the completion its reward pays for) and DPO's ``prompt + chosen`` / ``prompt + rejected``."""
+    prompt with the completion its reward pays for) and DPO's ``prompt + chosen`` / ``prompt + rejected``;
+    ``render``: the prompt in the job's format (``evaluation.prompts.render``), as the trainer passes it."""
     prompt = row.get("prompt") if isinstance(row.get("prompt"), str) else ""
+    prompt = render(prompt) if render is not None else prompt
     return [prompt + row[k] for k in ("answer", "chosen", "rejected") if isinstance(row.get(k), str)]
 
 
