@@ -207,8 +207,11 @@ def train(spec: JobSpec, rows: list[dict], rewards: Sequence[tuple[str, Callable
                         vocab_size=len(tokenizer))
     step_log = log or StepLog(output_dir / TRAIN_LOG, clock=guard)
     step_log.clock = guard
-    trainer = build_trainer(spec, rows, rewards, model, tokenizer, args,
-                            [guard, step_log, *callbacks, *injected_callbacks()])
+    extra = [*callbacks, *injected_callbacks(step_log)]
+    trainer = build_trainer(spec, rows, rewards, model, tokenizer, args, [guard, step_log, *extra])
+    for callback in extra:
+        if hasattr(callback, "attach"):   # a Trace reads GRPO's sample off the trainer
+            callback.attach(trainer)
     trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
 
     t0 = time.monotonic()
