@@ -141,8 +141,10 @@ def example_jobs() -> list[str]:
     return sorted(p.name for p in (C.ROOT / "examples" / "jobs").iterdir() if (p / "job.yaml").is_file())
 
 
-def run_jobs(work: Path, names: list[str], trace: Path | None = None) -> dict[str, dict[str, Any]]:
-    """The example jobs ``names``; ``trace``: a folder that gets each job's trace (``<job>.jsonl``)."""
+def run_jobs(work: Path, names: list[str], trace: Path | None = None, timeout_s: float | None = None
+             ) -> dict[str, dict[str, Any]]:
+    """The example jobs ``names``; ``trace``: a folder that gets each job's trace (``<job>.jsonl``); ``timeout_s``:
+    each job's wall-clock safety cap (None: the harness's, from its estimate)."""
     from agent_trainer.evaluation.tasks import load_task
     from agent_trainer.inner_loop.run.job import run_job
     from agent_trainer.trace import TRACE_FILE
@@ -152,7 +154,7 @@ def run_jobs(work: Path, names: list[str], trace: Path | None = None) -> dict[st
     for name in names:
         print(f"  job {name} ...", flush=True)
         r = run_job(C.ROOT / "examples" / "jobs" / name, task, output_dir=work / "jobs" / name, threads=1,
-                    cache=False, progress=False, cache_dir=work / "cache")
+                    cache=False, progress=False, cache_dir=work / "cache", timeout_s=timeout_s)
         out[name] = {**{k: getattr(r, k) for k in JOB_KEYS}, "base_model": r.base_model,
                      "ran": ", ".join(f"{s.get('algorithm')}/{s.get('peft')}/{s.get('data_source')} {s.get('steps')}"
                                       for s in (r.ran or {}).get("stages", [])),
@@ -279,6 +281,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--burn", type=int, default=0, metavar="N", help="N busy loops on the CPU beside the run")
     p.add_argument("--trace", type=Path, default=None, metavar="DIR",
                    help="write each example job's trace to DIR/<job>.jsonl (agent_trainer.trace)")
+    p.add_argument("--timeout-s", type=float, default=None, metavar="S",
+                   help="each example job's wall-clock safety cap (default: ~10x its estimate; a machine under heavy "
+                        "load may need more: numbers never depend on it)")
     p.add_argument("--exact", action="store_true",
                    help="compare to the last digit even where the software or the kind of CPU differ")
     args = p.parse_args(argv)
@@ -331,7 +336,8 @@ def compare_or_record(args, parts: list[str], record: dict | None, where: Path =
         now["baselines"] = run_baselines(work)
     if "jobs" in parts:
         print("jobs ...", flush=True)
-        now["jobs"] = run_jobs(work, [x for x in args.jobs.split(",") if x] or example_jobs(), args.trace)
+        now["jobs"] = run_jobs(work, [x for x in args.jobs.split(",") if x] or example_jobs(), args.trace,
+                               args.timeout_s)
     if "main" in parts:
         print("main ...", flush=True)
         threads = (record or {}).get("main", {}).get("agent_threads", 1)
