@@ -1,4 +1,4 @@
-"""PiSSA's initialisation under the portable kernels: the same adapter on every CPU that runs them.
+"""PiSSA's initialisation under the portable kernels: the same adapter whatever code path MKL takes on the CPU.
 
     with portable_pissa(spec.peft):        # around the trainer's construction (it wraps the model in PEFT)
         trainer = GRPOTrainer(..., peft_config=lora_config(spec.peft))
