@@ -11,6 +11,9 @@ jobs' uplifts on calc_chain and the main job's first steps, each compared with t
     .venv/bin/python bench/reproduce.py --exact                  # every digit that differs, on any kind of CPU
     .venv/bin/python bench/reproduce.py --kernels portable       # hardware.cpu_kernels=portable: one record for
                                                                  # Intel and AMD alike
+    .venv/bin/python bench/reproduce.py --parts jobs --jobs grpo_lora --trace DIR   # DIR/grpo_lora.jsonl: each
+                                                                 # step's digest; compare two with
+                                                                 # python -m agent_trainer.trace A B
     .venv/bin/python bench/reproduce.py --record                 # make the record (after a change meant to move
                                                                  # the numbers; then re-make the docs' tables)
 
@@ -48,6 +51,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -58,6 +63,7 @@ import _common as C  # noqa: E402
 import same_steps  # noqa: E402
 
 from agent_trainer.kernels import KERNEL_ENV, cpu_kind, portable, use_cpu_kernels  # noqa: E402
+from agent_trainer.trace import TRACE_ENV  # noqa: E402
 
 RECORD = C.ROOT / "bench" / "results" / "reproduce.json"
 # Records of other kinds of CPU, one file a kind (``kind_record_path``): on such a CPU the check is exact too.
@@ -135,16 +141,20 @@ def example_jobs() -> list[str]:
     return sorted(p.name for p in (C.ROOT / "examples" / "jobs").iterdir() if (p / "job.yaml").is_file())
 
 
-def run_jobs(work: Path, names: list[str]) -> dict[str, dict[str, Any]]:
+def run_jobs(work: Path, names: list[str], trace: Path | None = None, timeout_s: float | None = None
+             ) -> dict[str, dict[str, Any]]:
+    """The example jobs ``names``; ``trace``: a folder that gets each job's trace (``<job>.jsonl``); ``timeout_s``:
+    each job's wall-clock safety cap (None: the harness's, from its estimate)."""
     from agent_trainer.evaluation.tasks import load_task
     from agent_trainer.inner_loop.run.job import run_job
+    from agent_trainer.trace import TRACE_FILE
 
     task = load_task(JOB_TASK)
     out = {}
     for name in names:
         print(f"  job {name} ...", flush=True)
         r = run_job(C.ROOT / "examples" / "jobs" / name, task, output_dir=work / "jobs" / name, threads=1,
-                    cache=False, progress=False, cache_dir=work / "cache")
+                    cache=False, progress=False, cache_dir=work / "cache", timeout_s=timeout_s)
         out[name] = {**{k: getattr(r, k) for k in JOB_KEYS}, "base_model": r.base_model,
                      "ran": ", ".join(f"{s.get('algorithm')}/{s.get('peft')}/{s.get('data_source')} {s.get('steps')}"
                                       for s in (r.ran or {}).get("stages", [])),
@@ -152,6 +162,10 @@ def run_jobs(work: Path, names: list[str]) -> dict[str, dict[str, Any]]:
                      "seconds_total": round(r.seconds.get("total", 0.0), 1)}
         print(f"    {out[name]['status']}, hidden {out[name]['hidden_score']}, uplift {out[name]['uplift']}, "
               f"{out[name]['seconds_total']} s", flush=True)
+        if trace is not None and (work / "jobs" / name / TRACE_FILE).is_file():
+            trace.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(work / "jobs" / name / TRACE_FILE, trace / f"{name}.jsonl")
+            print(f"    trace: {trace / f'{name}.jsonl'}", flush=True)
     return out
 
 
@@ -265,10 +279,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--record", action="store_true", help=f"write what this run measured to {RECORD.name}")
     p.add_argument("--markdown", action="store_true")
     p.add_argument("--burn", type=int, default=0, metavar="N", help="N busy loops on the CPU beside the run")
+    p.add_argument("--trace", type=Path, default=None, metavar="DIR",
+                   help="write each example job's trace to DIR/<job>.jsonl (agent_trainer.trace)")
+    p.add_argument("--timeout-s", type=float, default=None, metavar="S",
+                   help="each example job's wall-clock safety cap (default: ~10x its estimate; a machine under heavy "
+                        "load may need more: numbers never depend on it)")
     p.add_argument("--exact", action="store_true",
                    help="compare to the last digit even where the software or the kind of CPU differ")
     args = p.parse_args(argv)
     use_cpu_kernels(args.kernels)   # before any kernel runs here; at-train and the jobs inherit it
+    if args.trace is not None:
+        os.environ[TRACE_ENV] = "1"   # the jobs' training processes and their scoring write the trace
     parts = [x for x in args.parts.split(",") if x]
     unknown = sorted(set(parts) - set(PARTS)) + sorted(set(filter(None, args.jobs.split(","))) - set(example_jobs()))
     if unknown:
@@ -315,7 +336,8 @@ def compare_or_record(args, parts: list[str], record: dict | None, where: Path =
         now["baselines"] = run_baselines(work)
     if "jobs" in parts:
         print("jobs ...", flush=True)
-        now["jobs"] = run_jobs(work, [x for x in args.jobs.split(",") if x] or example_jobs())
+        now["jobs"] = run_jobs(work, [x for x in args.jobs.split(",") if x] or example_jobs(), args.trace,
+                               args.timeout_s)
     if "main" in parts:
         print("main ...", flush=True)
         threads = (record or {}).get("main", {}).get("agent_threads", 1)

@@ -138,16 +138,23 @@ def answer_room_problem(tokenizer, family: TaskFamily, examples: list[Example],
             f"max_new_tokens: {tokens} or more in its card")
 
 
-def score_examples(model, tokenizer, family: TaskFamily, examples: list[Example], batch_size: int = 64,
-                   fmt: PromptFormat = RAW) -> tuple[float, list[dict]]:
-    """Mean score of the model on ``examples`` (prompts rendered in ``fmt``) and a few (prompt, completion, answer)
-    samples; ``EvalError`` when an answer cannot fit in the family's ``max_new_tokens``."""
+def answer_examples(model, tokenizer, family: TaskFamily, examples: list[Example], batch_size: int = 64,
+                    fmt: PromptFormat = RAW) -> tuple[list[str], list[float]]:
+    """The model's greedy completion of each of ``examples`` (prompts rendered in ``fmt``) and its score;
+    ``EvalError`` when an answer cannot fit in the family's ``max_new_tokens``."""
     problem = answer_room_problem(tokenizer, family, examples)
     if problem:
         raise EvalError(problem)
     prompts = [render(tokenizer, e.prompt, fmt) for e in examples]
     completions = generate_completions(model, tokenizer, prompts, family.max_new_tokens, batch_size)
-    scores = [family.score_one(c, e.answer) for c, e in zip(completions, examples)]
+    return completions, [family.score_one(c, e.answer) for c, e in zip(completions, examples)]
+
+
+def score_examples(model, tokenizer, family: TaskFamily, examples: list[Example], batch_size: int = 64,
+                   fmt: PromptFormat = RAW) -> tuple[float, list[dict]]:
+    """Mean score of the model on ``examples`` (``answer_examples``) and a few (prompt, completion, answer)
+    samples."""
+    completions, scores = answer_examples(model, tokenizer, family, examples, batch_size, fmt)
     samples = [{"prompt": e.prompt, "completion": c, "answer": e.answer, "score": s}
                for e, c, s in list(zip(examples, completions, scores))[:SAMPLES_KEPT]]
     return sum(scores) / len(scores), samples
@@ -174,6 +181,19 @@ def load_checkpoint(path: str | Path, device: str = "cpu"):
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, local_files_only=True).to(device)
     model.eval()
     return model, tokenizer
+
+
+def trace_checkpoint(path: str | Path, family_name: str, n: int = 200, batch_size: int = 64, device: str = "cpu",
+                     fmt: PromptFormat = RAW) -> dict:
+    """A job trace's ``eval`` event (``agent_trainer.trace``): the checkpoint's weights and its answers on the first
+    ``n`` hidden items, as digests (no hidden text: hashes of 20 answers at a time, the indices of items scored)."""
+    from agent_trainer.trace import answers_digest, weights_digest
+
+    fam = get_family(family_name)
+    model, tokenizer = load_checkpoint(path, device)
+    completions, scores = answer_examples(model, tokenizer, fam, hidden_set(fam.name, n), batch_size, fmt)
+    return {"event": "eval", "family": fam.name, "n": n, **weights_digest(model.named_parameters()),
+            **answers_digest(completions, scores)}
 
 
 def score_checkpoint(path: str | Path, family_name: str, n: int = 200, batch_size: int = 64, device: str = "cpu",

@@ -165,3 +165,42 @@ def test_pissa_adapter_starts_as_the_base_model_and_holds_its_principal_part(bas
         assert torch.allclose(model(input_ids=ids).logits, expected, atol=1e-4)
     b = [p for n, p in model.named_parameters() if "lora_B" in n]
     assert b and all(p.abs().sum() > 0 for p in b)
+
+
+def test_portable_pissa_starts_as_the_base_model_from_a_rounded_float64_svd(base_dir, monkeypatch):
+    """Under the portable kernels PiSSA's adapter comes from a float64 SVD with fixed signs, rounded to 20 mantissa
+    bits (``agent_trainer.inner_loop.train.pissa``): the model still computes what the base did, A and B keep only
+    20 bits, and they are PEFT's adapter up to a sign per singular pair. With native kernels PEFT's init is kept."""
+    from peft import get_peft_model
+
+    from agent_trainer.inner_loop.spec.jobspec import PeftSpec
+    from agent_trainer.inner_loop.train.config import lora_config
+    from agent_trainer.inner_loop.train.pissa import PISSA_BITS, portable_pissa
+    from agent_trainer.kernels import PORTABLE_KERNELS
+
+    if torch.backends.cpu.get_cpu_capability() != "AVX2":
+        pytest.skip("the portable kernels need torch at its AVX2 level in this process (started with "
+                    "ATEN_CPU_CAPABILITY=avx2)")
+    spec = PeftSpec(r=4, init="pissa")
+    ids = torch.tensor([[5, 17, 33, 2, 40, 9]])
+    with torch.no_grad():
+        expected = AutoModelForCausalLM.from_pretrained(base_dir)(input_ids=ids).logits
+
+    def adapter(kernels: dict):
+        for k in PORTABLE_KERNELS:
+            monkeypatch.delenv(k, raising=False)
+        for k, v in kernels.items():
+            monkeypatch.setenv(k, v)
+        with portable_pissa(spec):
+            model = get_peft_model(AutoModelForCausalLM.from_pretrained(base_dir), lora_config(spec))
+        with torch.no_grad():
+            assert torch.allclose(model(input_ids=ids).logits, expected, atol=1e-4)
+        return {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" in n}
+
+    native, portable = adapter({}), adapter(PORTABLE_KERNELS)
+    low_bits = (1 << (23 - PISSA_BITS)) - 1
+    assert all(not (p.view(torch.int32) & low_bits).any() for p in portable.values()), "20 mantissa bits kept"
+    assert any((p.view(torch.int32) & low_bits).any() for p in native.values()), "native: PEFT's own float32 SVD"
+    for name, p in portable.items():   # the same adapter as PEFT's, but for a sign per pair and the rounding
+        same = torch.isclose(p, native[name], atol=1e-4) | torch.isclose(p, -native[name], atol=1e-4)
+        assert same.float().mean() > 0.99, name

@@ -26,13 +26,15 @@ from typing import Any, Callable, Iterable, Sequence
 from agent_trainer.inner_loop.run.job_env import STEP_DELAY_ENV
 from agent_trainer.kernels import KERNEL_ENV
 from agent_trainer.registry import REGISTRY_ENV
+from agent_trainer.trace import TRACE_ENV
 
 # Interpreter flags of every Python child: isolated mode, no bytecode written, unbuffered output.
 PYTHON_FLAGS = ("-I", "-B", "-u")
 SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|COOKIE|SESSION", re.I)
 SAFE_ENV = ("PATH", "HOME", "TMPDIR", "LANG", "LC_ALL", "PYTHONHASHSEED", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
             "HF_DATASETS_OFFLINE", "HF_HOME", "TOKENIZERS_PARALLELISM", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
-            "OPENBLAS_NUM_THREADS", "CUDA_VISIBLE_DEVICES", *REGISTRY_ENV, STEP_DELAY_ENV, *KERNEL_ENV)
+            "OPENBLAS_NUM_THREADS", "CUDA_VISIBLE_DEVICES", *REGISTRY_ENV, STEP_DELAY_ENV, TRACE_ENV,
+            *KERNEL_ENV)
 
 # Runs a module as ``python -m`` would, with the harness's code roots appended to sys.path (argv[1]).
 _BOOT = ("import json, runpy, sys\n"

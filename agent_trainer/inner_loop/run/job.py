@@ -30,6 +30,7 @@ from agent_trainer.inner_loop.run.request import KILL_FACTOR, KILL_MARGIN_S, Job
 from agent_trainer.inner_loop.run.result import (
     RESULT_FILE, JobResult, job_hash, library_versions, track_result, write_json_atomic,
 )
+from agent_trainer.trace import TRACE_FILE, append, tracing
 
 # transformers' from_pretrained is not thread-safe (module-level init flags): jobs running in
 # parallel threads (agent_trainer.inner_loop.run.executor) train in parallel child processes, but load and score
@@ -211,6 +212,12 @@ def execute(job: Job) -> JobResult:
         with HARNESS_LOCK:
             _score(res, r.out / "model", base_dir, r.settings.cache_dir,
                    eval_device(r.settings.device, r.settings.gpus), for_task(r.task))
+            if tracing() and res.hidden_score is not None and not res.flagged:
+                from agent_trainer.evaluation.hidden_eval import trace_checkpoint
+
+                append(r.out / TRACE_FILE, trace_checkpoint(r.out / "model", res.family, res.hidden_n,
+                                                            device=eval_device(r.settings.device, r.settings.gpus),
+                                                            fmt=for_task(r.task)))
     return record(job, res, log)
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from agent_trainer.kernels import KERNEL_ENV
 from agent_trainer.registry import configured_env
+from agent_trainer.trace import TRACE_ENV
 
 MAX_FILE_BYTES = 16 * 2**30  # a 1.7B fp32 checkpoint fits; a runaway writer does not fill the disk
 # A test hook passed through to the training process: seconds each step sleeps (a slow or busy machine on
@@ -42,7 +43,7 @@ def child_env(home: Path, threads: int | None, gpus: str | None = None) -> dict[
         env["CUDA_VISIBLE_DEVICES"] = gpus
     # Families and base models from configuration (agent_trainer.registry): the job's rows may come from them.
     env.update(configured_env())
-    for name in (STEP_DELAY_ENV, *KERNEL_ENV):
+    for name in (STEP_DELAY_ENV, TRACE_ENV, *KERNEL_ENV):
         if os.environ.get(name):
             env[name] = os.environ[name]
     return env

@@ -240,9 +240,10 @@ def fresh_output(t: Training) -> Path:
     """Clear what an earlier run left in the output folder; returns the process's fresh home folder."""
     from agent_trainer.inner_loop.train.data import TRAINED_ROWS
     from agent_trainer.inner_loop.train.train import MODEL_DIR, TRAIN_LOG
+    from agent_trainer.trace import TRACE_FILE
 
     t.output_dir.mkdir(parents=True, exist_ok=True)
-    for stale in (STATUS_FILE, TRAIN_LOG, TRAINED_ROWS, SPEC_FILE):
+    for stale in (STATUS_FILE, TRAIN_LOG, TRAINED_ROWS, SPEC_FILE, TRACE_FILE):
         (t.output_dir / stale).unlink(missing_ok=True)
     # A model left by an earlier run in this folder must never be scored as this run's.
     shutil.rmtree(t.output_dir / MODEL_DIR, ignore_errors=True)

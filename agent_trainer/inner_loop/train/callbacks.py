@@ -22,6 +22,7 @@ from pathlib import Path
 from transformers import TrainerCallback
 
 from agent_trainer.inner_loop.run.job_env import STEP_DELAY_ENV
+from agent_trainer.trace import TRACE_FILE, append, digest, json_digest, tracing, weights_digest
 
 
 def _finite(x) -> bool:
@@ -180,10 +181,75 @@ class StepDelay(TrainerCallback):
         return control
 
 
-def injected_callbacks() -> list[TrainerCallback]:
-    """The callbacks tests ask for through the environment (``STEP_DELAY_ENV``); none otherwise."""
+def injected_callbacks(log: "StepLog | None" = None) -> list[TrainerCallback]:
+    """The callbacks asked for through the environment: ``StepDelay`` (tests: ``STEP_DELAY_ENV``), ``Trace``
+    (``agent_trainer.trace.TRACE_ENV``, beside ``log``'s file, counting its steps); none otherwise."""
     delay = float(os.environ.get(STEP_DELAY_ENV) or 0)
-    return [StepDelay(delay)] if delay > 0 else []
+    out: list[TrainerCallback] = [StepDelay(delay)] if delay > 0 else []
+    if tracing() and log is not None:
+        out.append(Trace(log.path.parent / TRACE_FILE, step_offset=log.step_offset, fields=log.fields))
+    return out
+
+
+class Trace(TrainerCallback):
+    """Appends to ``path`` a digest of every step (``agent_trainer.trace``): what GRPO sampled and its rewards, the
+    RNG state, loss, gradient norm and reward, and the trainable weights after the step; the weights tensor by
+    tensor before the first step and after the last. ``attach`` the trainer: GRPO keeps its last sample there."""
+
+    def __init__(self, path: str | Path, step_offset: int = 0, fields: dict | None = None):
+        self.path = Path(path)
+        self.step_offset = step_offset
+        self.fields = dict(fields or {})
+        self.trainer = None
+        self.pending: dict | None = None   # a step's digest, written once its logs (loss, grad norm) arrive
+
+    def attach(self, trainer) -> None:
+        self.trainer = trainer
+
+    def _weights(self, model, tensors: bool = False) -> dict:
+        return weights_digest(((n, p) for n, p in model.named_parameters() if p.requires_grad), tensors=tensors)
+
+    def _write(self, event: str, step: int, **values) -> None:
+        append(self.path, {"event": event, "step": step + self.step_offset, **self.fields, **values})
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        if not self.path.is_file() or not self.path.stat().st_size:
+            from agent_trainer.inner_loop.run.result import library_versions
+            from agent_trainer.kernels import cpu_kind
+
+            append(self.path, {"event": "trace", "cpu": cpu_kind(), "software": library_versions()})
+        if model is not None:
+            self._write("start", state.global_step, **self._weights(model, tensors=True))
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        import torch
+
+        record: dict = {}
+        sampled = getattr(self.trainer, "_logs", None)   # TRL's GRPOTrainer: the last generation's batch
+        if isinstance(sampled, dict) and sampled.get("completion"):
+            record["completions"] = json_digest(list(sampled["completion"]))
+            record["rewards"] = json_digest({k: list(v) for k, v in sampled["rewards"].items()})
+        record["rng"] = digest(torch.get_rng_state().numpy().tobytes())
+        if model is not None:
+            record.update(self._weights(model))
+        self.pending = {"step": state.global_step, **record}
+        return control
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if self.pending is not None and "train_runtime" not in (logs or {}):
+            step = self.pending.pop("step")
+            logged = {k: (logs or {})[k] for k in ("loss", "grad_norm", "reward") if k in (logs or {})}
+            self._write("step", step, **logged, **self.pending)
+            self.pending = None
+        return control
+
+    def on_train_end(self, args, state, control, model=None, **kwargs):
+        if self.pending is not None:   # a step no log followed
+            self._write("step", self.pending.pop("step"), **self.pending)
+            self.pending = None
+        if model is not None:
+            self._write("end", state.global_step, **self._weights(model, tensors=True))
+        return control
 
 
 class StepLog(TrainerCallback):

@@ -63,7 +63,17 @@ def _last(log: list[dict], key: str) -> float | None:
 
 def build_trainer(spec: JobSpec, rows: list[dict], rewards: Sequence[tuple[str, Callable, float]], model, tokenizer,
                   args, callbacks: Sequence = ()):
-    """The TRL trainer of a job (model and tokenizer already loaded; ``args`` from ``trl_config``)."""
+    """The TRL trainer of a job (model and tokenizer already loaded; ``args`` from ``trl_config``). The trainer wraps
+    the model in its LoRA adapter; under the portable kernels a PiSSA adapter starts as every CPU computes it alike
+    (``agent_trainer.inner_loop.train.pissa``)."""
+    from agent_trainer.inner_loop.train.pissa import portable_pissa
+
+    with portable_pissa(spec.peft):
+        return _build_trainer(spec, rows, rewards, model, tokenizer, args, callbacks)
+
+
+def _build_trainer(spec: JobSpec, rows: list[dict], rewards: Sequence[tuple[str, Callable, float]], model, tokenizer,
+                   args, callbacks: Sequence = ()):
     from datasets import Dataset
     from transformers.trainer_callback import PrinterCallback
 
@@ -207,8 +217,11 @@ def train(spec: JobSpec, rows: list[dict], rewards: Sequence[tuple[str, Callable
                         vocab_size=len(tokenizer))
     step_log = log or StepLog(output_dir / TRAIN_LOG, clock=guard)
     step_log.clock = guard
-    trainer = build_trainer(spec, rows, rewards, model, tokenizer, args,
-                            [guard, step_log, *callbacks, *injected_callbacks()])
+    extra = [*callbacks, *injected_callbacks(step_log)]
+    trainer = build_trainer(spec, rows, rewards, model, tokenizer, args, [guard, step_log, *extra])
+    for callback in extra:
+        if hasattr(callback, "attach"):   # a Trace reads GRPO's sample off the trainer
+            callback.attach(trainer)
     trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
 
     t0 = time.monotonic()
