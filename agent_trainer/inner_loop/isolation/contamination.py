@@ -21,6 +21,7 @@ import os
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
@@ -90,13 +91,31 @@ def in_check_child(mode: str, spec, job_dir: str | Path, output_dir: str | Path 
     return _failed(family, hidden_n, error) if answer is None else ContaminationReport(**answer)
 
 
+@dataclass
+class ChildParse:
+    """What ``parse_in_child`` found: ``error`` (why the child did not finish; "" when it did), each stage's
+    ``tokens`` as ``row_tokens`` counts them (None for a stage whose rows do not build: the validation says why),
+    and the child's wall ``seconds``."""
+
+    error: str = ""
+    tokens: list | None = None
+    seconds: float = 0.0
+
+
 def parse_in_child(spec, job_dir: str | Path, family: str, *, limits: dict[str, int] | None = None,
-                   deadline_s: float = CHECK_DEADLINE_S) -> str | None:
-    """Parse the job's data files once in a child (``CHECK_LIMITS``, a deadline) before the harness parses them:
-    None when the child finished (the files are then bounded work: their problems are the validation's to
-    report), else why it did not."""
+                   deadline_s: float = CHECK_DEADLINE_S) -> ChildParse:
+    """Parse the job's data files and count their rows' tokens (``cost.row_tokens``) once in a child
+    (``CHECK_LIMITS``, a deadline) before the harness parses them: a file's rows are then bounded work for the
+    harness (their problems are the validation's to report), and the tokenizing, whose cost grows with the bytes
+    per character, never runs in the harness."""
+    t0 = time.monotonic()
     answer, error = _in_child("parse", spec, job_dir, None, family, 0, None, limits, deadline_s)
-    return None if answer is not None else error
+    tokens = None
+    if answer is not None:
+        from agent_trainer.inner_loop.spec.cost import RowTokens
+
+        tokens = [RowTokens(**t) if isinstance(t, dict) else None for t in answer.get("tokens", [])]
+    return ChildParse(error, tokens, round(time.monotonic() - t0, 3))
 
 
 def _in_child(mode, spec, job_dir, output_dir, family, hidden_n, stages_run, limits, deadline_s):
@@ -190,6 +209,25 @@ def check_trained(spec, job_dir: str | Path, output_dir: str | Path, family: str
     return report
 
 
+def _stage_tokens(spec, job_dir: Path, family: str) -> list[dict | None]:
+    """Each stage's ``row_tokens`` as a dict (None where its rows do not build: the validation reports why)."""
+    from dataclasses import asdict
+
+    from agent_trainer.evaluation.families import FamilyError
+    from agent_trainer.inner_loop.spec.cost import row_tokens
+    from agent_trainer.inner_loop.train.data import DataFileError, build_rows_with_origins
+
+    out = []
+    for view in spec.stage_specs():
+        try:
+            rows = build_rows_with_origins(view, job_dir, default_family=family)[0]
+        except (DataFileError, FamilyError):
+            out.append(None)
+            continue
+        out.append(asdict(row_tokens(rows, pairs=view.algorithm == "dpo")))
+    return out
+
+
 def _main(argv: list[str]) -> int:
     from agent_trainer.inner_loop.spec.jobspec import spec_from_json
 
@@ -198,15 +236,8 @@ def _main(argv: list[str]) -> int:
     mode, spec_path, job_dir, output_dir, family, n, report_path, stages_run, salt = argv
     os.environ[SALT_ENV] = salt  # the harness's salt setting (a file's path for a secret, never the secret)
     spec = spec_from_json(Path(spec_path).read_text(), family)
-    if mode == "parse":  # every data file read and parsed as the validation will; only finishing matters
-        from agent_trainer.inner_loop.train.data import DataFileError, read_data_file
-
-        for name in dict.fromkeys(v.data.file for v in spec.stage_specs() if v.data.file):
-            try:
-                read_data_file(Path(job_dir) / name)
-            except DataFileError:
-                pass
-        Path(report_path).write_text("{}")
+    if mode == "parse":  # every stage's rows built as the validation will, and their tokens counted
+        Path(report_path).write_text(json.dumps({"tokens": _stage_tokens(spec, Path(job_dir), family)}))
         return 0
     if mode == "job":
         report = check_job(spec, job_dir, family, int(n), in_child=False)

@@ -1,0 +1,84 @@
+"""Every cost an agent's data can cause is priced or refused before it runs (issue 54, item 2).
+
+Each red-team file of the fourth outside red team, generated here (small versions where they prove the
+same property fast), is paired with its price: the work it causes is at most a few times the price, or
+the job is refused before training. Run: ``pytest tests/unit/test_agent_costs.py`` (``-m slow`` for the
+full-size replays).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import yaml
+
+from agent_trainer.inner_loop.models.registry import SHIPPED_DIR
+from agent_trainer.inner_loop.spec.cost import (
+    MAX_SEQUENCE_TOKENS, MAX_TOKEN_CHARS, _reference_tokenizer, row_tokens, token_counts,
+)
+
+OUTSIDE = "\U000F0041"   # a 4-byte character of a private use plane: outside every vocabulary, one token a byte
+TASK = "examples/tasks/calc_chain_v1_fast.json"
+needs_tiny_s = pytest.mark.skipif(not (SHIPPED_DIR / "tiny-s" / "config.json").is_file(),
+                                  reason="needs the shipped tiny-s model")
+
+
+def _long_rows(n: int, chars: int = 2000) -> list[dict]:
+    """The probe attack's rows: prompts of ``chars`` 4-byte characters (4 tokens each), a short answer."""
+    return [{"prompt": f"calc {i}: " + OUTSIDE * chars, "answer": str(i)} for i in range(n)]
+
+
+def _job(folder, rows: list[dict], algorithm: str = "sft", max_steps: int = 10, **extra) -> "Path":
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / "data.jsonl", "w") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+    hp = {"max_steps": max_steps, "batch_size": 4, "learning_rate": 1e-4, **extra}
+    job = {"base_model": "tiny-s", "algorithm": algorithm, "hyperparameters": hp, "data": {"file": "data.jsonl"},
+           "seed": 0}
+    if algorithm == "grpo":
+        job["reward"] = {"functions": [{"name": "exact_match", "weight": 1.0}]}
+    (folder / "job.yaml").write_text(yaml.safe_dump(job))
+    return folder
+
+
+def test_no_token_of_the_project_tokenizer_holds_more_than_max_token_chars():
+    tok = _reference_tokenizer()
+    assert max(len(tok.decode([i])) for i in tok.get_vocab().values()) <= MAX_TOKEN_CHARS
+
+
+def test_a_row_is_cut_before_it_is_tokenized_and_counts_as_the_trainer_cuts_it():
+    text = "calc: " + "ab1+" * 5000                  # 20,000 characters, far more than 512 tokens
+    assert row_tokens([{"prompt": text, "answer": "7"}]).row == MAX_SEQUENCE_TOKENS
+    short = {"prompt": "calc: 3+4=", "answer": "7"}
+    assert row_tokens([short]).row == token_counts(["calc: 3+4=7"])["calc: 3+4=7"]
+    # A cut row counts what the uncut one would have, up to the trainer's cut: the cut is exact.
+    encode = _reference_tokenizer().encode
+    for text in ("word " * n for n in (100, 400, 511, 512, 513, 3000)):
+        whole = min(MAX_SEQUENCE_TOKENS, len(encode(text + "1", add_special_tokens=False).ids))
+        assert row_tokens([{"prompt": text, "answer": "1"}]).row == whole
+
+
+@needs_tiny_s
+def test_the_divergence_probe_reads_rows_as_training_cuts_them():
+    """32 rows of ~8,000 tokens: the probe's forward pass read them uncut (57.6 s priced 0.054 s); now 512 each."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from agent_trainer.inner_loop.train.callbacks import probe_loss
+    from agent_trainer.inner_loop.train.train import encode_probe, sft_ids
+
+    tokenizer = AutoTokenizer.from_pretrained(SHIPPED_DIR / "tiny-s")
+    rows = _long_rows(32)
+    ids, labels = encode_probe(tokenizer, rows)
+    assert ids.shape == (32, MAX_SEQUENCE_TOKENS)
+    assert (labels != -100).any()   # the loss stays defined when every answer lies past the cut
+    short = [{"prompt": "calc: 3+4=", "answer": "7"}]
+    ids_short, labels_short = encode_probe(tokenizer, short)
+    assert ids_short[0].tolist() == sft_ids(tokenizer, ["calc: 3+4="], ["7"])[0][0]   # short rows as before
+    model = AutoModelForCausalLM.from_pretrained(SHIPPED_DIR / "tiny-s")
+    t0 = time.process_time()
+    probe_loss(model, ids, labels)
+    # What the cost model prices a 512-token row at; the probe reads 32 of them: a few steps of batch 16, not 1,000x.
+    assert time.process_time() - t0 < 30
