@@ -82,3 +82,45 @@ def test_the_divergence_probe_reads_rows_as_training_cuts_them():
     probe_loss(model, ids, labels)
     # What the cost model prices a 512-token row at; the probe reads 32 of them: a few steps of batch 16, not 1,000x.
     assert time.process_time() - t0 < 30
+
+
+def test_the_cpu_seconds_of_a_whole_process_tree_are_counted(tmp_path):
+    """The fault rule's evidence: a child and its grandchild spinning are both counted, load or not."""
+    import sys
+
+    from agent_trainer.inner_loop.isolation.launcher import kill_group, start, tree_cpu_seconds
+
+    spin = "import time\nt = time.process_time()\nwhile time.process_time() - t < 1.5: pass\n"
+    code = (f"import subprocess, sys\np = subprocess.Popen([sys.executable, '-c', {spin!r}])\n{spin}p.wait()\n"
+            "import time; time.sleep(30)\n")
+    proc = start([sys.executable, "-I", "-c", code], cwd=tmp_path, env={"PATH": "/usr/bin:/bin"})
+    try:
+        deadline = time.monotonic() + 60
+        while tree_cpu_seconds(proc.pid) < 2.8 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert tree_cpu_seconds(proc.pid) >= 2.8   # 1.5 s each: the grandchild's, reaped, counted too
+    finally:
+        kill_group(proc.pid)
+        proc.wait()
+
+
+def test_a_kill_at_the_safety_cap_is_the_jobs_timeout_when_its_cpu_ran_far_past_its_price(tmp_path):
+    """253 KB of 8,400-token rows priced at 20 s took ~500 CPU seconds by the 262 s cap: an ``infra_timeout``
+    (retried, excluded: free) before; the job's ``timeout`` now. A job slowed by the machine's load is not."""
+    from agent_trainer.evaluation.staged_reward import JobOutcome, staged_reward
+    from agent_trainer.inner_loop.run.worker import JOB_FAULT_FACTOR, final_status
+
+    runaway = final_status(tmp_path, True, -9, 262.0, cpu_seconds=500.0, threads=2, expected_s=20.45)
+    loaded = final_status(tmp_path, True, -9, 262.0, cpu_seconds=45.0, threads=2, expected_s=20.45)
+    assert runaway["status"] == "timeout" and "CPU seconds" in runaway["detail"]
+    assert loaded["status"] == "infra_timeout"
+    assert final_status(tmp_path, True, -9, 262.0, cpu_seconds=1e6, threads=2)["status"] == "infra_timeout"  # no price
+    edge = JOB_FAULT_FACTOR * 2 * 20.45
+    assert final_status(tmp_path, True, -9, 262.0, cpu_seconds=edge + 1, threads=2, expected_s=20.45)["status"] \
+        == "timeout"
+
+    def reward(status):
+        return staged_reward(0, JobOutcome(status=status, post_score=None, baseline=None, train_seconds=20.0,
+                                           budget_seconds=90.0))
+    assert reward("infra_timeout").excluded and not reward("timeout").excluded
+    assert reward("timeout").job_success == 0.0 and reward("timeout").quality == 0.0

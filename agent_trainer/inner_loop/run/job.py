@@ -286,23 +286,26 @@ def _renderer(base_dir: Path, task):
 
 def train(job: Job, res: JobResult, base_dir: Path, wrap, reward_host) -> tuple[list[dict], bool]:
     """The training process (``agent_trainer.inner_loop.run.worker``), its outcome into ``res``; returns its train log
-    and whether it reported a saved model. A process killed at the wall-clock safety cap (an infrastructure
-    fault) is run once more; a second kill leaves the job ``infra_timeout``."""
+    and whether it reported a saved model. A process killed at the wall-clock safety cap is the job's ``timeout``
+    when its CPU seconds ran far past its price (``worker.job_fault``: its own rows or settings), not retried;
+    otherwise an infrastructure fault, run once more, and a second kill leaves the job ``infra_timeout``."""
     from agent_trainer.inner_loop.run.worker import Training, run_worker
 
     r, s = job.request, job.request.settings
-    est = job.report.estimated_cost
+    est, wall = job.report.estimated_cost, job.report.wall_estimate
     training = Training.of(r, job.spec, base_dir, est)
     for _ in range(2):
         run = run_worker(training, deadline_s=job.deadline_s, progress=s.progress, wrap=wrap, warm=job.warm_path,
-                         reward_host=reward_host)
-        if not run.killed:
+                         reward_host=reward_host, expected_s=wall.seconds if wall is not None else None)
+        if not run.killed or run.status.get("status") != "infra_timeout":
             break
     st = run.status
     res.status, res.device, res.cpu = st.get("status", "crashed"), st.get("device"), st.get("cpu") or {}
     res.detail, res.error = st.get("detail", ""), st.get("error", "")
-    if run.killed:
-        res.detail += "; it was killed on both tries"
+    if run.killed:   # the evidence of the fault rule (only then: a clean job's metrics stay as they were)
+        res.seconds["process_cpu"] = run.cpu_seconds
+        if res.status == "infra_timeout":
+            res.detail += "; it was killed on both tries"
     res.steps, res.planned_steps = int(st.get("steps") or 0), int(st.get("planned_steps") or 0)
     res.seconds["train"], res.seconds["process"] = float(st.get("seconds") or 0.0), run.wall_seconds
     log = _read_log(r.out / "train_log.jsonl")
