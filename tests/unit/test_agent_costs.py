@@ -108,14 +108,16 @@ def test_a_kill_at_the_safety_cap_is_the_jobs_timeout_when_its_cpu_ran_far_past_
     """253 KB of 8,400-token rows priced at 20 s took ~500 CPU seconds by the 262 s cap: an ``infra_timeout``
     (retried, excluded: free) before; the job's ``timeout`` now. A job slowed by the machine's load is not."""
     from agent_trainer.evaluation.staged_reward import JobOutcome, staged_reward
-    from agent_trainer.inner_loop.run.worker import JOB_FAULT_FACTOR, final_status
+    from agent_trainer.inner_loop.run.worker import JOB_FAULT_FACTOR, JOB_FAULT_MARGIN_S, final_status
 
     runaway = final_status(tmp_path, True, -9, 262.0, cpu_seconds=500.0, threads=2, expected_s=20.45)
+    edge = JOB_FAULT_FACTOR * 2 * 20.45 + JOB_FAULT_MARGIN_S
     loaded = final_status(tmp_path, True, -9, 262.0, cpu_seconds=45.0, threads=2, expected_s=20.45)
     assert runaway["status"] == "timeout" and "CPU seconds" in runaway["detail"]
+    assert final_status(tmp_path, True, -9, 262.0, cpu_seconds=edge - 1, threads=2, expected_s=20.45)["status"] \
+        == "infra_timeout"
     assert loaded["status"] == "infra_timeout"
     assert final_status(tmp_path, True, -9, 262.0, cpu_seconds=1e6, threads=2)["status"] == "infra_timeout"  # no price
-    edge = JOB_FAULT_FACTOR * 2 * 20.45
     assert final_status(tmp_path, True, -9, 262.0, cpu_seconds=edge + 1, threads=2, expected_s=20.45)["status"] \
         == "timeout"
 

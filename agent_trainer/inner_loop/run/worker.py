@@ -313,15 +313,16 @@ def watch(proc, deadline_s: float, on_poll: Callable[[], None] = lambda: None, p
 # machine stretches the clock, not the CPU seconds a job's work takes, so only work the price does not cover (rows,
 # settings or rewards the cost model undercounts) gets there. An honest job killed on a loaded machine used about
 # its price's CPU seconds (the cost model's error is well under 3x: bench/cost_model.py) and stays an
-# ``infra_timeout``. The red team's 253 KB file of 8,400-token rows used ~500 CPU seconds against 3 x 2 x 20.
-JOB_FAULT_FACTOR = 3.0
+# ``infra_timeout``. JOB_FAULT_MARGIN_S more CPU seconds are the process's start-up (imports, model load) at any
+# price. The red team's 253 KB file of 8,400-token rows used ~500 CPU seconds against 3 x 2 x 20 + 60.
+JOB_FAULT_FACTOR, JOB_FAULT_MARGIN_S = 3.0, 60.0
 
 
 def job_fault(cpu_seconds: float, threads: int | None, expected_s: float | None) -> bool:
     """True when a kill at the safety cap is the job's fault (``JOB_FAULT_FACTOR``); ``threads`` None: every core."""
     if expected_s is None:
         return False
-    return cpu_seconds > JOB_FAULT_FACTOR * max(1, threads or os.cpu_count() or 1) * expected_s
+    return cpu_seconds > JOB_FAULT_FACTOR * max(1, threads or os.cpu_count() or 1) * expected_s + JOB_FAULT_MARGIN_S
 
 
 def final_status(output_dir: Path, killed: bool, returncode: int | None, deadline_s: float,
@@ -333,7 +334,7 @@ def final_status(output_dir: Path, killed: bool, returncode: int | None, deadlin
         return {**status, "status": "timeout", "detail": (
             f"killed at the wall-clock safety cap of {deadline_s:.0f} s after {cpu_seconds:.0f} CPU seconds, over "
             f"{JOB_FAULT_FACTOR:g} x the {expected_s:.0f} s its estimate allows on {max(1, threads or os.cpu_count())} "
-            "threads: the job's own rows or settings cost far more than its price (long rows, long prompts or "
+            f"threads + {JOB_FAULT_MARGIN_S:.0f} s: the job's own rows or settings cost far more than its price (long rows, long prompts or "
             "completions, slow rewards); the job's timeout, not the machine's. Shorten the rows or lower the sizes")}
     if killed:
         return {**status, "status": "infra_timeout", "detail": (
