@@ -10,7 +10,7 @@ baseline. Both read and fold agent text in a child process of their own (``CHECK
 a malicious file costs that child, never the harness; a child that fails or runs out of time flags the job.
 What is checked: docs/security.md, "Contamination rules".
 
-    python -m agent_trainer.inner_loop.isolation.contamination parse|job|trained SPEC.json JOB_DIR OUT_DIR FAMILY N \
+    python -m agent_trainer.inner_loop.isolation.contamination parse|job|trained|near SPEC.json JOB_DIR OUT_DIR FAMILY N \
         REPORT.json STAGES_RUN SALT_SETTING
 """
 
@@ -116,6 +116,13 @@ def parse_in_child(spec, job_dir: str | Path, family: str, *, limits: dict[str, 
 
         tokens = [RowTokens(**t) if isinstance(t, dict) else None for t in answer.get("tokens", [])]
     return ChildParse(error, tokens, round(time.monotonic() - t0, 3))
+
+
+def run_in_check_child(mode: str, spec, job_dir: str | Path, family: str, hidden_n: int) -> tuple[dict | None, str]:
+    """``(the child's JSON answer, "")`` of a check ``mode`` on the job folder, run in a child with
+    ``CHECK_LIMITS`` and ``CHECK_DEADLINE_S``, or ``(None, why it gave none)``. ``near``: the reward-oracle check's
+    rows (``reward_oracle.probed_rows``)."""
+    return _in_child(mode, spec, job_dir, None, family, hidden_n, None, None, CHECK_DEADLINE_S)
 
 
 def _in_child(mode, spec, job_dir, output_dir, family, hidden_n, stages_run, limits, deadline_s):
@@ -238,6 +245,11 @@ def _main(argv: list[str]) -> int:
     spec = spec_from_json(Path(spec_path).read_text(), family)
     if mode == "parse":  # every stage's rows built as the validation will, and their tokens counted
         Path(report_path).write_text(json.dumps({"tokens": _stage_tokens(spec, Path(job_dir), family)}))
+        return 0
+    if mode == "near":   # the reward-oracle check's probed rows: every prompt of the file folded here
+        from agent_trainer.inner_loop.isolation.reward_oracle import probed_rows
+
+        Path(report_path).write_text(json.dumps({"stages": probed_rows(spec, Path(job_dir), family, int(n))}))
         return 0
     if mode == "job":
         report = check_job(spec, job_dir, family, int(n), in_child=False)

@@ -263,25 +263,30 @@ def prepare(job: Job, res: JobResult):
             if not res.flagged:
                 from agent_trainer.inner_loop.isolation.reward_oracle import oracle_check
 
-                oracle = oracle_check(spec, r.job_dir, r.task.family, r.hidden_n, job.policy,
-                                      render=_renderer(base_dir, r.task))
+                render, tokenize = _as_trained(base_dir, r.task)
+                oracle = oracle_check(spec, r.job_dir, r.task.family, r.hidden_n, job.policy, render=render,
+                                      tokenize=tokenize, budget_steps=r.task.budget.max_steps)
                 res.flagged = oracle.flagged
                 res.contamination = {**res.contamination, "reward_oracle": oracle.to_dict()}
             reward_host = RewardHost(job.policy, r.job_dir, r.out / "reward.log", deadline_s=job.deadline_s)
     return base_dir, wrap, reward_host
 
 
-def _renderer(base_dir: Path, task):
-    """A prompt as the trainer passes it to reward functions: in the task's format, by the base model's tokenizer."""
+def _as_trained(base_dir: Path, task):
+    """``(render, tokenize)``: a prompt as the trainer passes it to reward functions (in the task's format, by the
+    base model's tokenizer) and a completion's token ids as GRPO passes them (``completion_ids``: its tokens and
+    eos), so the reward-oracle check's calls carry what training's do."""
     from agent_trainer.evaluation.prompts import RAW, render
-
-    fmt = for_task(task)
-    if fmt == RAW:
-        return lambda prompt: prompt
     from agent_trainer.inner_loop.models import load_tokenizer
 
+    fmt = for_task(task)
     tokenizer = load_tokenizer(base_dir)
-    return lambda prompt: render(tokenizer, prompt, fmt)
+    eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+
+    def tokenize(text: str) -> list[int]:
+        return tokenizer(text, add_special_tokens=False)["input_ids"] + eos
+
+    return (lambda prompt: prompt) if fmt == RAW else (lambda prompt: render(tokenizer, prompt, fmt)), tokenize
 
 
 def train(job: Job, res: JobResult, base_dir: Path, wrap, reward_host) -> tuple[list[dict], bool]:
