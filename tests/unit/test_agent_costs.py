@@ -16,7 +16,7 @@ import yaml
 
 from agent_trainer.inner_loop.models.registry import SHIPPED_DIR
 from agent_trainer.inner_loop.spec.cost import (
-    MAX_SEQUENCE_TOKENS, MAX_TOKEN_CHARS, _reference_tokenizer, row_tokens, token_counts,
+    MAX_SEQUENCE_TOKENS, MAX_TOKEN_BYTES, _reference_tokenizer, row_tokens, token_counts,
 )
 
 OUTSIDE = "\U000F0041"   # a 4-byte character of a private use plane: outside every vocabulary, one token a byte
@@ -44,9 +44,9 @@ def _job(folder, rows: list[dict], algorithm: str = "sft", max_steps: int = 10, 
     return folder
 
 
-def test_no_token_of_the_project_tokenizer_holds_more_than_max_token_chars():
+def test_no_token_of_the_project_tokenizer_holds_more_than_max_token_bytes():
     tok = _reference_tokenizer()
-    assert max(len(tok.decode([i])) for i in tok.get_vocab().values()) <= MAX_TOKEN_CHARS
+    assert max(len(tok.decode([i]).encode()) for i in tok.get_vocab().values()) <= MAX_TOKEN_BYTES
 
 
 def test_a_row_is_cut_before_it_is_tokenized_and_counts_as_the_trainer_cuts_it():
@@ -56,7 +56,9 @@ def test_a_row_is_cut_before_it_is_tokenized_and_counts_as_the_trainer_cuts_it()
     assert row_tokens([short]).row == token_counts(["calc: 3+4=7"])["calc: 3+4=7"]
     # A cut row counts what the uncut one would have, up to the trainer's cut: the cut is exact.
     encode = _reference_tokenizer().encode
-    for text in ("word " * n for n in (100, 400, 511, 512, 513, 3000)):
+    texts = ["word " * n for n in (100, 400, 511, 512, 513, 3000)] + [OUTSIDE * n for n in (100, 127, 128, 2000)]
+    texts += ["\ufdfa" * n for n in (170, 171, 1000)] + ["ab" * 4096, "ab" * 4095 + "a"]
+    for text in texts:
         whole = min(MAX_SEQUENCE_TOKENS, len(encode(text + "1", add_special_tokens=False).ids))
         assert row_tokens([{"prompt": text, "answer": "1"}]).row == whole
 

@@ -44,10 +44,11 @@ CAL_COMPLETION_TOKENS, CAL_LONG_COMPLETION_TOKENS = 8, 32
 # more (a smaller rank costs no less: the adapter is a small part of a step there).
 LORA_CAL_RANK = 16
 MAX_SEQUENCE_TOKENS = 512   # TRL's max_length in every trainer config (inner_loop/train/config.py): longer is cut
-# No token of the project's tokenizer holds more than 16 characters (a test holds it), so the first
-# MAX_SEQUENCE_TOKENS x MAX_TOKEN_CHARS characters of a text hold at least its first MAX_SEQUENCE_TOKENS tokens:
-# a row is cut there before it is tokenized, and a long row costs its kept tokens, never its whole text.
-MAX_TOKEN_CHARS = 16
+# No token of the project's tokenizer holds more than 16 bytes of UTF-8, so no more than 16 characters (a test holds
+# it): a text of MAX_SEQUENCE_TOKENS x MAX_TOKEN_BYTES bytes or more has at least MAX_SEQUENCE_TOKENS tokens without
+# tokenizing it, and a shorter one is whole within that many characters. A row is counted so, and a long row costs
+# its kept tokens at most, never its whole text (characters outside the vocabulary are one token a byte).
+MAX_TOKEN_BYTES = 16
 TOKENIZE_CHUNK = 2048       # texts tokenized at once: the encodings of one chunk live at a time, not the file's
 
 
@@ -205,11 +206,14 @@ def row_tokens(rows: list[dict], pairs: bool = False) -> RowTokens:
     at most ``MAX_SEQUENCE_TOKENS`` a sequence, as the trainer cuts them."""
     if not rows:
         return RowTokens()
-    cut = MAX_SEQUENCE_TOKENS * MAX_TOKEN_CHARS
-    # Prompts whole (GRPO reads them uncut; the validation caps a prompt at 2,000 characters), trained texts cut.
+    cut = MAX_SEQUENCE_TOKENS * MAX_TOKEN_BYTES
+    # Prompts whole (GRPO reads them uncut; the validation caps a prompt at 2,000 characters); a trained text of
+    # ``cut`` bytes or more is at the cut without tokenizing, a shorter one is tokenized whole.
     prompts = [str(r.get("prompt", "")) for r in rows]
-    fulls = [[(p + t)[:cut] for t in _trained(r, pairs)] for p, r in zip(prompts, rows)]
-    count = token_counts([*prompts, *(t for texts in fulls for t in texts)])
+    fulls = [[p + t for t in _trained(r, pairs)] for p, r in zip(prompts, rows)]
+    long = {t for texts in fulls for t in texts if len(t) * 4 >= cut and len(t.encode()) >= cut}
+    count = token_counts([*prompts, *(t for texts in fulls for t in texts if t not in long)])
+    count.update(dict.fromkeys(long, MAX_SEQUENCE_TOKENS))
     row = sum(min(MAX_SEQUENCE_TOKENS, max(count[t] for t in texts)) for texts in fulls)
     return RowTokens(prompt=round(sum(count[p] for p in prompts) / len(rows), 2), row=round(row / len(rows), 2))
 

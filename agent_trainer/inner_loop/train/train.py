@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-from agent_trainer.inner_loop.spec.cost import MAX_SEQUENCE_TOKENS, MAX_TOKEN_CHARS
+from agent_trainer.inner_loop.spec.cost import MAX_SEQUENCE_TOKENS, MAX_TOKEN_BYTES
 from agent_trainer.inner_loop.spec.jobspec import JobSpec
 from agent_trainer.inner_loop.train.callbacks import BudgetGuard, StepLog, injected_callbacks
 from agent_trainer.inner_loop.train.config import lora_config, planned_steps, trl_config
@@ -136,9 +136,7 @@ def encode_probe(tokenizer, rows: list[dict], n: int = 32, max_length: int = MAX
     import torch
 
     rows = rows[:n]
-    pairs = [(ids[:max_length], lab[:max_length])
-             for ids, lab in sft_ids(tokenizer, [_cut(r["prompt"], max_length) for r in rows],
-                                     [_cut(r["answer"], max_length) for r in rows])]
+    pairs = cut_sft_ids(tokenizer, rows, max_length)
     if pairs and all(t == -100 for _, lab in pairs for t in lab):
         ids, lab = pairs[0]
         pairs[0] = (ids, lab[:-1] + [ids[-1]])
@@ -151,11 +149,13 @@ def encode_probe(tokenizer, rows: list[dict], n: int = 32, max_length: int = MAX
     return ids, labels
 
 
-def _cut(text: str, max_tokens: int) -> str:
-    """``text`` cut to the characters that can still land among the first ``max_tokens`` tokens (no token of a
-    tokenizer the project uses holds more than ``MAX_TOKEN_CHARS`` characters), so tokenizing a long row costs
-    what its kept tokens cost, never the whole text."""
-    return text[: max_tokens * MAX_TOKEN_CHARS]
+def cut_sft_ids(tokenizer, rows: list[dict], max_length: int = MAX_SEQUENCE_TOKENS) -> list[tuple[list, list]]:
+    """``sft_ids`` of ``rows`` cut at ``max_length`` tokens, as the trainers cut them; each text is cut first to
+    the characters that can still land among those tokens (``MAX_TOKEN_BYTES`` a token for the project's
+    tokenizer), so tokenizing a long row costs what its kept tokens cost, never the whole text."""
+    chars = max_length * MAX_TOKEN_BYTES
+    pairs = sft_ids(tokenizer, [r["prompt"][:chars] for r in rows], [r["answer"][:chars] for r in rows])
+    return [(ids[:max_length], lab[:max_length]) for ids, lab in pairs]
 
 
 def sft_dataset(rows: list[dict], tokenizer, max_length: int | None):
