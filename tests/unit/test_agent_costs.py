@@ -128,3 +128,82 @@ def test_a_kill_at_the_safety_cap_is_the_jobs_timeout_when_its_cpu_ran_far_past_
                                            budget_seconds=90.0))
     assert reward("infra_timeout").excluded and not reward("timeout").excluded
     assert reward("timeout").job_success == 0.0 and reward("timeout").quality == 0.0
+
+
+# The harness's side of a job up to training (Job.open, the validation with its dry run, then prepare: the
+# contamination and reward-oracle checks), in a fresh interpreter: its peak RSS is the harness's own.
+HARNESS_SIDE = """
+import json, resource, sys, time
+from agent_trainer.inner_loop.isolation.sandbox import SandboxPolicy
+from agent_trainer.inner_loop.run.job import Job, prepare, validate
+from agent_trainer.inner_loop.run.request import JobRequest
+from agent_trainer.inner_loop.run.result import JobResult
+
+job_dir, out, task = sys.argv[1:4]
+policy = SandboxPolicy(reward_timeout_s=10, sandbox_max_processes=32, reward_memory_gb=1).as_dict()
+t0 = time.process_time()
+job = Job.open(JobRequest.of(job_dir, task, out, sandbox=policy, cache=False, warm_workers=False, progress=False))
+res = JobResult(status="invalid", task="t", family="calc_chain", job_dir=job_dir, output_dir=out, job_hash="",
+                hidden_n=200)
+ok = validate(job, res)
+if ok:
+    prepare(job, res)
+print(json.dumps({"rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "cpu_s": time.process_time() - t0, "ok": ok, "errors": [f.message for f in job.report.errors],
+                  "check_seconds": job.report.probe.get("check_seconds")}))
+"""
+
+
+def _harness_side(job, out) -> dict:
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", HARNESS_SIDE, str(job), str(out), TASK], capture_output=True,
+                          text=True, timeout=1500)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _fill(size: int, row) -> list[dict]:
+    """As many rows ``row(i)`` as fit in ``size`` bytes of JSONL."""
+    one = len((json.dumps(row(0), ensure_ascii=False) + "\n").encode())
+    return [row(i) for i in range(max(1, size // one))]
+
+
+def _red_team_file(kind: str, size: int) -> tuple[list[dict], str]:
+    if kind == "outside":   # 4-byte characters outside the vocabulary: one token a byte, ~24,000 tokens a row
+        return _fill(size, lambda i: {"prompt": f"calc {i:05d}: " + OUTSIDE * 1980, "answer": OUTSIDE * 3990}), "sft"
+    # GRPO prompts of U+FDFA (18 characters after NFKD, 3 tokens each)
+    return _fill(size, lambda i: {"prompt": f"calc {i:05d}: " + "\ufdfa" * 1980, "answer": "1"}), "grpo"
+
+
+def _red_team_job(folder, kind: str, size: int):
+    rows, algorithm = _red_team_file(kind, size)
+    job = _job(folder, rows, algorithm, **({"num_generations": 2} if algorithm == "grpo" else {}))
+    if algorithm == "grpo":
+        spec = yaml.safe_load((job / "job.yaml").read_text())
+        spec["reward"] = {"file": "reward.py", "functions": [{"name": "r", "source": "file"}]}
+        (job / "job.yaml").write_text(yaml.safe_dump(spec))
+        (job / "reward.py").write_text("def r(prompts, completions, **kw):\n    return [0.0 for _ in prompts]\n")
+    return job
+
+
+@needs_tiny_s
+@pytest.mark.parametrize("kind", ["outside", "fdfa"])
+def test_a_red_team_file_costs_the_harness_under_1_gb_and_is_tokenized_in_the_child(kind, tmp_path):
+    """1.1 MB versions (over the 1 MB of ``PARSE_IN_CHILD_BYTES``: the same path as 20 MB) of the files that took the
+    harness 3.1 GB and 38 s (20 MB, outside the vocabulary) and 2.7 GB and 72 s (10 MB of U+FDFA, GRPO)."""
+    job = _red_team_job(tmp_path / "job", kind, 1_100_000)
+    seen = _harness_side(job, tmp_path / "out")
+    assert seen["ok"], seen["errors"]
+    assert seen["check_seconds"]["parse"] > 0            # parsed and tokenized in the bounded child
+    assert seen["rss_mb"] < 1024 and seen["cpu_s"] < 60, seen
+
+
+@pytest.mark.slow
+@needs_tiny_s
+@pytest.mark.parametrize("kind,size", [("outside", 19_900_000), ("fdfa", 10_000_000)])
+def test_a_full_size_red_team_file_costs_the_harness_under_1_gb(kind, size, tmp_path):
+    """The red team's own sizes: 20 MB outside the vocabulary (3.1 GB, 38 s before), 10 MB of U+FDFA (2.7 GB, 72 s)."""
+    seen = _harness_side(_red_team_job(tmp_path / "job", kind, size), tmp_path / "out")
+    assert seen["rss_mb"] < 1024 and seen["cpu_s"] < 60, seen
