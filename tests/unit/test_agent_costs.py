@@ -34,7 +34,7 @@ def _job(folder, rows: list[dict], algorithm: str = "sft", max_steps: int = 10, 
     folder.mkdir(parents=True, exist_ok=True)
     with open(folder / "data.jsonl", "w") as f:
         for r in rows:
-            f.write(json.dumps(r) + "\n")
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
     hp = {"max_steps": max_steps, "batch_size": 4, "learning_rate": 1e-4, **extra}
     job = {"base_model": "tiny-s", "algorithm": algorithm, "hyperparameters": hp, "data": {"file": "data.jsonl"},
            "seed": 0}
@@ -207,3 +207,21 @@ def test_a_full_size_red_team_file_costs_the_harness_under_1_gb(kind, size, tmp_
     """The red team's own sizes: 20 MB outside the vocabulary (3.1 GB, 38 s before), 10 MB of U+FDFA (2.7 GB, 72 s)."""
     seen = _harness_side(_red_team_job(tmp_path / "job", kind, size), tmp_path / "out")
     assert seen["rss_mb"] < 1024 and seen["cpu_s"] < 60, seen
+
+
+@pytest.mark.slow
+@needs_tiny_s
+def test_the_probe_file_trains_within_a_few_times_its_price(tmp_path):
+    """The red team's 253 KB file (32 rows of ~7,900-token answers), 31 steps: 138.6 s of training against 1.67 s
+    priced (83x) with the probe uncut; now the training's CPU seconds (one thread, load-independent) stay within a
+    few times its priced compute."""
+    from agent_trainer.inner_loop.run.job import run_job
+
+    rows = [{"prompt": f"calc {i:05d}: 3+4=", "answer": OUTSIDE * 1960} for i in range(32)]
+    job = _job(tmp_path / "job", rows, max_steps=31)
+    assert 240_000 < (job / "data.jsonl").stat().st_size < 256_000
+    res = run_job(job, TASK, output_dir=tmp_path / "out", threads=1, cache=False, warm_workers=False, progress=False,
+                  sandbox={"sandbox": False, "allow_unsafe": True})
+    assert res.status == "ok" and res.steps == 31, (res.status, res.detail)
+    log = [json.loads(line) for line in (tmp_path / "out" / "train_log.jsonl").read_text().splitlines()]
+    assert log[-1]["cpu_seconds"] < 5 * res.seconds["train_estimated"], (log[-1], res.seconds)
