@@ -123,6 +123,18 @@ def test_a_kill_at_the_safety_cap_is_the_jobs_timeout_when_its_cpu_ran_far_past_
     assert final_status(tmp_path, True, -9, 262.0, cpu_seconds=edge + 1, threads=2, expected_s=20.45)["status"] \
         == "timeout"
 
+    # One thread on a loaded machine: the whole tree got 70 CPU seconds, under the first rule's 3 x 18 + 60; the
+    # trainer's log shows 19 steps priced 0.1 s each took 57.5 CPU seconds (main, the probe file, 05:28 UTC).
+    log = [{"step": n, "seconds": 8.8 * n, "cpu_seconds": 57.5 * n / 19, "loss": 1.0} for n in range(1, 20)]
+    (tmp_path / "train_log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
+    steps = final_status(tmp_path, True, -9, 252.0, cpu_seconds=70.0, threads=1, expected_s=18.1,
+                         stage_step_s=[0.1])
+    assert steps["status"] == "timeout" and "19 steps took 58 CPU seconds" in steps["detail"], steps
+    fair = [{**r, "cpu_seconds": 0.25 * r["step"]} for r in log]   # 0.25 CPU s a step: within 3 x 0.1 s
+    (tmp_path / "train_log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in fair))
+    assert final_status(tmp_path, True, -9, 252.0, cpu_seconds=70.0, threads=1, expected_s=18.1,
+                        stage_step_s=[0.1])["status"] == "infra_timeout"
+
     def reward(status):
         return staged_reward(0, JobOutcome(status=status, post_score=None, baseline=None, train_seconds=20.0,
                                            budget_seconds=90.0))

@@ -41,18 +41,6 @@ __all__ = ["Job", "run_job", "run_request", "execute", "JobRequest", "JobSetting
 log = logging.getLogger(__name__)
 
 
-def _read_log(path: Path) -> list[dict]:
-    if not path.is_file():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue
-    return out
-
-
 def _ran(ran: dict | None, log: list[dict]) -> dict:
     """The child's ``ran`` record; a stage still at 0 steps when the child died gets its steps from the log."""
     stages = [dict(s) for s in (ran or {}).get("stages", [])]
@@ -294,14 +282,15 @@ def train(job: Job, res: JobResult, base_dir: Path, wrap, reward_host) -> tuple[
     and whether it reported a saved model. A process killed at the wall-clock safety cap is the job's ``timeout``
     when its CPU seconds ran far past its price (``worker.job_fault``: its own rows or settings), not retried;
     otherwise an infrastructure fault, run once more, and a second kill leaves the job ``infra_timeout``."""
-    from agent_trainer.inner_loop.run.worker import Training, run_worker
+    from agent_trainer.inner_loop.run.worker import Training, read_jsonl, run_worker
 
     r, s = job.request, job.request.settings
     est, wall = job.report.estimated_cost, job.report.wall_estimate
     training = Training.of(r, job.spec, base_dir, est)
     for _ in range(2):
         run = run_worker(training, deadline_s=job.deadline_s, progress=s.progress, wrap=wrap, warm=job.warm_path,
-                         reward_host=reward_host, expected_s=wall.seconds if wall is not None else None)
+                         reward_host=reward_host, expected_s=wall.seconds if wall is not None else None,
+                         stage_step_s=[step for step, _ in wall.stages] if wall is not None else None)
         if not run.killed or run.status.get("status") != "infra_timeout":
             break
     st = run.status
@@ -313,7 +302,7 @@ def train(job: Job, res: JobResult, base_dir: Path, wrap, reward_host) -> tuple[
             res.detail += "; it was killed on both tries"
     res.steps, res.planned_steps = int(st.get("steps") or 0), int(st.get("planned_steps") or 0)
     res.seconds["train"], res.seconds["process"] = float(st.get("seconds") or 0.0), run.wall_seconds
-    log = _read_log(r.out / "train_log.jsonl")
+    log = read_jsonl(r.out / "train_log.jsonl")
     if log:  # a crash mid-run leaves the steps it made in the log only
         res.steps = max(res.steps, int(log[-1].get("step", 0)))
     if est is not None:   # the speed stage's clock: the compute of what the job asked for (no load, no machine)
