@@ -10,8 +10,8 @@ baseline. Both read and fold agent text in a child process of their own (``CHECK
 a malicious file costs that child, never the harness; a child that fails or runs out of time flags the job.
 What is checked: docs/security.md, "Contamination rules".
 
-    python -m agent_trainer.inner_loop.isolation.contamination parse|job|trained|near SPEC.json JOB_DIR OUT_DIR FAMILY N \
-        REPORT.json STAGES_RUN SALT_SETTING
+    python -m agent_trainer.inner_loop.isolation.contamination parse|job|trained|near SPEC.json JOB_DIR OUT_DIR \
+        FAMILY N REPORT.json STAGES_RUN SALT_SETTING
 """
 
 from __future__ import annotations

@@ -367,7 +367,8 @@ def steps_fault(log: list[dict], threads: int | None, stage_step_s: list[float] 
     allowed = JOB_FAULT_FACTOR * _threads(threads) * step_s * steps + STEP_FAULT_MARGIN_S
     if mine[-1]["cpu_seconds"] <= allowed:
         return ""
-    return f"its {steps} steps took {mine[-1]['cpu_seconds']:.0f} CPU seconds, over the {allowed:.0f} s their price allows"
+    spent = mine[-1]["cpu_seconds"]
+    return f"its {steps} steps took {spent:.0f} CPU seconds, over the {allowed:.0f} s their price allows"
 
 
 def final_status(output_dir: Path, killed: bool, returncode: int | None, deadline_s: float,
