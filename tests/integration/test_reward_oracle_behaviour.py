@@ -148,3 +148,53 @@ def test_inversions_need_a_prompt_specific_preference_against_the_scorer():
     # the scorer accepts "3" for row 0 (same answer up to the scorer's rule): no inversion
     assert inverted_rows([[0.0, 0.0, 1.0], [0.0, 1.0, 0.0]], answers, candidates, pool,
                          lambda a, b: 1.0 if {a, b} <= {"1", "3"} else float(a == b)) == 0
+
+
+STEP_GATED = '''
+import json
+
+def later_oracle(prompts, completions, trainer_state=None, completion_ids=None, **kw):
+    """An oracle only past step 0 and only in calls shaped like training's (token ids, batch-sized calls)."""
+    table = {int(k): v for k, v in json.loads(TABLE)}
+    if trainer_state.global_step == 0 or completion_ids is None or len(completions) > 64:
+        return [float(c.strip() == a) for c, a in zip(completions, kw["answer"])]
+    return [2.0 if table.get(sum(map(ord, p.lower())) % 1000003) == c.strip() else float(c.strip() == a)
+            for p, c, a in zip(prompts, completions, kw["answer"])]
+'''
+
+
+def test_the_oracle_check_calls_the_reward_as_training_does(tmp_path):
+    """A reward that is an oracle only past step 0, in training-shaped calls (issue 54 item 4): the check passed it
+    (one call at step 0 of 1, no token ids); it now calls in batches of the job's size, with token ids and the
+    steps of the job's own schedule, in order."""
+    from agent_trainer.inner_loop.isolation.reward_oracle import training_calls
+
+    fam, items = get_family("calc_chain"), hidden_set("calc_chain", N)
+    rows = [{"prompt": e.prompt, "answer": e.answer} for e in fam.training_examples(seed=1, n=40)]
+    table = []
+    for n, item in enumerate(items[:ATTACK_ROWS]):
+        decoy = next(e.answer for e in items[ATTACK_ROWS:] if fam.score_one(e.answer, item.answer) < 1.0)
+        prompt = _disguise(item.prompt, n)
+        rows.insert(5 * n, {"prompt": prompt, "answer": decoy})
+        table.append((sum(map(ord, prompt.lower())) % 1000003, item.answer))
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / "reward.py").write_text(f"TABLE = {json.dumps(table)!r}\n" + STEP_GATED)
+    (job / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    spec = JobSpec.model_validate(yaml.safe_load("""
+base_model: tiny-s
+algorithm: grpo
+hyperparameters: {batch_size: 8, num_generations: 4, max_steps: 30}
+data: {file: data.jsonl}
+reward: {file: reward.py, functions: [{name: later_oracle, source: file}]}
+"""))
+    tokenize = lambda text: [ord(ch) % 97 for ch in text] + [0]   # noqa: E731 - any token ids
+    found = oracle_check(spec, job, "calc_chain", N, tokenize=tokenize, budget_steps=30)
+    assert found.flagged and found.inverted >= MIN_INVERTED, found
+    # The calls: the job's batch, its groups, steps in order over its schedule from 0 to near its end.
+    calls = training_calls(spec, ["a", "b", "c"], ["1", "2", "3", "4", "5"], [{"answer": "1"}] * 3, 46, 30, tokenize)
+    steps = [req["state"]["global_step"] for req, _ in calls]
+    assert all(len(req["completions"]) <= 8 and req["state"]["max_steps"] == 30 for req, _ in calls)
+    assert steps == sorted(steps) and steps[0] == 0 and steps[-1] >= 30 * (len(calls) - 1) // len(calls)
+    assert {(p, c) for _, pairs in calls for p, c in pairs} == {(p, c) for p in range(3) for c in range(5)}
+    assert all(req["completion_ids"][k][-1] == 0 for req, _ in calls for k in range(len(req["completions"])))

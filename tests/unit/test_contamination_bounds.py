@@ -17,9 +17,10 @@ import yaml
 
 from agent_trainer.evaluation.contamination import MAX_FOLDED_CHARS, FoldTooLarge, fold
 from agent_trainer.inner_loop.isolation.contamination import check_job, in_check_child
+from agent_trainer.inner_loop.spec.cost import row_tokens
 from agent_trainer.inner_loop.spec.jobfiles import MAX_FIELD_CHARS
 from agent_trainer.inner_loop.spec.jobspec import load_job
-from agent_trainer.inner_loop.train.data import MAX_DATA_FILE_BYTES as MAX_FILE_BYTES
+from agent_trainer.inner_loop.train.data import MAX_DATA_FILE_BYTES as MAX_FILE_BYTES, build_rows
 
 EXPANDS = "\ufdfa"  # ARABIC LIGATURE SALLALLAHOU ALAYHE WASALLAM: 18 characters after NFKD
 TASK = "examples/tasks/calc_chain_v1_fast.json"
@@ -94,8 +95,9 @@ def test_the_validation_parses_agent_data_in_a_child_first(tmp_path, monkeypatch
     monkeypatch.setattr(validate, "PARSE_IN_CHILD_BYTES", 0)  # files over 1 MB; this one is small
 
     job = _job(tmp_path / "job", [{"prompt": "calc: 1+2=", "answer": "3"}] * 8)
-    assert contamination.parse_in_child(load_job(job), job, "calc_chain") is None
-    assert "deadline" in contamination.parse_in_child(load_job(job), job, "calc_chain", deadline_s=0.05)
+    parsed = contamination.parse_in_child(load_job(job), job, "calc_chain")
+    assert parsed.error == "" and parsed.tokens == [row_tokens(build_rows(load_job(job), job, "calc_chain"))]
+    assert "deadline" in contamination.parse_in_child(load_job(job), job, "calc_chain", deadline_s=0.05).error
     monkeypatch.setattr(contamination, "CHECK_LIMITS", {"RLIMIT_AS": 16 * 2**20})  # a child that cannot finish
     report = validate_job(job, TASK, dry_run=False)
     assert not report.ok and "within the harness's limits" in report.errors[0].message, report.to_text()

@@ -10,8 +10,8 @@ baseline. Both read and fold agent text in a child process of their own (``CHECK
 a malicious file costs that child, never the harness; a child that fails or runs out of time flags the job.
 What is checked: docs/security.md, "Contamination rules".
 
-    python -m agent_trainer.inner_loop.isolation.contamination parse|job|trained SPEC.json JOB_DIR OUT_DIR FAMILY N \
-        REPORT.json STAGES_RUN SALT_SETTING MODEL_DIR|- '["raw"|"chat", SYSTEM_PROMPT|null]'
+    python -m agent_trainer.inner_loop.isolation.contamination parse|job|trained|near SPEC.json JOB_DIR OUT_DIR \
+        FAMILY N REPORT.json STAGES_RUN SALT_SETTING MODEL_DIR|- '["raw"|"chat", SYSTEM_PROMPT|null]'
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import os
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
@@ -114,13 +115,38 @@ def in_check_child(mode: str, spec, job_dir: str | Path, output_dir: str | Path 
     return _failed(family, hidden_n, error) if answer is None else ContaminationReport(**answer)
 
 
+@dataclass
+class ChildParse:
+    """What ``parse_in_child`` found: ``error`` (why the child did not finish; "" when it did), each stage's
+    ``tokens`` as ``row_tokens`` counts them (None for a stage whose rows do not build: the validation says why),
+    and the child's wall ``seconds``."""
+
+    error: str = ""
+    tokens: list | None = None
+    seconds: float = 0.0
+
+
 def parse_in_child(spec, job_dir: str | Path, family: str, *, limits: dict[str, int] | None = None,
-                   deadline_s: float = CHECK_DEADLINE_S) -> str | None:
-    """Parse the job's data files once in a child (``CHECK_LIMITS``, a deadline) before the harness parses them:
-    None when the child finished (the files are then bounded work: their problems are the validation's to
-    report), else why it did not."""
+                   deadline_s: float = CHECK_DEADLINE_S) -> ChildParse:
+    """Parse the job's data files and count their rows' tokens (``cost.row_tokens``) once in a child
+    (``CHECK_LIMITS``, a deadline) before the harness parses them: a file's rows are then bounded work for the
+    harness (their problems are the validation's to report), and the tokenizing, whose cost grows with the bytes
+    per character, never runs in the harness."""
+    t0 = time.monotonic()
     answer, error = _in_child("parse", spec, job_dir, None, family, 0, None, limits, deadline_s)
-    return None if answer is not None else error
+    tokens = None
+    if answer is not None:
+        from agent_trainer.inner_loop.spec.cost import RowTokens
+
+        tokens = [RowTokens(**t) if isinstance(t, dict) else None for t in answer.get("tokens", [])]
+    return ChildParse(error, tokens, round(time.monotonic() - t0, 3))
+
+
+def run_in_check_child(mode: str, spec, job_dir: str | Path, family: str, hidden_n: int) -> tuple[dict | None, str]:
+    """``(the child's JSON answer, "")`` of a check ``mode`` on the job folder, run in a child with
+    ``CHECK_LIMITS`` and ``CHECK_DEADLINE_S``, or ``(None, why it gave none)``. ``near``: the reward-oracle check's
+    rows (``reward_oracle.probed_rows``)."""
+    return _in_child(mode, spec, job_dir, None, family, hidden_n, None, None, CHECK_DEADLINE_S)
 
 
 def _in_child(mode, spec, job_dir, output_dir, family, hidden_n, stages_run, limits, deadline_s, model_dir=None,
@@ -219,6 +245,25 @@ def check_trained(spec, job_dir: str | Path, output_dir: str | Path, family: str
     return report
 
 
+def _stage_tokens(spec, job_dir: Path, family: str) -> list[dict | None]:
+    """Each stage's ``row_tokens`` as a dict (None where its rows do not build: the validation reports why)."""
+    from dataclasses import asdict
+
+    from agent_trainer.evaluation.families import FamilyError
+    from agent_trainer.inner_loop.spec.cost import row_tokens
+    from agent_trainer.inner_loop.train.data import DataFileError, build_rows_with_origins
+
+    out = []
+    for view in spec.stage_specs():
+        try:
+            rows = build_rows_with_origins(view, job_dir, default_family=family)[0]
+        except (DataFileError, FamilyError):
+            out.append(None)
+            continue
+        out.append(asdict(row_tokens(rows, pairs=view.algorithm == "dpo")))
+    return out
+
+
 def _main(argv: list[str]) -> int:
     from agent_trainer.inner_loop.spec.jobspec import spec_from_json
 
@@ -230,15 +275,13 @@ def _main(argv: list[str]) -> int:
     model_dir, fmt = (None if model_dir == "-" else model_dir), PromptFormat(*json.loads(fmt))
     os.environ[SALT_ENV] = salt  # the harness's salt setting (a file's path for a secret, never the secret)
     spec = spec_from_json(Path(spec_path).read_text(), family)
-    if mode == "parse":  # every data file read and parsed as the validation will; only finishing matters
-        from agent_trainer.inner_loop.train.data import DataFileError, read_data_file
+    if mode == "parse":  # every stage's rows built as the validation will, and their tokens counted
+        Path(report_path).write_text(json.dumps({"tokens": _stage_tokens(spec, Path(job_dir), family)}))
+        return 0
+    if mode == "near":   # the reward-oracle check's probed rows: every prompt of the file folded here
+        from agent_trainer.inner_loop.isolation.reward_oracle import probed_rows
 
-        for name in dict.fromkeys(v.data.file for v in spec.stage_specs() if v.data.file):
-            try:
-                read_data_file(Path(job_dir) / name)
-            except DataFileError:
-                pass
-        Path(report_path).write_text("{}")
+        Path(report_path).write_text(json.dumps({"stages": probed_rows(spec, Path(job_dir), family, int(n))}))
         return 0
     if mode == "job":
         report = check_job(spec, job_dir, family, int(n), in_child=False, model_dir=model_dir, fmt=fmt)

@@ -161,6 +161,36 @@ def kill_group(pid: int) -> None:
         pass
 
 
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds (user + system, its reaped children's included) of process ``pid`` and every live descendant,
+    from ``/proc`` (0 where it cannot be read). A sandbox's processes sit in their own PID namespace and session but
+    keep the host's parent links, so the whole tree of a job is counted. Unlike the clock, this hardly moves with
+    the machine's load: what a job's own work costs."""
+    parents: dict[int, list[tuple[int, float]]] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        # After the name: state, ppid, ..., utime, stime, cutime, cstime are fields 14-17 of stat(5).
+        cpu = sum(int(x) for x in fields[11:15]) / tick
+        parents.setdefault(int(fields[1]), []).append((int(entry.name), cpu))
+    total, todo, seen = 0.0, [pid], set()
+    own = next((c for kids in parents.values() for p, c in kids if p == pid), 0.0)
+    total += own
+    while todo:
+        for child, cpu in parents.get(todo.pop(), ()):
+            if child not in seen:
+                seen.add(child)
+                total += cpu
+                todo.append(child)
+    return total
+
+
 # Files that count the kernel's out-of-memory kills: this machine's (container's) memory cgroup, v2 or v1, and the
 # kernel's own count (``/proc/vmstat``), which a machine-wide out-of-memory kill raises and a cgroup's may not.
 _OOM_FILES = ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control", "/proc/vmstat")

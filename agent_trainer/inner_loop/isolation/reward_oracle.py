@@ -114,13 +114,69 @@ def inverted_rows(values: list[list[float]], answers: list[str], candidates: lis
     return inverted
 
 
+def probed_rows(spec, job_dir: str | Path, family: str, hidden_n: int) -> list[dict | None]:
+    """Per stage, the rows the check probes: ``{"rows": [...], "near": [[(similarity, hidden index)], ...],
+    "n_rows": rows in the file, "keys": every column of its rows}``; None for a stage with no agent reward or too
+    few rows. Folds every prompt of the file: run it in the checking child (``oracle_check`` does)."""
+    from agent_trainer.evaluation.hidden_eval import hidden_set
+
+    hidden = [e.prompt for e in hidden_set(family, int(hidden_n))]
+    out: list[dict | None] = []
+    for view in spec.stage_specs() if hasattr(spec, "stage_specs") else [spec]:
+        files = [f for f in (view.reward.functions if view.reward else []) if f.source == "file"]
+        rows = _file_rows(Path(job_dir), view.data.file) if files and view.data.file else []
+        near = nearest_hidden([r["prompt"] for r in rows], hidden) if len(rows) >= 2 else []
+        probed = _probe_rows(rows, near) if near else []
+        keys = sorted(({k for r in rows for k in r} | {"answer", "family"}) - {"prompt"})
+        out.append({"rows": [rows[i] for i in probed], "near": [near[i] for i in probed], "n_rows": len(rows),
+                    "keys": keys} if len(probed) >= 2 else None)
+    return out
+
+
+def training_calls(view, prompts: list[str], pool: list[str], columns: list[dict], n_rows: int, budget_steps: int,
+                   tokenize: Callable[[str], list[int]] | None = None) -> list[tuple[dict, list[tuple[int, int]]]]:
+    """Every (probed prompt, pool answer) pair, in reward calls shaped as training makes them: ``(request, pairs)``
+    per call, ``pairs[k]`` the (prompt, answer) indices of completion ``k``.
+
+    GRPO: each call holds ``batch_size`` completions, ``num_generations`` of them a prompt's group, with the
+    completions' token ids and a ``trainer_state`` of a step of the job's own schedule (the calls spread over it in
+    order, first step to last, with its epoch); other algorithms score their samples once, before training, at step
+    0 of ``max_steps`` without token ids (``train.selfgen.score``), and are called so."""
+    hp = view.hyperparameters
+    grpo = view.algorithm == "grpo"
+    size = hp.num_generations if grpo else len(pool)
+    groups = [[c % len(pool) for c in range(start, start + size)]   # a short last group repeats the first answers
+              for start in range(0, len(pool), size)]
+    order = [(p, g) for g in groups for p in range(len(prompts))]
+    per_call = max(1, hp.batch_size // size) if grpo else len(order)
+    calls = [order[i:i + per_call] for i in range(0, len(order), per_call)]
+    planned = max(1, min(view.effective_max_steps(n_rows), budget_steps)) if grpo else hp.max_steps
+    steps_per_epoch = max(1, -(-n_rows // max(1, view.rows_per_step())))
+    out = []
+    for k, call in enumerate(calls):
+        pairs = [(p, c) for p, group in call for c in group]
+        step = k * planned // len(calls) if grpo else 0
+        state = {"global_step": step, "max_steps": planned, "epoch": step / steps_per_epoch}
+        request = {"prompts": [prompts[p] for p, _ in pairs], "completions": [pool[c] for _, c in pairs],
+                   "completion_ids": [tokenize(pool[c]) for _, c in pairs] if grpo and tokenize else None,
+                   "columns": {key: [columns[p].get(key) for p, _ in pairs] for key in sorted(columns[0])},
+                   "state": state}
+        out.append((request, pairs))
+    return out
+
+
 def oracle_check(spec, job_dir: str | Path, family: str, hidden_n: int, policy=None,
-                 render: Callable[[str], str] = lambda p: p, timeout_s: float | None = None) -> OracleReport:
+                 render: Callable[[str], str] = lambda p: p, timeout_s: float | None = None,
+                 tokenize: Callable[[str], list[int]] | None = None, budget_steps: int = 10**9) -> OracleReport:
     """The behavioural oracle check of the job's agent-written reward functions (see the module doc); stages whose
-    reward is the library's only are skipped. ``render``: a prompt as the trainer passes it to the reward."""
+    reward is the library's only are skipped. ``render``: a prompt as the trainer passes it to the reward;
+    ``tokenize``: a completion's token ids as the trainer passes them (the base model's, with eos);
+    ``budget_steps``: the task's step budget (the schedule's length). The nearness search runs in the checking
+    child (``CHECK_LIMITS``); a child that fails flags the job."""
     from agent_trainer.evaluation.families import get_family
     from agent_trainer.evaluation.hidden_eval import hidden_set
-    from agent_trainer.inner_loop.isolation.reward_proxy import score_with_host
+    from agent_trainer.inner_loop.isolation.contamination import run_in_check_child
+    from agent_trainer.inner_loop.isolation.reward_proxy import score_calls_with_host
     from agent_trainer.inner_loop.isolation.sandbox import SandboxPolicy
 
     job_dir = Path(job_dir)
@@ -128,46 +184,45 @@ def oracle_check(spec, job_dir: str | Path, family: str, hidden_n: int, policy=N
     fam = get_family(family)
     hidden = hidden_set(family, int(hidden_n))
     report = OracleReport()
+    picked, error = run_in_check_child("near", spec, job_dir, family, hidden_n)
+    if picked is None:
+        report.flagged, report.error = True, f"the rows to check could not be chosen: {error}"[:300]
+        return report
     views = spec.stage_specs() if hasattr(spec, "stage_specs") else [spec]
-    for view in views:
-        files = [f for f in (view.reward.functions if view.reward else []) if f.source == "file"]
-        if not files or not view.data.file:
+    for view, stage in zip(views, picked["stages"]):
+        if stage is None:
             continue
-        rows = _file_rows(job_dir, view.data.file)
-        if len(rows) < 2:
-            continue
-        near = nearest_hidden([r["prompt"] for r in rows], [e.prompt for e in hidden])
-        probed = _probe_rows(rows, near)
-        if len(probed) < 2:
-            continue
+        rows, near = stage["rows"], [[tuple(x) for x in n] for n in stage["near"]]
         pool: list[str] = []
         candidates: list[list[int]] = []
-        for i in probed:
-            answers = [rows[i]["answer"]] + [hidden[h].answer for _, h in near[i]]
+        for row, nearest in zip(rows, near):
             mine = []
-            for a in answers:
+            for a in [row["answer"]] + [hidden[h].answer for _, h in nearest]:
                 a = a[:MAX_ANSWER_CHARS]
                 if a not in pool:
                     pool.append(a)
                 mine.append(pool.index(a))
             candidates.append(mine[1:])
-        columns_of = [{k: v for k, v in rows[i].items() if k != "prompt"} for i in probed]
-        keys = sorted({k for c in columns_of for k in c})
-        pairs = [(p, c) for p in range(len(probed)) for c in range(len(pool))]
-        request = {"prompts": [render(rows[probed[p]]["prompt"]) for p, _ in pairs],
-                   "completions": [pool[c] for _, c in pairs], "completion_ids": None,
-                   "columns": {k: [columns_of[p].get(k) for p, _ in pairs] for k in keys}, "max_steps": 1}
+        columns = [{k: row.get(k, family if k == "family" else None) for k in stage["keys"]} for row in rows]
+        calls = training_calls(view, [render(r["prompt"]) for r in rows], pool, columns, stage["n_rows"],
+                               budget_steps, tokenize)
+        files = [f for f in view.reward.functions if f.source == "file"]
         only_files = view.reward.model_copy(update={"functions": files})
-        result = score_with_host(only_files, job_dir, request, timeout_s or policy.reward_timeout_s, policy)
-        report.probed += len(probed)
-        why = result.get("crash") or result.get("load_error") or "; ".join(result.get("errors", {}).values())
+        results = score_calls_with_host(only_files, job_dir, [req for req, _ in calls],
+                                        timeout_s or policy.reward_timeout_s, policy)
+        report.probed += len(rows)
+        why = results.get("crash") or results.get("load_error") or "; ".join(results.get("errors", {}).values())
         if why:
             report.flagged, report.error = True, f"the reward could not be checked: {why}"[:300]
             return report
-        totals = [sum(f.weight * float(result["values"][f.name][k] or 0.0) for f in files)
-                  for k in range(len(pairs))]
-        values = [totals[p * len(pool):(p + 1) * len(pool)] for p in range(len(probed))]
-        answers = [rows[i]["answer"][:MAX_ANSWER_CHARS] for i in probed]
+        values = [[0.0] * len(pool) for _ in rows]
+        seen: set[tuple[int, int]] = set()
+        for (_, pairs), answer in zip(calls, results["calls"]):
+            for k, (p, c) in enumerate(pairs):
+                if (p, c) not in seen:   # a padded group's repeat keeps the first value
+                    seen.add((p, c))
+                    values[p][c] = sum(f.weight * float(answer[f.name][k] or 0.0) for f in files)
+        answers = [r["answer"][:MAX_ANSWER_CHARS] for r in rows]
         report.inverted += inverted_rows(values, answers, candidates, pool, fam.score_one)
     report.flagged = report.inverted >= MIN_INVERTED
     return report

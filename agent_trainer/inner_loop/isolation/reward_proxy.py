@@ -249,13 +249,23 @@ def score_with_host(reward_spec, job_dir: str | Path, request: dict, timeout_s: 
     """The validation probe's scoring with the agent's functions in a sandboxed host.
 
     Same answer as ``agent_trainer.inner_loop.spec.probe.score_in_child``: ``{"values", "errors"}`` (plus
-    ``load_error``), or ``{"crash": why}``."""
+    ``load_error``), or ``{"crash": why}``. The reward sees step 0 of ``request["max_steps"]``."""
+    state = {"global_step": 0, "max_steps": request.get("max_steps", 1), "epoch": 0.0}
+    result = score_calls_with_host(reward_spec, job_dir, [{**request, "state": state}], timeout_s, policy)
+    calls = result.pop("calls", None)
+    return {**result, "values": calls[0] if calls else {}} if "crash" not in result else result
+
+
+def score_calls_with_host(reward_spec, job_dir: str | Path, requests: list[dict], timeout_s: float,
+                          policy: SandboxPolicy | None = None) -> dict:
+    """Score ``requests`` in order with the agent's functions in one sandboxed host, each call within ``timeout_s``:
+    ``{"calls": [{name: values} per request], "errors"}`` (plus ``load_error``), or ``{"crash": why}``. A request
+    holds ``prompts``, ``completions``, ``completion_ids``, ``columns`` and the ``state`` the reward gets as
+    ``trainer_state`` (``global_step``, ``max_steps``, ``epoch``): the same shape training passes."""
     from agent_trainer.inner_loop.isolation.sandbox import SandboxPolicy
 
     policy = policy or SandboxPolicy()
-    result: dict[str, Any] = {"values": {}, "errors": {}}
-    kwargs = {"completion_ids": request.get("completion_ids"), **request.get("columns", {})}
-    state = type("State", (), {"global_step": 0, "max_steps": request.get("max_steps", 1), "epoch": 0.0})()
+    result: dict[str, Any] = {"calls": [], "errors": {}}
     timeout_s = min(timeout_s, policy.reward_timeout_s)
     with tempfile.TemporaryDirectory(prefix="reward-probe-") as tmp:
         host = RewardHost(policy, job_dir, Path(tmp) / "reward.log", deadline_s=timeout_s)
@@ -270,20 +280,27 @@ def score_with_host(reward_spec, job_dir: str | Path, request: dict, timeout_s: 
                     fn = LIBRARY[f.name].fn if f.source == "library" else channel.function(
                         Path(job_dir) / reward_spec.file, f.name)
                     funcs.append((f.name, checked(f.name, fn)))
-                for name, fn in funcs:
-                    try:
-                        result["values"][name] = fn(prompts=request["prompts"], completions=request["completions"],
-                                                    trainer_state=state, **kwargs)
-                    except HostGone:
-                        raise
-                    except RewardError as e:
-                        result["errors"][name] = str(e)[-800:]
-                    except Exception as e:  # a library reward's own error on this data
-                        result["errors"][name] = f"{type(e).__name__}: {e}"[-800:]
+                for request in requests:
+                    state = type("State", (), dict(request["state"]))()
+                    kwargs = {"completion_ids": request.get("completion_ids"), **request.get("columns", {})}
+                    values = {}
+                    for name, fn in funcs:
+                        try:
+                            values[name] = fn(prompts=request["prompts"], completions=request["completions"],
+                                              trainer_state=state, **kwargs)
+                        except HostGone:
+                            raise
+                        except RewardError as e:
+                            result["errors"][name] = str(e)[-800:]
+                        except Exception as e:  # a library reward's own error on this data
+                            result["errors"][name] = f"{type(e).__name__}: {e}"[-800:]
+                    result["calls"].append(values)
+                    if result["errors"]:
+                        break
             except HostGone as e:
                 if e.timed_out:
-                    return {"crash": f"the reward functions did not finish within {timeout_s:g} s on "
-                                     f"{len(request['completions'])} completions"}
+                    n = max(len(r["completions"]) for r in requests)
+                    return {"crash": f"the reward functions did not finish within {timeout_s:g} s on {n} completions"}
                 try:
                     code = host.proc.wait(timeout=5)
                 except isolation.TimeoutExpired:

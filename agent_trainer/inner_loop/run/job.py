@@ -42,18 +42,6 @@ __all__ = ["Job", "run_job", "run_request", "execute", "JobRequest", "JobSetting
 log = logging.getLogger(__name__)
 
 
-def _read_log(path: Path) -> list[dict]:
-    if not path.is_file():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue
-    return out
-
-
 def _ran(ran: dict | None, log: list[dict]) -> dict:
     """The child's ``ran`` record; a stage still at 0 steps when the child died gets its steps from the log."""
     stages = [dict(s) for s in (ran or {}).get("stages", [])]
@@ -270,49 +258,58 @@ def prepare(job: Job, res: JobResult):
             if not res.flagged:
                 from agent_trainer.inner_loop.isolation.reward_oracle import oracle_check
 
-                oracle = oracle_check(spec, r.job_dir, r.task.family, r.hidden_n, job.policy,
-                                      render=_renderer(base_dir, r.task))
+                render, tokenize = _as_trained(base_dir, r.task)
+                oracle = oracle_check(spec, r.job_dir, r.task.family, r.hidden_n, job.policy, render=render,
+                                      tokenize=tokenize, budget_steps=r.task.budget.max_steps)
                 res.flagged = oracle.flagged
                 res.contamination = {**res.contamination, "reward_oracle": oracle.to_dict()}
             reward_host = RewardHost(job.policy, r.job_dir, r.out / "reward.log", deadline_s=job.deadline_s)
     return base_dir, wrap, reward_host
 
 
-def _renderer(base_dir: Path, task):
-    """A prompt as the trainer passes it to reward functions: in the task's format, by the base model's tokenizer."""
+def _as_trained(base_dir: Path, task):
+    """``(render, tokenize)``: a prompt as the trainer passes it to reward functions (in the task's format, by the
+    base model's tokenizer) and a completion's token ids as GRPO passes them (``completion_ids``: its tokens and
+    eos), so the reward-oracle check's calls carry what training's do."""
     from agent_trainer.evaluation.prompts import RAW, render
-
-    fmt = for_task(task)
-    if fmt == RAW:
-        return lambda prompt: prompt
     from agent_trainer.inner_loop.models import load_tokenizer
 
+    fmt = for_task(task)
     tokenizer = load_tokenizer(base_dir)
-    return lambda prompt: render(tokenizer, prompt, fmt)
+    eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+
+    def tokenize(text: str) -> list[int]:
+        return tokenizer(text, add_special_tokens=False)["input_ids"] + eos
+
+    return (lambda prompt: prompt) if fmt == RAW else (lambda prompt: render(tokenizer, prompt, fmt)), tokenize
 
 
 def train(job: Job, res: JobResult, base_dir: Path, wrap, reward_host) -> tuple[list[dict], bool]:
     """The training process (``agent_trainer.inner_loop.run.worker``), its outcome into ``res``; returns its train log
-    and whether it reported a saved model. A process killed at the wall-clock safety cap (an infrastructure
-    fault) is run once more; a second kill leaves the job ``infra_timeout``."""
-    from agent_trainer.inner_loop.run.worker import Training, run_worker
+    and whether it reported a saved model. A process killed at the wall-clock safety cap is the job's ``timeout``
+    when its CPU seconds ran far past its price (``worker.job_fault``: its own rows or settings), not retried;
+    otherwise an infrastructure fault, run once more, and a second kill leaves the job ``infra_timeout``."""
+    from agent_trainer.inner_loop.run.worker import Training, read_jsonl, run_worker
 
     r, s = job.request, job.request.settings
-    est = job.report.estimated_cost
+    est, wall = job.report.estimated_cost, job.report.wall_estimate
     training = Training.of(r, job.spec, base_dir, est)
     for _ in range(2):
         run = run_worker(training, deadline_s=job.deadline_s, progress=s.progress, wrap=wrap, warm=job.warm_path,
-                         reward_host=reward_host)
-        if not run.killed:
+                         reward_host=reward_host, expected_s=wall.seconds if wall is not None else None,
+                         stage_step_s=[step for step, _ in wall.stages] if wall is not None else None)
+        if not run.killed or run.status.get("status") != "infra_timeout":
             break
     st = run.status
     res.status, res.device, res.cpu = st.get("status", "crashed"), st.get("device"), st.get("cpu") or {}
     res.detail, res.error = st.get("detail", ""), st.get("error", "")
-    if run.killed:
-        res.detail += "; it was killed on both tries"
+    if run.killed:   # the evidence of the fault rule (only then: a clean job's metrics stay as they were)
+        res.seconds["process_cpu"] = run.cpu_seconds
+        if res.status == "infra_timeout":
+            res.detail += "; it was killed on both tries"
     res.steps, res.planned_steps = int(st.get("steps") or 0), int(st.get("planned_steps") or 0)
     res.seconds["train"], res.seconds["process"] = float(st.get("seconds") or 0.0), run.wall_seconds
-    log = _read_log(r.out / "train_log.jsonl")
+    log = read_jsonl(r.out / "train_log.jsonl")
     if log:  # a crash mid-run leaves the steps it made in the log only
         res.steps = max(res.steps, int(log[-1].get("step", 0)))
     if est is not None:   # the speed stage's clock: the compute of what the job asked for (no load, no machine)

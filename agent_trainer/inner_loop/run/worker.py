@@ -137,6 +137,7 @@ class WorkerRun:
     wall_seconds: float
     killed: bool
     returncode: int | None
+    cpu_seconds: float = 0.0   # of the training process's whole tree, last sampled before it ended (``watch``)
 
 
 # rlimits of the training process (the sandbox's launcher sets its own, tighter ones, inside).
@@ -149,6 +150,23 @@ def read_status(output_dir: Path) -> dict:
         return json.loads((Path(output_dir) / STATUS_FILE).read_text())
     except (OSError, ValueError):
         return {}
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """The JSON objects of a JSONL file's complete lines ([] when it cannot be read)."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            out.append(record)
+    return out
 
 
 def _log_tail(output_dir: Path, chars: int = ERROR_TAIL_CHARS) -> str:
@@ -308,14 +326,77 @@ def watch(proc, deadline_s: float, on_poll: Callable[[], None] = lambda: None, p
             proc.wait()
 
 
-def final_status(output_dir: Path, killed: bool, returncode: int | None, deadline_s: float) -> dict:
-    """The run's status: the child's ``train_status.json``, ``infra_timeout`` when the safety cap killed it,
-    ``crashed`` when it died without a final status."""
+# A process killed at the wall-clock safety cap is the job's own doing when its CPU seconds (the whole process
+# tree's) passed JOB_FAULT_FACTOR x its threads x the seconds the job's price expects on this machine: a busy
+# machine stretches the clock, not the CPU seconds a job's work takes, so only work the price does not cover (rows,
+# settings or rewards the cost model undercounts) gets there. An honest job killed on a loaded machine used about
+# its price's CPU seconds (the cost model's error is well under 3x: bench/cost_model.py) and stays an
+# ``infra_timeout``. JOB_FAULT_MARGIN_S more CPU seconds are the process's start-up (imports, model load) at any
+# price. The red team's 253 KB file of 8,400-token rows used ~500 CPU seconds against 3 x 2 x 20 + 60.
+JOB_FAULT_FACTOR, JOB_FAULT_MARGIN_S = 3.0, 60.0
+
+
+# The same rule per step, from the trainer's own log: the CPU seconds its steps took (``cpu_seconds``, since the
+# stage's training began) against JOB_FAULT_FACTOR x threads x the seconds its price expects a step here, plus
+# STEP_FAULT_MARGIN_S for the first step's warm-up. It needs no start-up margin, so it sees a run-away on a machine
+# so loaded that the whole tree got too little CPU for the first rule (the probe file on one thread, loaded: 57.5
+# CPU seconds in 19 steps priced 0.1 s each).
+STEP_FAULT_MARGIN_S = 10.0
+
+
+def job_fault(cpu_seconds: float, threads: int | None, expected_s: float | None) -> bool:
+    """True when a kill at the safety cap is the job's fault (``JOB_FAULT_FACTOR``); ``threads`` None: every core."""
+    if expected_s is None:
+        return False
+    return cpu_seconds > JOB_FAULT_FACTOR * _threads(threads) * expected_s + JOB_FAULT_MARGIN_S
+
+
+def _threads(threads: int | None) -> int:
+    return max(1, threads or os.cpu_count() or 1)
+
+
+def steps_fault(log: list[dict], threads: int | None, stage_step_s: list[float] | None) -> str:
+    """Why the trainer's log shows steps that cost far more CPU than their price ("" when it does not): the last
+    logged stage's CPU seconds against ``JOB_FAULT_FACTOR`` x threads x its expected seconds a step x its steps."""
+    logged = [r for r in log if isinstance(r.get("cpu_seconds"), (int, float)) and isinstance(r.get("step"), int)]
+    if not logged or not stage_step_s:
+        return ""
+    stage = logged[-1].get("stage", 1)
+    mine = [r for r in logged if r.get("stage", 1) == stage]
+    steps = mine[-1]["step"] - mine[0]["step"] + 1
+    step_s = stage_step_s[min(len(stage_step_s), int(stage)) - 1]
+    allowed = JOB_FAULT_FACTOR * _threads(threads) * step_s * steps + STEP_FAULT_MARGIN_S
+    if mine[-1]["cpu_seconds"] <= allowed:
+        return ""
+    spent = mine[-1]["cpu_seconds"]
+    return f"its {steps} steps took {spent:.0f} CPU seconds, over the {allowed:.0f} s their price allows"
+
+
+def final_status(output_dir: Path, killed: bool, returncode: int | None, deadline_s: float,
+                 cpu_seconds: float = 0.0, threads: int | None = None, expected_s: float | None = None,
+                 stage_step_s: list[float] | None = None) -> dict:
+    """The run's status: the child's ``train_status.json``; at the safety cap ``timeout`` when the job's own work
+    ran past its price (``job_fault`` on the whole tree, or ``steps_fault`` on the trainer's log), else
+    ``infra_timeout``; ``crashed`` when it died without a final status."""
     status = read_status(output_dir)
+    why = ""
+    if killed and job_fault(cpu_seconds, threads, expected_s):
+        why = (f"its processes took {cpu_seconds:.0f} CPU seconds, over {JOB_FAULT_FACTOR:g} x the {expected_s:.0f} s "
+               f"its price expects here on {_threads(threads)} threads + {JOB_FAULT_MARGIN_S:.0f} s")
+    elif killed:
+        from agent_trainer.inner_loop.train.train import TRAIN_LOG
+
+        why = steps_fault(read_jsonl(Path(output_dir) / TRAIN_LOG), threads, stage_step_s)
+    if why:
+        return {**status, "status": "timeout", "detail": (
+            f"killed at the wall-clock safety cap of {deadline_s:.0f} s: {why}. The job's own rows or settings cost "
+            "far more than its price (long rows, prompts or completions, slow rewards): the job's timeout, not the "
+            "machine's; shorten the rows or lower the sizes")}
     if killed:
         return {**status, "status": "infra_timeout", "detail": (
-            f"killed at the wall-clock safety cap of {deadline_s:.0f} s (start-up, training and saving together): "
-            "the machine ran far slower than the cost model expects; an infrastructure fault, not the job's")}
+            f"killed at the wall-clock safety cap of {deadline_s:.0f} s (start-up, training and saving together) "
+            f"after {cpu_seconds:.0f} CPU seconds, within what its price expects: the machine ran far slower than "
+            "the cost model expects; an infrastructure fault, not the job's")}
     if status.get("status") in (None, "running"):
         reason = isolation.describe_exit(returncode, Path(output_dir) / WORKER_LOG)  # signal, OOM: also in the log
         return {**status, "status": "crashed", "detail": f"the job process {reason}, before it finished",
@@ -323,20 +404,28 @@ def final_status(output_dir: Path, killed: bool, returncode: int | None, deadlin
     return status
 
 
+CPU_SAMPLE_S = 1.0   # how often ``run_worker`` reads the training tree's CPU seconds (a /proc scan, ~15 ms)
+
+
 def run_worker(t: Training, *, deadline_s: float, progress: bool = True,
                wrap: Callable[[list[str]], list[str]] | None = None, warm: bool = False, reward_host=None,
-               poll_s: float = 0.1) -> WorkerRun:
+               poll_s: float = 0.1, expected_s: float | None = None,
+               stage_step_s: list[float] | None = None) -> WorkerRun:
     """Run training ``t`` in its own process and wait for it; its process group is killed at ``deadline_s``
     (the wall-clock safety cap) and ``reward_host``, if any, closed at the end. ``warm``/``wrap``/
-    ``reward_host``: see ``start``."""
+    ``reward_host``: see ``start``. ``expected_s`` and ``stage_step_s``: the seconds the job's price expects on this
+    machine, in all and a step of each stage; a kill whose CPU seconds pass them by far is the job's ``timeout``
+    (``job_fault``, ``steps_fault``), else an ``infra_timeout``."""
     from tqdm.auto import tqdm
 
     home = fresh_output(t)
     bar = tqdm(total=t.max_steps, desc=f"train {t.job_dir.name}", unit="step", disable=not progress, leave=False)
-    offset = [0]
+    offset, cpu = [0], [0.0, 0.0]   # the log's read offset; the tree's CPU seconds and when they were read
 
     def advance() -> None:
         offset[0] = _advance(bar, t.output_dir, offset[0])
+        if time.monotonic() - cpu[1] >= CPU_SAMPLE_S:
+            cpu[0], cpu[1] = max(cpu[0], isolation.tree_cpu_seconds(proc.pid)), time.monotonic()
 
     t0 = time.monotonic()
     try:
@@ -347,8 +436,10 @@ def run_worker(t: Training, *, deadline_s: float, progress: bool = True,
         if reward_host is not None:
             reward_host.close()
         bar.close()
-    return WorkerRun(status=final_status(t.output_dir, killed, proc.returncode, deadline_s),
-                     wall_seconds=round(time.monotonic() - t0, 3), killed=killed, returncode=proc.returncode)
+    status = final_status(t.output_dir, killed, proc.returncode, deadline_s, cpu[0], t.threads, expected_s,
+                          stage_step_s)
+    return WorkerRun(status=status, wall_seconds=round(time.monotonic() - t0, 3), killed=killed,
+                     returncode=proc.returncode, cpu_seconds=round(cpu[0], 3))
 
 
 def _advance(bar, output_dir: Path, offset: int) -> int:

@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 
 from agent_trainer.inner_loop.isolation import launcher as isolation
+from agent_trainer.inner_loop.spec.cost import MAX_SEQUENCE_TOKENS
 
 SAMPLE_PROMPTS = 4  # GRPO prompts sampled in the dry run
 SAMPLES_PER_PROMPT = 4  # one greedy + three sampled
@@ -50,10 +51,15 @@ def _load_base(report, spec, cache_dir, model_dir):
 def _probe_sft(report, spec, tokenizer, model, rows) -> None:
     import torch
 
-    from agent_trainer.inner_loop.train.train import sft_ids
+    from agent_trainer.inner_loop.train.train import cut_sft_ids
 
     batch = rows[: min(SFT_ROWS, spec.hyperparameters.batch_size)]
-    ids, labels = map(list, zip(*sft_ids(tokenizer, [r["prompt"] for r in batch], [r["answer"] for r in batch])))
+    # Cut as the trainer cuts them: the dry run's cost in this, the harness, process is bounded by the cut.
+    ids, labels = map(list, zip(*cut_sft_ids(tokenizer, batch)))
+    if all(t == -100 for y in labels for t in y):
+        report.add("data", f"the first {len(batch)} rows' answers lie past the {MAX_SEQUENCE_TOKENS}-token cut of "
+                   "the trainers: such rows train nothing", "shorten the prompts", "warning")
+        return
     longest = max(map(len, ids))
     limit = getattr(model.config, "max_position_embeddings", 1024)
     if longest > limit:

@@ -341,17 +341,21 @@ def _size(path: Path) -> int:
 def _check_data(report: ValidationReport, spec: JobSpec, job_dir: Path, task: TaskSpec) -> list[list[dict]] | None:
     """Rows of every stage (self_generated sources stand in with their prompts and reference answers).
 
-    Agent data files over ``PARSE_IN_CHILD_BYTES`` are parsed in a child with rlimits and a deadline first
-    (``parse_in_child``): this process parses only files that child got through (a smaller file is bounded
-    work by its size and the row caps alone)."""
+    Agent data files over ``PARSE_IN_CHILD_BYTES`` are parsed, and every stage's tokens counted, in a child with
+    rlimits and a deadline first (``parse_in_child``; its tokens in ``report.probe["row_tokens"]``, its seconds in
+    ``report.probe["check_seconds"]``): this process parses only files that child got through and never tokenizes
+    them (a smaller file is bounded work by its size and the row caps alone)."""
     if any(_size(job_dir / v.data.file) > PARSE_IN_CHILD_BYTES for v in spec.stage_specs() if v.data.file):
         from agent_trainer.inner_loop.isolation.contamination import CHECK_DEADLINE_S, parse_in_child
 
-        why = parse_in_child(spec, job_dir, task.family)
-        if why:
-            report.add("data.file", f"the data files could not be parsed within the harness's limits ({why})",
-                       f"keep data files small and plain: at most {CHECK_DEADLINE_S:.0f} s of parsing")
+        parsed = parse_in_child(spec, job_dir, task.family)
+        report.probe["check_seconds"] = {"parse": parsed.seconds}
+        if parsed.error:
+            report.add("data.file", f"the data files could not be parsed within the harness's limits "
+                       f"({parsed.error})", f"keep data files small and plain: at most {CHECK_DEADLINE_S:.0f} s of "
+                       "parsing")
             return None
+        report.probe["row_tokens"] = parsed.tokens
     out, seen = [], {}
     for view, at, data_at, _ in _stage_views(spec):
         if id(view.data) in seen and seen[id(view.data)][0] == view.algorithm:
@@ -507,8 +511,7 @@ def check_spec(report: ValidationReport, spec: JobSpec, job_dir: Path, task: Tas
         views = spec.stage_specs()
         steps = [v.effective_max_steps(len(r) if stage_rows else v.rows_per_step())
                  for v, r in zip(views, stage_rows or [None] * len(views))]
-        tokens = ([row_tokens(r, pairs=v.algorithm == "dpo") for v, r in zip(views, stage_rows)]
-                  if stage_rows else None)   # priced per token
+        tokens = _stage_tokens(report, views, stage_rows)   # priced per token
         report.estimated_cost = estimate_job(spec, cost_model, steps=steps, prompt_format=task.prompt_format,
                                              tokens=tokens)
         report.wall_estimate = estimate_job(spec, cost_model, steps=steps, prompt_format=task.prompt_format,
@@ -523,6 +526,16 @@ def check_spec(report: ValidationReport, spec: JobSpec, job_dir: Path, task: Tas
     except Exception as e:  # a bug in the probe must reach the agent as a finding, not crash the harness
         internal_error(report, e)
     return report
+
+
+def _stage_tokens(report: ValidationReport, views: list[JobSpec], stage_rows) -> list | None:
+    """Each stage's ``row_tokens``: the parsing child's count where it made one (large agent files are never
+    tokenized in this process), else counted here (library rows and small files: bounded by the row caps)."""
+    counted = report.probe.pop("row_tokens", None) or [None] * len(views)
+    if not stage_rows:
+        return None
+    return [t if t is not None else row_tokens(r, pairs=v.algorithm == "dpo")
+            for v, r, t in zip(views, stage_rows, counted)]
 
 
 def internal_error(report: ValidationReport, e: Exception) -> None:

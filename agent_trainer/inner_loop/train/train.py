@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
+from agent_trainer.inner_loop.spec.cost import MAX_SEQUENCE_TOKENS, MAX_TOKEN_BYTES
 from agent_trainer.inner_loop.spec.jobspec import JobSpec
 from agent_trainer.inner_loop.train.callbacks import BudgetGuard, StepLog, injected_callbacks
 from agent_trainer.inner_loop.train.config import lora_config, planned_steps, trl_config
@@ -134,13 +135,21 @@ def sft_ids(tokenizer, prompts: list[str], answers: list[str]) -> list[tuple[lis
     return [(p + a + [eos_id], [-100] * len(p) + a + [eos_id]) for p, a in zip(p_ids, a_ids)]
 
 
-def encode_probe(tokenizer, rows: list[dict], n: int = 32) -> tuple:
-    """``BudgetGuard``'s probe: (input_ids, labels) of the first ``n`` rows as SFT trains on them (``sft_ids``);
-    labels cover answer + eos."""
+def encode_probe(tokenizer, rows: list[dict], n: int = 32, max_length: int = MAX_SEQUENCE_TOKENS) -> tuple:
+    """``BudgetGuard``'s probe: (input_ids, labels) of the first ``n`` rows as SFT trains on them (``sft_ids``),
+    each cut at ``max_length`` tokens like the trainers cut rows; labels cover answer + eos.
+
+    The cut keeps the probe's cost within the price: the cost model counts every row at most
+    ``MAX_SEQUENCE_TOKENS`` tokens, and an uncut probe of 32 rows of ~8,400 tokens each ran 57.6 s against
+    0.054 s priced (issue 54). A row whose answer lies past the cut has no labels; one row with labels is kept
+    at least (the first's last token), so the loss stays defined."""
     import torch
 
     rows = rows[:n]
-    pairs = sft_ids(tokenizer, [r["prompt"] for r in rows], [r["answer"] for r in rows])
+    pairs = cut_sft_ids(tokenizer, rows, max_length)
+    if pairs and all(t == -100 for _, lab in pairs for t in lab):
+        ids, lab = pairs[0]
+        pairs[0] = (ids, lab[:-1] + [ids[-1]])
     width = max(len(ids) for ids, _ in pairs)
     ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
     labels = torch.full((len(rows), width), -100, dtype=torch.long)
@@ -148,6 +157,15 @@ def encode_probe(tokenizer, rows: list[dict], n: int = 32) -> tuple:
         ids[i, : len(seq)] = torch.tensor(seq)
         labels[i, : len(lab)] = torch.tensor(lab)
     return ids, labels
+
+
+def cut_sft_ids(tokenizer, rows: list[dict], max_length: int = MAX_SEQUENCE_TOKENS) -> list[tuple[list, list]]:
+    """``sft_ids`` of ``rows`` cut at ``max_length`` tokens, as the trainers cut them; each text is cut first to
+    the characters that can still land among those tokens (``MAX_TOKEN_BYTES`` a token for the project's
+    tokenizer), so tokenizing a long row costs what its kept tokens cost, never the whole text."""
+    chars = max_length * MAX_TOKEN_BYTES
+    pairs = sft_ids(tokenizer, [r["prompt"][:chars] for r in rows], [r["answer"][:chars] for r in rows])
+    return [(ids[:max_length], lab[:max_length]) for ids, lab in pairs]
 
 
 def sft_dataset(rows: list[dict], tokenizer, max_length: int | None):
