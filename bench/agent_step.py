@@ -187,16 +187,17 @@ def update_side(rows_file: Path, overrides: list[str], sides: list[str]) -> dict
 
 
 STEP_SECONDS = ("seconds_sampling", "seconds_jobs", "seconds_update", "seconds_step")
+# One step without the fixed-seed evaluations (held-out, and the training tasks' 8 x 5 episodes): a run plays them
+# before its first update and after its last, not in every step, and at-train counts them in that step's seconds.
+STEP_OVERRIDES = ("outer.steps=1", "outer.heldout_at_start=false", "outer.heldout_episodes=0",
+                  "outer.train_eval_episodes=0", "tracking=off")
 
 
 def step_side(folder: Path, overrides: list[str]) -> dict:
     """One outer step of the recipe through at-train, without the fixed-seed evaluations, its seconds from
     metrics.jsonl: the step, and its sampling, jobs (waited beyond the sampling) and update."""
     run_id = f"bench-agent-step-{int(time.time())}"
-    # No fixed-seed evaluations (held-out and the training tasks' 8 x 5 episodes): they run before a run's first
-    # update and after its last, not in every step, and would be counted as this one step's seconds.
-    cmd = [str(Path(sys.executable).parent / "at-train"), RECIPE, "outer.steps=1", "outer.heldout_at_start=false",
-           "outer.heldout_episodes=0", "outer.train_eval_episodes=0", "tracking=off", f"runs_dir={folder / 'runs'}",
+    cmd = [str(Path(sys.executable).parent / "at-train"), RECIPE, *STEP_OVERRIDES, f"runs_dir={folder / 'runs'}",
            f"run_id={run_id}", *overrides]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)

@@ -1,4 +1,5 @@
-"""bench/_memory.py: a phase's peak is its own process's and its own phase's; the update's phases are all recorded."""
+"""bench/agent_step.py and bench/_memory.py: a phase's peak is its own process's and its own phase's, the update's phases are
+all recorded, and the step side runs one step without the fixed-seed evaluations."""
 
 from __future__ import annotations
 
@@ -78,3 +79,15 @@ def test_the_update_reports_forward_and_backward_of_each_micro_batch_and_one_opt
     assert forward["rows"] == 2 and forward["saved_for_backward_gb"] > 0
     assert step["grads_gb"] > 0 and step["optimizer_state_gb"] > 0   # Adam's moments exist after its first step
     assert all(r["peak_gb"] >= r["rss_end_gb"] > 0 for r in probe.rows)
+
+
+def test_the_step_bench_runs_one_step_of_the_recipe_without_its_evaluations():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("agent_step", ROOT / "bench" / "agent_step.py")
+    agent_step = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(agent_step)
+    assert agent_step.recipe_config([]).outer.train_eval_episodes > 0, "the recipe plays evaluations"
+    outer = agent_step.recipe_config(list(agent_step.STEP_OVERRIDES)).outer
+    assert outer.steps == 1 and outer.train_eval_episodes == 0 and outer.heldout_episodes == 0
+    assert not outer.heldout_at_start
