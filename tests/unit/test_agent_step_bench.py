@@ -1,5 +1,5 @@
-"""bench/agent_step.py and bench/_memory.py: a phase's peak is its own process's and its own phase's, the update's phases are
-all recorded, and the step side runs one step without the fixed-seed evaluations."""
+"""bench/agent_step.py and bench/_memory.py: a phase's peak is its own process's and its own phase's, the
+update's phases are all recorded, and the step side runs one step without the fixed-seed evaluations."""
 
 from __future__ import annotations
 
