@@ -84,11 +84,13 @@ def trim() -> float:
     return before - rss_gb()
 
 
-def tensor_gb(tensors) -> float:
-    """Bytes of the distinct storages among ``tensors``."""
+def tensor_gb(tensors, besides=()) -> float:
+    """GB of the distinct storages among ``tensors``, leaving out those of ``besides`` (e.g. the parameters, which
+    autograd keeps for the backward pass too but which exist anyway)."""
+    skip = {t.untyped_storage().data_ptr() for t in besides}
     seen: dict[int, int] = {}
     for t in tensors:
-        if t is not None and t.device.type == "cpu":
+        if t is not None and t.device.type == "cpu" and t.untyped_storage().data_ptr() not in skip:
             st = t.untyped_storage()
             seen[st.data_ptr()] = st.nbytes()
     return sum(seen.values()) / GB
@@ -132,7 +134,8 @@ class RssSampler:
 
 def _saved_for_backward():
     """A ``saved_tensors_hooks`` context that collects the tensors autograd keeps for the backward pass outside
-    checkpointed regions (inside them, checkpointing's own hooks keep nothing but what it recomputes from)."""
+    checkpointed regions (inside them, checkpointing's own hooks keep nothing but what it recomputes from). The
+    hooks hand each tensor back as it is: the numbers do not change."""
     import torch
 
     kept: list = []
@@ -158,13 +161,15 @@ def make_phase_callback(model, optimizer_of):
             self._hooks = None
             self._kept: list = []
             self._batch = 0
+            self._shape: dict = {}
+            self._stepping = False
 
         def _open(self):
             reset_peak()
             self._t0, self._start = time.perf_counter(), rss_gb()
 
         def _close(self, name: str, **extra):
-            params = [p for p in model.parameters()]
+            params = list(model.parameters())
             self.rows.append({
                 "phase": f"{name} {self._batch}", "rss_start_gb": self._start, "peak_gb": peak_gb(),
                 "rss_end_gb": rss_gb(), "seconds": time.perf_counter() - self._t0,
@@ -183,7 +188,8 @@ def make_phase_callback(model, optimizer_of):
 
         def on_before_backward(self, trainer, pl_module, loss):
             self._hooks.__exit__(None, None, None)
-            self._close("forward", saved_for_backward_gb=tensor_gb(self._kept), **self._shape)
+            kept = tensor_gb(self._kept, besides=list(model.parameters()))
+            self._close("forward", saved_for_backward_gb=kept, **self._shape)
             self._kept = []
             self._open()
 
@@ -195,7 +201,7 @@ def make_phase_callback(model, optimizer_of):
             self._stepping = True
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-            if getattr(self, "_stepping", False):
+            if self._stepping:
                 self._close("optimizer step")
                 self._stepping = False
 

@@ -12,7 +12,8 @@
    and its memory phase by phase (model load; forward, backward of each micro-batch; the optimizer step: each
    phase's peak and what holds memory at its end, ``bench/_memory.py``). A side's peak is its own process's
    high-water mark (``VmHWM``), never ``ru_maxrss``: a child's ``ru_maxrss`` starts at its parent's peak (Linux
-   carries it over ``exec``), so after the sampling side's warm start and episodes every side read >= 5 GB.
+   carries it over ``exec``): on a fresh clone, where the sampling side also built the warm start, every side read
+   >= 5.5 GB that way.
 3. One outer step of ``at-train experiment=smollm2_cpu`` end to end: its episodes, jobs and update, without the
    fixed-seed evaluations a run plays before its first update and after its last (held-out, the training tasks).
 
