@@ -90,9 +90,27 @@ def ratio(name: str, value: float, target: str) -> dict[str, Any]:
     return {"name": name, "value": round(value, 4), "target": target, "pass": ok}
 
 
+def cpu() -> dict[str, Any]:
+    """The CPU's vendor and model (``/proc/cpuinfo``) and the kernel level torch runs at (AVX2, AVX512, ...): the
+    same workload can take other memory and time at another level."""
+    info: dict[str, Any] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() in ("vendor_id", "model name"):
+                info.setdefault(key.strip().replace(" ", "_"), value.strip())
+    except OSError:
+        pass
+    import sys
+
+    if "torch" in sys.modules:
+        info["torch_cpu_capability"] = sys.modules["torch"].backends.cpu.get_cpu_capability()
+    return info
+
+
 def machine() -> dict[str, Any]:
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
-    return {"cores": os.cpu_count(), "load_avg_1m": round(load[0], 2) if load else None,
+    return {"cores": os.cpu_count(), **cpu(), "load_avg_1m": round(load[0], 2) if load else None,
             "python": platform.python_version(), "time": time.strftime("%Y-%m-%d %H:%M:%S")}
 
 
