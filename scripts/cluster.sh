@@ -5,6 +5,7 @@
 #   bash scripts/cluster.sh slurm start     # munged, MariaDB, slurmdbd, slurmctld, slurmd; waits for sinfo and sacct
 #   bash scripts/cluster.sh ray start       # a Ray head and a second worker node (resource "worker_node")
 #   bash scripts/cluster.sh slurm|ray status|stop|env
+#   bash scripts/cluster.sh ray kill-worker # SIGKILLs the worker node (a fault test); start brings it back
 #
 # Idempotent: start on a running cluster only checks it. Everything it writes lives in
 # ${CLUSTER_DIR:-/tmp/agent-trainer-cluster}/{slurm,ray}; stop kills exactly the processes whose pids it recorded
@@ -77,7 +78,9 @@ slurm_env() {
   echo "export SLURM_CONF=$DIR/slurm.conf"
 }
 
-slurm_answers() { SLURM_CONF=$DIR/slurm.conf timeout 10 sinfo -h -o %T 2>/dev/null | grep -qE '^(idle|mixed|allocated)'; }
+slurm_answers() {
+  SLURM_CONF=$DIR/slurm.conf timeout 10 sinfo -h -o %T 2>/dev/null | grep -qE '^(idle|mixed|allocated)'
+}
 sacct_answers() { SLURM_CONF=$DIR/slurm.conf timeout 10 sacct -n -X -S now-1minutes >/dev/null 2>&1; }
 
 slurm_write_config() {
@@ -196,7 +199,8 @@ slurm_start() {
   if ! SLURM_CONF=$DIR/slurm.conf sacctmgr -n -P list cluster format=cluster | grep -qx "$CLUSTER_NAME"; then
     SLURM_CONF=$DIR/slurm.conf sacctmgr -i add cluster "$CLUSTER_NAME" >/dev/null
   fi
-  alive "$DIR/slurmctld.pid" || slurmctld -f "$DIR/slurm.conf" || die "slurmctld did not start (log: $DIR/log/slurmctld.log)"
+  alive "$DIR/slurmctld.pid" || slurmctld -f "$DIR/slurm.conf" \
+    || die "slurmctld did not start (log: $DIR/log/slurmctld.log)"
   alive "$DIR/slurmd.pid" || slurmd -f "$DIR/slurm.conf" || die "slurmd did not start (log: $DIR/log/slurmd.log)"
   wait_for 60 "slurmctld (sinfo: node idle)" slurm_answers
   wait_for 60 "slurmdbd (sacct)" sacct_answers
@@ -240,39 +244,62 @@ ray_answers() { RAY_ADDRESS=127.0.0.1:$RAY_PORT ray_cli status 2>/dev/null | gre
 # ray_pids: the processes of our cluster: those whose command line names our temp folder or our GCS port.
 ray_pids() {
   local pid
+  local ours="$DIR/tmp|127.0.0.1:$RAY_PORT|--gcs_server_port=$RAY_PORT"
   for pid in $(pgrep -f "ray" || true); do
-    if tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qE -- "$DIR/tmp|127.0.0.1:$RAY_PORT|gcs-address=127.0.0.1:$RAY_PORT|--gcs_server_port=$RAY_PORT"; then
+    if { tr '\0' ' ' <"/proc/$pid/cmdline"; } 2>/dev/null | grep -qE -- "$ours"; then
       echo "$pid"
     fi
   done
 }
 
-ray_start() {
-  "$PY" -c 'import ray' 2>/dev/null || die "Ray is not installed in $VENV: pip install -e '.[ray]' (or make setup)"
-  if ray_answers; then say "ray is running (head 127.0.0.1:$RAY_PORT)"; ray_env; return 0; fi
-  mkdir -p "$DIR/tmp" "$DIR/log"
-  export RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0
-  # The head takes one CPU and the worker node one: two nodes of this machine's 2 cores, jobs placed on both.
-  ray_cli start --head --node-ip-address=127.0.0.1 --port="$RAY_PORT" --num-cpus=$((CPUS / 2)) --num-gpus=0 \
-    --object-store-memory=$OBJECT_STORE --resources='{"head_node": 1}' --include-dashboard=false --temp-dir="$DIR/tmp" --disable-usage-stats \
-    >"$DIR/log/head.log" 2>&1 || die "ray head did not start (log: $DIR/log/head.log)"
+ray_start_worker() {
   ray_cli start --address="127.0.0.1:$RAY_PORT" --node-ip-address=127.0.0.1 --num-cpus=$((CPUS - CPUS / 2)) \
     --num-gpus=0 --object-store-memory=$OBJECT_STORE --resources='{"worker_node": 1}' --temp-dir="$DIR/tmp" \
     >"$DIR/log/worker.log" 2>&1 || die "ray worker node did not start (log: $DIR/log/worker.log)"
-  wait_for 60 "ray (ray status: two nodes)" ray_answers
-  ray_pids >"$DIR/pids"
-  say "ray is up: head 127.0.0.1:$RAY_PORT and a worker node (resource worker_node), $(wc -l <"$DIR/pids") processes"
+  # The worker node's processes: ours now that were not the head's (kill-worker kills exactly these).
+  ray_pids | grep -vxFf "$DIR/head.pids" >"$DIR/worker.pids" || true
+}
+
+ray_start() {
+  "$PY" -c 'import ray' 2>/dev/null || die "Ray is not installed in $VENV: pip install -e '.[ray]' (or make setup)"
+  export RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0
+  if ray_answers; then say "ray is running (head 127.0.0.1:$RAY_PORT)"; ray_env; return 0; fi
+  mkdir -p "$DIR/tmp" "$DIR/log"
+  if [ -s "$DIR/head.pids" ] && ray_cli status --address="127.0.0.1:$RAY_PORT" >/dev/null 2>&1; then
+    say "ray head is running without its worker node (killed?): starting the worker node again"
+    ray_start_worker
+  else
+    # The head takes one CPU and the worker node one: two nodes of this machine's 2 cores, jobs placed on both.
+    ray_cli start --head --node-ip-address=127.0.0.1 --port="$RAY_PORT" --num-cpus=$((CPUS / 2)) --num-gpus=0 \
+      --object-store-memory=$OBJECT_STORE --resources='{"head_node": 1}' --include-dashboard=false \
+      --temp-dir="$DIR/tmp" --disable-usage-stats >"$DIR/log/head.log" 2>&1 \
+      || die "ray head did not start (log: $DIR/log/head.log)"
+    ray_pids >"$DIR/head.pids"
+    ray_start_worker
+  fi
+  wait_for 90 "ray (ray status: two nodes)" ray_answers
+  say "ray is up: head 127.0.0.1:$RAY_PORT and a worker node (resource worker_node)"
   ray_env
+}
+
+# ray_kill_worker: the worker node dies as a lost machine would (SIGKILL, its task processes with it); for tests.
+ray_kill_worker() {
+  local pids
+  pids=$(cat "$DIR/worker.pids" 2>/dev/null || true)
+  [ -n "$pids" ] || die "no worker node recorded (bash scripts/cluster.sh ray start)"
+  for pid in $pids; do pkill -9 -P "$pid" 2>/dev/null || true; kill -9 "$pid" 2>/dev/null || true; done
+  : >"$DIR/worker.pids"
+  say "ray worker node killed"
 }
 
 ray_stop() {
   local pids
   # Processes started since start (workers) count too: the command-line match finds them; the file the rest.
-  pids=$( { cat "$DIR/pids" 2>/dev/null || true; ray_pids; } | sort -u)
+  pids=$( { cat "$DIR/head.pids" "$DIR/worker.pids" 2>/dev/null || true; ray_pids; } | sort -u)
   for pid in $pids; do kill "$pid" 2>/dev/null || true; done
   sleep 2
   for pid in $pids; do kill -9 "$pid" 2>/dev/null || true; done
-  rm -f "$DIR/pids"
+  rm -f "$DIR/head.pids" "$DIR/worker.pids"
   rm -rf "$DIR/tmp"
   say "ray stopped"
 }
@@ -289,6 +316,7 @@ case "$ENGINE" in
 esac
 case "$ACTION" in
   start|stop|status|env) ;;
+  kill-worker) [ "$ENGINE" = ray ] || { echo "kill-worker: ray only" >&2; exit 2; }; ACTION=kill_worker ;;
   *) echo "usage: bash scripts/cluster.sh slurm|ray start|stop|status|env" >&2; exit 2 ;;
 esac
 DIR=$ROOT/$ENGINE

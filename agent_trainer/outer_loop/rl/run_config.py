@@ -119,6 +119,18 @@ def make_executor(cfg: Conf):
                 additional=h.slurm_additional, address=h.ray_address)
 
 
+def check_executor(cfg: Conf) -> None:
+    """Refuse to start, in one line naming it, when the executor's engine (SLURM's controller, a Ray head) does
+    not answer: before any episode is played or model loaded."""
+    from agent_trainer.cli_args import UserError
+
+    executor = make_executor(cfg)
+    try:
+        getattr(executor, "check", lambda: None)()
+    except RuntimeError as e:
+        raise UserError(str(e)) from None
+
+
 def execution_plan(cfg: Conf) -> dict[str, Any]:
     """How ``at-train`` would run inner jobs (the executor's plan for one outer step's batch), without running any."""
     from agent_trainer.paths import resolve_path
