@@ -7,6 +7,7 @@ the command that starts it. Jobs are tiny (a random-init Qwen3, a few steps) so 
 - a batch as a SLURM job array gives the numbers the jobs give in this process, in request order; each result
   says where it ran (array task, node, submitit's log files) and ``sacct`` has the tasks COMPLETED;
 - a task cancelled with ``scancel`` and a task whose node goes DOWN come back ``crashed`` with SLURM's state;
+- the harness stopped by SIGTERM while its array runs cancels the tasks (none left running);
 - a batch as Ray tasks on the head and the worker node gives the same numbers, each result naming its node;
 - a Ray worker node killed mid-job gives a ``crashed`` result, the other job its numbers;
 - at-train with an unreachable SLURM controller or Ray head stops at once: one line naming it, exit 2.
@@ -89,7 +90,7 @@ def _slurm(*args: str, check: bool = True) -> str:
 
 
 @pytest.fixture
-def slurm(monkeypatch):
+def slurm(monkeypatch, tmp_path):
     """The cluster of scripts/cluster.sh (its SLURM_CONF), skipped with the command to start it when down."""
     if shutil.which("sinfo") is None or not SLURM_CONF.is_file():
         pytest.skip("no SLURM cluster: bash scripts/cluster.sh slurm start")
@@ -100,8 +101,9 @@ def slurm(monkeypatch):
                     "bash scripts/cluster.sh slurm start")
     node = _slurm("sinfo", "-h", "-o", "%N").strip()
     yield node
-    # A fault test leaves no task running and the node back in service, whatever happened.
-    _slurm("scancel", "--name=inner-job", check=False)
+    # A fault test leaves none of its tasks running and the node back in service, whatever happened.
+    for task in _tasks(tmp_path):
+        _slurm("scancel", task, check=False)
     _slurm("scontrol", "update", f"nodename={node}", "state=resume", check=False)
 
 
@@ -111,15 +113,21 @@ def _sacct_states(job_id: str) -> dict[str, str]:
     return dict(line.split("|")[:2] for line in out.splitlines() if line)
 
 
-def _wait_running(n: int, timeout: float = 120.0) -> list[str]:
-    """The job ids of the first ``n`` RUNNING inner-job tasks (the batch's own: their jobs train for minutes)."""
+def _tasks(folder: Path, state: str = "all") -> list[str]:
+    """Job ids of the array tasks that submitit submitted from ``folder`` (this test's; not another run's)."""
+    out = _slurm("squeue", "-h", "-t", state, "-o", "%i %o")
+    return sorted(line.split()[0] for line in out.splitlines() if str(folder) in line)
+
+
+def _wait_running(folder: Path, n: int, timeout: float = 120.0) -> list[str]:
+    """The job ids of ``n`` RUNNING tasks submitted from ``folder`` (their jobs train for minutes)."""
     deadline = time.time() + timeout
     while time.time() < deadline:
-        running = _slurm("squeue", "-h", "--name=inner-job", "-t", "RUNNING", "-o", "%i").split()
+        running = _tasks(folder, "RUNNING")
         if len(running) >= n:
-            return sorted(running)
+            return running
         time.sleep(1)
-    raise AssertionError(f"{n} inner-job tasks did not start within {timeout:.0f} s: {_slurm('squeue')}")
+    raise AssertionError(f"{n} tasks did not start within {timeout:.0f} s: {_slurm('squeue')}")
 
 
 @pytest.mark.slurm
@@ -148,7 +156,7 @@ def test_a_cancelled_task_and_a_lost_node_come_back_crashed_with_slurms_state(ba
     runner = threading.Thread(target=lambda: box.update(results=ex.run(
         _requests(jobs, base_dir, tmp_path / "out", LONG_TASK))))
     runner.start()
-    first, second = _wait_running(2)
+    first, second = _wait_running(tmp_path / "submitit", 2)
     _slurm("scancel", first)
     time.sleep(3)
     _slurm("scontrol", "update", f"nodename={slurm}", "state=down", "reason=test_clusters")
@@ -158,7 +166,49 @@ def test_a_cancelled_task_and_a_lost_node_come_back_crashed_with_slurms_state(ba
     assert cancelled.status == "crashed" and "SLURM state CANCELLED" in cancelled.detail, cancelled.detail
     assert lost.status == "crashed" and "SLURM state NODE_FAIL" in lost.detail, lost.detail
     assert cancelled.placement["job_id"] == first and lost.placement["job_id"] == second
-    assert not _slurm("squeue", "-h", "--name=inner-job").strip(), "no task may stay queued or running"
+    assert not _tasks(tmp_path / "submitit"), "no task may stay queued or running"
+
+
+HARNESS = """
+import pickle, signal, sys
+from agent_trainer.inner_loop.run.executor import make_executor
+
+def terminated(signum, frame):   # what at-train does with SIGTERM (agent_trainer.cli): an interrupt
+    raise KeyboardInterrupt()
+
+signal.signal(signal.SIGTERM, terminated)
+requests = pickle.loads(open(sys.argv[1], "rb").read())
+make_executor("slurm", max_parallel=2, folder=sys.argv[2], threads=1).run(requests)
+"""
+
+
+@pytest.mark.slurm
+def test_a_stopped_harness_cancels_its_array_tasks(base_dir, slurm, tmp_path):
+    """SIGTERM to the process waiting on an array: its tasks are cancelled, none keeps running as an orphan."""
+    import pickle
+    import signal
+
+    jobs = _jobs(tmp_path / "jobs", {"a": {"batch_size": 8, "max_steps": 100_000},
+                                     "b": {"batch_size": 8, "max_steps": 100_000}})
+    (tmp_path / "requests.pkl").write_bytes(pickle.dumps(_requests(jobs, base_dir, tmp_path / "out", LONG_TASK)))
+    harness = subprocess.Popen([sys.executable, "-c", HARNESS, str(tmp_path / "requests.pkl"),
+                                str(tmp_path / "submitit")], cwd=ROOT)
+    try:
+        tasks = _wait_running(tmp_path / "submitit", 2)
+        harness.send_signal(signal.SIGTERM)
+        assert harness.wait(timeout=60) != 0
+    finally:
+        harness.kill()
+    deadline = time.time() + 30
+    while _tasks(tmp_path / "submitit") and time.time() < deadline:
+        time.sleep(1)
+    assert not _tasks(tmp_path / "submitit"), "a task outlived the harness"
+    array = tasks[0].split("_")[0]
+    states = {}
+    while time.time() < deadline + 30 and set(states.values()) != {"CANCELLED"}:
+        states = {k: v.split()[0] for k, v in _sacct_states(array).items()}
+        time.sleep(1)
+    assert states == {t: "CANCELLED" for t in tasks}, states
 
 
 # ------------------------------------------------------------------------------------------------ Ray

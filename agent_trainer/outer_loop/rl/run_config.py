@@ -182,8 +182,9 @@ def agent_threads(cfg: Conf, cores: int | None = None) -> int:
     if h.agent_threads is not None:
         return h.agent_threads
     cores = cores or usable_cores()
-    if h.executor not in ("sequential", "local_parallel"):
-        return cores   # jobs run elsewhere (SLURM, Ray, submitit)
+    # The same count whatever hardware.executor says, though SLURM's or Ray's jobs may run on other machines: the
+    # update's float sums depend on its threads, and changing only the executor must change no number of a run
+    # (bench/same_steps.py). On a login node with cores to spare, set hardware.agent_threads.
     per_job = h.threads_per_job or max(1, cores // h.max_parallel_jobs)
     return max(1, cores - h.max_parallel_jobs * per_job)
 
