@@ -289,6 +289,9 @@ ray_kill_worker() {
   [ -n "$pids" ] || die "no worker node recorded (bash scripts/cluster.sh ray start)"
   for pid in $pids; do pkill -9 -P "$pid" 2>/dev/null || true; kill -9 "$pid" 2>/dev/null || true; done
   : >"$DIR/worker.pids"
+  # Until the head has seen the node die (its health checks: ~15 s), `start` would take the cluster for whole.
+  local deadline=$((SECONDS + 90))
+  while ray_answers && [ "$SECONDS" -lt "$deadline" ]; do sleep 2; done
   say "ray worker node killed"
 }
 

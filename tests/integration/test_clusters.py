@@ -267,9 +267,10 @@ def test_a_ray_worker_node_killed_mid_job_gives_a_crashed_result(base_dir, ray_c
         assert not runner.is_alive(), "the executor did not return after its node died"
         (res,) = box["results"]
         assert res.status == "crashed" and "Ray" in res.detail, res.detail
-    finally:
-        subprocess.run(["bash", str(ROOT / "scripts" / "cluster.sh"), "ray", "start"], capture_output=True,
-                       timeout=300)
+    finally:   # the worker node back, for the tests and users after
+        again = subprocess.run(["bash", str(ROOT / "scripts" / "cluster.sh"), "ray", "start"], capture_output=True,
+                               text=True, timeout=300)
+    assert again.returncode == 0 and "worker node again" in again.stdout, again.stdout + again.stderr
 
 
 # ------------------------------------------------------------------------------------------------ start-up

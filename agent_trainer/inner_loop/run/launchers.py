@@ -336,7 +336,7 @@ class RayExecutor:
         try:
             for ref, req in zip(refs, reqs):
                 try:
-                    results.append(ray.get(ref))
+                    results.append(record_placement(req, ray.get(ref)))   # the worker's placement, on disk too
                 except Exception as e:  # noqa: BLE001 - a lost worker or node: the batch goes on
                     results.append(lost(req, f"{type(e).__name__}: {e}", f"Ray {type(e).__name__}"))
         except BaseException:
