@@ -17,6 +17,7 @@ the command that starts it. Jobs are tiny (a random-init Qwen3, a few steps) so 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -80,6 +81,18 @@ def reference(base_dir, tmp_path_factory):
     return jobs, results
 
 
+@contextlib.contextmanager
+def _one_at_a_time(engine: str):
+    """One cluster test of an engine at a time across pytest-xdist's workers: a node set DOWN or a worker node
+    killed takes every task on it, another test's too."""
+    import fcntl
+
+    CLUSTER_DIR.mkdir(parents=True, exist_ok=True)
+    with open(CLUSTER_DIR / f"{engine}.test-lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 # ------------------------------------------------------------------------------------------------ SLURM
 
 def _slurm(*args: str, check: bool = True) -> str:
@@ -100,7 +113,8 @@ def slurm(monkeypatch, tmp_path):
         pytest.skip(f"the SLURM cluster does not answer ({done.stderr.strip()[:100]}): "
                     "bash scripts/cluster.sh slurm start")
     node = _slurm("sinfo", "-h", "-o", "%N").strip()
-    yield node
+    with _one_at_a_time("slurm"):
+        yield node
     # A fault test leaves none of its tasks running and the node back in service, whatever happened.
     for task in _tasks(tmp_path):
         _slurm("scancel", task, check=False)
@@ -227,7 +241,8 @@ def ray_cluster(monkeypatch):
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
     import ray
 
-    yield RAY_ADDRESS
+    with _one_at_a_time("ray"):
+        yield RAY_ADDRESS
     ray.shutdown()
 
 
@@ -242,6 +257,7 @@ def test_a_batch_runs_on_both_ray_nodes_with_the_local_numbers(reference, base_d
     nodes = {n["NodeID"]: n["Resources"] for n in ray.nodes() if n["Alive"]}
     where = [r.placement for r in got]
     assert all(p["engine"] == "ray" and p["node_id"] in nodes and Path(p["logs"]).is_dir() for p in where), where
+    assert [yaml.safe_load(Path(r.output_dir, "result.json").read_text())["placement"] for r in got] == where
     # One CPU per node and one per job: the two jobs ran at once, one on each node.
     assert {p["node_id"] for p in where} == set(nodes), where
 
