@@ -239,7 +239,16 @@ ray_env() {
   echo "export RAY_ADDRESS=127.0.0.1:$RAY_PORT"
 }
 
-ray_answers() { RAY_ADDRESS=127.0.0.1:$RAY_PORT ray_cli status 2>/dev/null | grep -q "worker_node"; }
+# ray_active_nodes: how many nodes the head counts as alive (`ray status`'s "Active:" list); nothing when the head
+# does not answer. A killed node stays in the resource totals for a while; it leaves the Active list.
+ray_active_nodes() {
+  local out
+  out=$(RAY_ADDRESS=127.0.0.1:$RAY_PORT timeout 60 "$PY" -c \
+    'import sys; from ray.scripts.scripts import main; sys.argv[0] = "ray"; main()' status 2>/dev/null) || return 0
+  echo "$out" | awk '/^Active:/ {on = 1; next} /^Pending:/ {on = 0} on && /node_/ {n++} END {print n + 0}'
+}
+
+ray_answers() { [ "$(ray_active_nodes)" = 2 ]; }
 
 # ray_pids: the processes of our cluster: those whose command line names our temp folder or our GCS port.
 ray_pids() {
@@ -265,7 +274,7 @@ ray_start() {
   export RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0
   if ray_answers; then say "ray is running (head 127.0.0.1:$RAY_PORT)"; ray_env; return 0; fi
   mkdir -p "$DIR/tmp" "$DIR/log"
-  if [ -s "$DIR/head.pids" ] && ray_cli status --address="127.0.0.1:$RAY_PORT" >/dev/null 2>&1; then
+  if [ -s "$DIR/head.pids" ] && [ "$(ray_active_nodes)" = 1 ]; then
     say "ray head is running without its worker node (killed?): starting the worker node again"
     ray_start_worker
   else
@@ -290,8 +299,12 @@ ray_kill_worker() {
   for pid in $pids; do pkill -9 -P "$pid" 2>/dev/null || true; kill -9 "$pid" 2>/dev/null || true; done
   : >"$DIR/worker.pids"
   # Until the head has seen the node die (its health checks: ~15 s), `start` would take the cluster for whole.
-  local deadline=$((SECONDS + 90))
-  while ray_answers && [ "$SECONDS" -lt "$deadline" ]; do sleep 2; done
+  local deadline=$((SECONDS + 90)) n
+  while [ "$SECONDS" -lt "$deadline" ]; do
+    n=$(ray_active_nodes)
+    [ -n "$n" ] && [ "$n" -lt 2 ] && break   # a head that did not answer this time proves nothing
+    sleep 2
+  done
   say "ray worker node killed"
 }
 
