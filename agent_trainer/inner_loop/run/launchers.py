@@ -182,15 +182,19 @@ class SubmititExecutor:
         if self.cluster != "slurm":
             return
         import shutil
-        import subprocess
+
+        from agent_trainer.inner_loop.isolation.launcher import run_check
 
         if shutil.which("sinfo") is None:
             raise RuntimeError("hardware.executor=slurm: no SLURM client here (sinfo not found); run at-train on a "
                                "SLURM login node, or bash scripts/cluster.sh slurm start on this machine")
+        # The launcher scrubs the environment; SLURM_CONF (which cluster) is passed on through env(1).
+        conf = [f"SLURM_CONF={os.environ['SLURM_CONF']}"] if os.environ.get("SLURM_CONF") else []
         try:
-            done = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True, timeout=30)
-        except subprocess.TimeoutExpired:
-            raise RuntimeError("hardware.executor=slurm: the SLURM controller did not answer sinfo within 30 s")
+            done = run_check(["env", *conf, "sinfo", "-h", "-o", "%P"], timeout_s=30)
+        except Exception as e:  # noqa: BLE001 - a timeout: the controller does not answer
+            raise RuntimeError(f"hardware.executor=slurm: the SLURM controller did not answer sinfo "
+                               f"({type(e).__name__}: {e})") from None
         if done.returncode != 0:
             why = (done.stderr.strip().splitlines() or ["no output"])[-1]
             raise RuntimeError(f"hardware.executor=slurm: the SLURM controller is unreachable ({why}); "
