@@ -23,9 +23,14 @@ setup:
 run: setup
 	$(RUN_MAIN)
 
+# Clusters the suite runs its cluster tests on (scripts/cluster.sh; started before the tests and stopped after,
+# unless already running): the SLURM and Ray tests skip with the reason where one cannot start. CLUSTERS= for none.
+CLUSTERS ?= slurm ray
+WITH_CLUSTERS = CLUSTERS="$(CLUSTERS)" bash scripts/with_clusters.sh
+
 # The whole suite, slow tests included (CI runs exactly this).
 test: setup
-	$(BIN)/pytest -p no:cacheprovider --timeout=$(TEST_TIMEOUT) -n $(TEST_WORKERS) --dist worksteal --durations=30 tests
+	$(WITH_CLUSTERS) $(BIN)/pytest -p no:cacheprovider --timeout=$(TEST_TIMEOUT) -n $(TEST_WORKERS) --dist worksteal --durations=30 tests
 
 # Unit tests only, for a quick check while editing: no model is built or imported (tests that need one the
 # cache lacks are skipped with the reason; tests/helpers/run_if.py). About 2 minutes of CPU, on both cores.

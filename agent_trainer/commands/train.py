@@ -230,7 +230,9 @@ def run(cfg: DictConfig) -> float | None:
         return None
     check_reachable(cfg)  # a closed MLflow server fails here, in seconds
     check_answer_room(conf)
-    from agent_trainer.outer_loop.rl.run_config import quiet_libraries
+    from agent_trainer.outer_loop.rl.run_config import check_executor, quiet_libraries
+
+    check_executor(conf)   # a SLURM controller or Ray head that does not answer fails here, before any work
 
     quiet_libraries()  # one progress bar (outer steps), not one per model load and inner job
     run_dir = previous or folder

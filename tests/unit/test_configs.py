@@ -214,4 +214,6 @@ def test_agent_threads_leave_the_parallel_jobs_their_cores(composer):
     assert agent_threads(composer(["hardware=cpu_parallel"]), cores=2) == 1     # 2 jobs x 1 thread on 2 cores
     assert agent_threads(composer(["hardware=cpu_parallel"]), cores=8) == 6
     assert agent_threads(composer(["hardware=cpu_parallel", "hardware.agent_threads=3"]), cores=2) == 3
-    assert agent_threads(composer(["hardware=slurm"]), cores=8) == 8            # jobs run on other machines
+    # SLURM's jobs may run elsewhere, but the count is the local executor's: changing the executor changes no number
+    assert agent_threads(composer(["hardware=slurm"]), cores=8) == 1
+    assert agent_threads(composer(["hardware=slurm", "hardware.agent_threads=8"]), cores=8) == 8

@@ -19,6 +19,7 @@ from typing import Any
 from agent_trainer.inner_loop.run.request import JobRequest, with_threads
 from agent_trainer.registry import REGISTRY_ENV, configured_env
 
+UNKNOWN_LOSS = "node failure, time limit or cancelled?"
 # Time a job needs beyond its training deadline: interpreter start, imports, hidden evaluation.
 EVAL_MARGIN_S = 600.0
 
@@ -28,18 +29,56 @@ def run_request(request: JobRequest, registry_env: dict[str, str] | None = None)
 
     ``registry_env`` (the harness's ``agent_trainer.registry.configured_env()``) is set in the worker before the job
     runs: a Ray or SLURM worker on another node does not have the harness's environment, and a data family or
-    configured base model must be found there as it is here."""
+    configured base model must be found there as it is here. The result says where it ran (``placement``)."""
     from agent_trainer.inner_loop.run.job import run_request as run
 
     if registry_env is not None:
         for key in REGISTRY_ENV:
             os.environ.pop(key, None)
         os.environ.update(registry_env)
-    return run(request)
+    res = run(request)
+    if hasattr(res, "placement"):   # a JobResult (tests stand other values in)
+        res.placement = {**res.placement, **placement_here()}
+    return res
 
 
-def lost(request: JobRequest, message: str):
-    """A ``crashed`` result (with ``result.json``) for a job the engine lost; the harness keeps going."""
+def placement_here() -> dict[str, Any]:
+    """Where this process runs, as the engine names it: the SLURM job, array task and node, or the Ray node,
+    worker and its log folder; ``{"host": ...}`` outside both."""
+    import socket
+
+    out: dict[str, Any] = {"host": socket.gethostname()}
+    env = os.environ
+    if "SLURM_JOB_ID" in env:
+        out.update(engine="slurm", job_id=env["SLURM_JOB_ID"], node=env.get("SLURMD_NODENAME"),
+                   array_job_id=env.get("SLURM_ARRAY_JOB_ID"), array_task_id=env.get("SLURM_ARRAY_TASK_ID"))
+    try:
+        import ray
+
+        if ray.is_initialized():
+            ctx = ray.get_runtime_context()
+            node = ray._private.worker.global_worker.node
+            out.update(engine="ray", node_id=ctx.get_node_id(), worker_id=ctx.get_worker_id(), pid=os.getpid(),
+                       node_ip=node.node_ip_address, logs=node.get_logs_dir_path())
+    except Exception:  # noqa: BLE001 - no Ray here, or an older one: where it ran is a courtesy, not the result
+        pass
+    return out
+
+
+def record_placement(request: JobRequest, res, **extra: Any):
+    """Add the harness's side of where a job ran (its engine id, its log files) to ``res`` and its ``result.json``."""
+    from agent_trainer.inner_loop.run.result import RESULT_FILE, write_json_atomic
+
+    res.placement = {**res.placement, **{k: v for k, v in extra.items() if v is not None}}
+    if request.out.is_dir():
+        write_json_atomic(request.out / RESULT_FILE, res.as_dict())
+    return res
+
+
+def lost(request: JobRequest, message: str, reason: str = ""):
+    """A ``crashed`` result (with ``result.json``) for a job the engine lost; the harness keeps going.
+
+    ``reason``: the engine's word for it (SLURM's state: CANCELLED, TIMEOUT, NODE_FAIL; Ray's error)."""
     from agent_trainer.inner_loop.run.result import (
         RESULT_FILE, JobResult, job_hash, library_versions, write_json_atomic,
     )
@@ -47,8 +86,8 @@ def lost(request: JobRequest, message: str):
     res = JobResult(status="crashed", task=request.task.name, family=request.task.family,
                     job_dir=str(request.job_dir), output_dir=str(request.out), job_hash=job_hash(request.job_dir),
                     hidden_n=request.hidden_n,
-                    detail="the launcher lost the job before it reported a result (node failure, time limit, "
-                           "cancelled?)", error=message[-3000:], libraries=library_versions())
+                    detail=f"the launcher lost the job before it reported a result: {reason or UNKNOWN_LOSS}",
+                    error=message[-3000:], libraries=library_versions())
     request.out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(request.out / RESULT_FILE, res.as_dict())
     return res
@@ -102,10 +141,15 @@ class SubmititExecutor:
             p["mem_gb"] = self.mem_gb
         if self.cluster == "slurm":
             p["slurm_array_parallelism"] = self.max_parallel
+            # A job SLURM would requeue after a node failure could run twice; the outer loop decides instead.
+            p["slurm_additional_parameters"] = {"no_requeue": True}
+            # submitit's warning signal comes this long before the time limit (default 90 s: longer than a
+            # one-minute limit).
+            p["slurm_signal_delay_s"] = min(90, 15 * p["timeout_min"])
             if self.partition:
                 p["slurm_partition"] = self.partition
             if self.additional:
-                p["slurm_additional_parameters"] = dict(self.additional)
+                p["slurm_additional_parameters"].update(self.additional)
         return p
 
     def sbatch(self, requests: list[JobRequest]) -> str:
@@ -118,7 +162,8 @@ class SubmititExecutor:
             folder=self.folder.resolve() / "%j", job_name=p["name"], partition=p.get("slurm_partition"),
             time=p["timeout_min"], nodes=1, cpus_per_task=p["cpus_per_task"], gpus_per_node=p.get("gpus_per_node"),
             mem=f"{p['mem_gb']}GB" if p.get("mem_gb") else None, array_parallelism=self.max_parallel,
-            map_count=max(1, len(requests)), additional_parameters=p.get("slurm_additional_parameters"))
+            map_count=max(1, len(requests)), additional_parameters=p.get("slurm_additional_parameters"),
+            signal_delay_s=p.get("slurm_signal_delay_s", 90))
 
     def plan(self, requests: list[JobRequest] = ()) -> dict[str, Any]:
         """What ``run`` would submit, without submitting."""
@@ -131,6 +176,29 @@ class SubmititExecutor:
         elif self.cluster == "slurm":
             out["sbatch"] = self.sbatch(requests)
         return out
+
+    def check(self) -> None:
+        """Raise a one-line ``RuntimeError`` naming the controller when SLURM does not answer (before any work)."""
+        if self.cluster != "slurm":
+            return
+        import shutil
+
+        from agent_trainer.inner_loop.isolation.launcher import run_check
+
+        if shutil.which("sinfo") is None:
+            raise RuntimeError("hardware.executor=slurm: no SLURM client here (sinfo not found); run at-train on a "
+                               "SLURM login node, or bash scripts/cluster.sh slurm start on this machine")
+        # The launcher scrubs the environment; SLURM_CONF (which cluster) is passed on through env(1).
+        conf = [f"SLURM_CONF={os.environ['SLURM_CONF']}"] if os.environ.get("SLURM_CONF") else []
+        try:
+            done = run_check(["env", *conf, "sinfo", "-h", "-o", "%P"], timeout_s=30)
+        except Exception as e:  # noqa: BLE001 - a timeout: the controller does not answer
+            raise RuntimeError(f"hardware.executor=slurm: the SLURM controller did not answer sinfo "
+                               f"({type(e).__name__}: {e})") from None
+        if done.returncode != 0:
+            why = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            raise RuntimeError(f"hardware.executor=slurm: the SLURM controller is unreachable ({why}); "
+                               f"check slurmctld (scontrol ping), or SLURM_CONF")
 
     def run(self, requests: list[JobRequest]) -> list:
         if not requests:
@@ -150,12 +218,46 @@ class SubmititExecutor:
         for start in range(0, len(reqs), size):
             chunk = reqs[start:start + size]
             jobs = ex.map_array(run_request, chunk, [configured_env()] * len(chunk))
-            for job, req in zip(jobs, chunk):
-                try:
-                    results.append(job.result())
-                except Exception as e:  # noqa: BLE001 - whatever the engine raises, the batch goes on
-                    results.append(lost(req, f"{type(e).__name__}: {e}"))
+            try:
+                results += [self._result(job, req) for job, req in zip(jobs, chunk)]
+            except BaseException:
+                # at-train stopped (SIGTERM, Ctrl-C) while the tasks run: cancel them, leave no orphan behind.
+                for job in jobs:
+                    if not job.done():
+                        job.cancel(check=False)
+                raise
         return results
+
+    def _result(self, job, req: JobRequest):
+        """The job's result, or a ``crashed`` one with the engine's state; either way with where it ran."""
+        paths = job.paths
+        try:
+            res = job.result()
+        except Exception as e:  # noqa: BLE001 - whatever the engine raises, the batch goes on
+            state = _final_state(job) if self.cluster == "slurm" else ""
+            res = lost(req, f"{type(e).__name__}: {e}", f"SLURM state {state}" if state else type(e).__name__)
+        if self.cluster != "slurm":
+            return res
+        return record_placement(req, res, engine="slurm", job_id=job.job_id, stdout=str(paths.stdout),
+                                stderr=str(paths.stderr), state=_final_state(job))
+
+
+def _final_state(job, wait_s: float = 30.0) -> str:
+    """SLURM's final state of ``job`` as accounting has it (COMPLETED, CANCELLED, TIMEOUT, NODE_FAIL, ...).
+
+    submitit's view can lag accounting by a poll; a finished job's state reaches sacct within seconds."""
+    import time
+
+    deadline = time.time() + wait_s
+    while True:
+        try:
+            job.watcher.update()
+            state = job.state.split()[0]   # "CANCELLED by 0" -> CANCELLED
+        except Exception:  # noqa: BLE001 - sacct unreachable: say so rather than fail the batch
+            return "UNKNOWN"
+        if state not in ("PENDING", "RUNNING", "REQUEUED", "COMPLETING", "UNKNOWN") or time.time() > deadline:
+            return state
+        time.sleep(2)
 
 
 class RayExecutor:
@@ -164,10 +266,12 @@ class RayExecutor:
     kind = "ray"
 
     def __init__(self, max_parallel: int = 1, address: str | None = None, gpus_per_job: int = 0,
-                 cpus_per_job: int | None = None, threads: int | None = None, init_kwargs: dict | None = None):
+                 cpus_per_job: int | None = None, threads: int | None = None, init_kwargs: dict | None = None,
+                 resources: dict[str, float] | None = None):
         if max_parallel < 1:
             raise ValueError(f"max_parallel must be >= 1, got {max_parallel}")
         self.max_parallel, self.address, self.gpus_per_job = max_parallel, address, gpus_per_job
+        self.resources = dict(resources or {})   # custom resources per task: which nodes may take a job
         self.cpus_per_job = cpus_per_job or threads or 1
         self.threads = threads
         self.init_kwargs = dict(init_kwargs or {})
@@ -176,7 +280,8 @@ class RayExecutor:
     def plan(self, requests: list[JobRequest] = ()) -> dict[str, Any]:
         out: dict[str, Any] = {"executor": "ray", "engine": "ray", "max_parallel": self.max_parallel,
                                "address": self.address or "local (started on first use)",
-                               "task_resources": {"num_cpus": self.cpus_per_job, "num_gpus": self.gpus_per_job},
+                               "task_resources": {"num_cpus": self.cpus_per_job, "num_gpus": self.gpus_per_job,
+                                                  **self.resources},
                                "engine_installed": _installed("ray")}
         if not self.address:
             out["local_cpus"] = self.max_parallel * self.cpus_per_job
@@ -199,20 +304,50 @@ class RayExecutor:
             self._started = True
         return ray
 
+    def check(self) -> None:
+        """Raise a one-line ``RuntimeError`` naming the head when ``address`` names a cluster that does not answer
+        (a local Ray, no address, is started by ``run``)."""
+        if not self.address:
+            return
+        import socket
+
+        try:
+            from ray._private.services import get_ray_address_from_environment
+        except ImportError:
+            raise RuntimeError("hardware.executor=ray needs Ray: pip install -e '.[ray]'") from None
+        try:
+            address = get_ray_address_from_environment(self.address, None)
+        except ConnectionError:
+            raise RuntimeError(f"hardware.ray_address={self.address}: no running Ray cluster found on this machine "
+                               f"(start one: ray start --head, or bash scripts/cluster.sh ray start)") from None
+        host, _, port = address.removeprefix("ray://").rpartition(":")
+        try:
+            socket.create_connection((host, int(port)), timeout=10).close()
+        except (OSError, ValueError) as e:
+            raise RuntimeError(f"hardware.ray_address={self.address}: the Ray head at {address} is unreachable "
+                               f"({e.strerror or e}); start it, or set hardware.ray_address") from None
+
     def run(self, requests: list[JobRequest]) -> list:
         if not requests:
             return []
         ray = self._init()
         reqs = [r.absolute() for r in with_threads(requests, self.threads)]
-        task = ray.remote(num_cpus=self.cpus_per_job, num_gpus=self.gpus_per_job, max_retries=0)(run_request)
+        task = ray.remote(num_cpus=self.cpus_per_job, num_gpus=self.gpus_per_job, resources=self.resources,
+                          max_retries=0)(run_request)
         env = configured_env()
         refs = [task.remote(r, env) for r in reqs]
         results = []
-        for ref, req in zip(refs, reqs):
-            try:
-                results.append(ray.get(ref))
-            except Exception as e:  # noqa: BLE001 - a lost worker or node: the batch goes on
-                results.append(lost(req, f"{type(e).__name__}: {e}"))
+        try:
+            for ref, req in zip(refs, reqs):
+                try:
+                    results.append(record_placement(req, ray.get(ref)))   # the worker's placement, on disk too
+                except Exception as e:  # noqa: BLE001 - a lost worker or node: the batch goes on
+                    results.append(lost(req, f"{type(e).__name__}: {e}", f"Ray {type(e).__name__}"))
+        except BaseException:
+            # at-train stopped (SIGTERM, Ctrl-C) while the tasks run: cancel them, leave no orphan behind.
+            for ref in refs:
+                ray.cancel(ref, force=True)
+            raise
         return results
 
     def close(self) -> None:

@@ -80,6 +80,9 @@ class JobResult:
     # The float kernels the job's process trained with, as that process saw them (agent_trainer.kernels.cpu_kind:
     # architecture, vendor, torch's level, MKL/oneDNN settings; {} when no process started). Never in visible().
     cpu: dict = field(default_factory=dict)
+    # Where the job ran when an engine ran it (agent_trainer.inner_loop.run.launchers): SLURM's job, array task,
+    # node and submitit's log files; Ray's node, worker and log folder. {} for jobs run on this machine.
+    placement: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         return asdict(self)

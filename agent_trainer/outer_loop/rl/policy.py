@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Sequence
 
 import lightning as L
+from lightning.pytorch.plugins.environments import LightningEnvironment
 import torch
 from torch.utils.data import DataLoader
 
@@ -422,6 +423,9 @@ def _quiet_lightning() -> None:
         logging.getLogger(name).setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", message=".*does not have many workers.*")
     warnings.filterwarnings("ignore", message=".*GPU available but not used.*")
+    # Lightning's resume check asks SLURM's detection even with the environment pinned (plugins= below): the
+    # hint to launch with srun is wrong for one process on a login node or inside a SLURM job.
+    warnings.filterwarnings("ignore", message=".*The `srun` command is available.*")
     # Deprecation notices from inside lightning/transformers (not our calls), once per outer step otherwise.
     warnings.filterwarnings("ignore", message=".*LeafSpec.*")
     warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")
@@ -613,7 +617,10 @@ class AgentPolicy:
         kwargs = dict(accelerator="cpu", devices=1, max_epochs=self.config.epochs, logger=False,
                       accumulate_grad_batches=n_batches,
                       enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                      gradient_clip_val=self.config.max_grad_norm, num_sanity_val_steps=0)
+                      gradient_clip_val=self.config.max_grad_norm, num_sanity_val_steps=0,
+                      # One process, whatever the environment: inside a SLURM job (a sweep's run) Lightning would
+                      # read SLURM_* as a multi-process launch, and with srun on the PATH it warns at every update.
+                      plugins=[LightningEnvironment()])
         kwargs.update(self.trainer_kwargs)
         _quiet_lightning()
         self.model.train()

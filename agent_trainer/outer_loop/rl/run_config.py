@@ -119,6 +119,18 @@ def make_executor(cfg: Conf):
                 additional=h.slurm_additional, address=h.ray_address)
 
 
+def check_executor(cfg: Conf) -> None:
+    """Refuse to start, in one line naming it, when the executor's engine (SLURM's controller, a Ray head) does
+    not answer: before any episode is played or model loaded."""
+    from agent_trainer.cli_args import UserError
+
+    executor = make_executor(cfg)
+    try:
+        getattr(executor, "check", lambda: None)()
+    except RuntimeError as e:
+        raise UserError(str(e)) from None
+
+
 def execution_plan(cfg: Conf) -> dict[str, Any]:
     """How ``at-train`` would run inner jobs (the executor's plan for one outer step's batch), without running any."""
     from agent_trainer.paths import resolve_path
@@ -170,8 +182,9 @@ def agent_threads(cfg: Conf, cores: int | None = None) -> int:
     if h.agent_threads is not None:
         return h.agent_threads
     cores = cores or usable_cores()
-    if h.executor not in ("sequential", "local_parallel"):
-        return cores   # jobs run elsewhere (SLURM, Ray, submitit)
+    # The same count whatever hardware.executor says, though SLURM's or Ray's jobs may run on other machines: the
+    # update's float sums depend on its threads, and changing only the executor must change no number of a run
+    # (bench/same_steps.py). On a login node with cores to spare, set hardware.agent_threads.
     per_job = h.threads_per_job or max(1, cores // h.max_parallel_jobs)
     return max(1, cores - h.max_parallel_jobs * per_job)
 

@@ -1,0 +1,318 @@
+"""Inner jobs on a real SLURM cluster (with accounting) and a real two-node Ray cluster, and their faults.
+
+The clusters run on this machine, started by ``bash scripts/cluster.sh slurm|ray start`` (``make test`` starts
+them through scripts/with_clusters.sh and stops them after); where one is not running its tests are skipped with
+the command that starts it. Jobs are tiny (a random-init Qwen3, a few steps) so that the engines are what is tested:
+
+- a batch as a SLURM job array gives the numbers the jobs give in this process, in request order; each result
+  says where it ran (array task, node, submitit's log files) and ``sacct`` has the tasks COMPLETED;
+- a task cancelled with ``scancel`` and a task whose node goes DOWN come back ``crashed`` with SLURM's state;
+- the harness stopped by SIGTERM while its array runs cancels the tasks (none left running);
+- a batch as Ray tasks on the head and the worker node gives the same numbers, each result naming its node;
+- a Ray worker node killed mid-job gives a ``crashed`` result, the other job its numbers;
+- at-train with an unreachable SLURM controller or Ray head stops at once: one line naming it, exit 2.
+
+    .venv/bin/pytest tests/integration/test_clusters.py -q      (~2 min on 2 cores with both clusters started)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from agent_trainer.evaluation.tasks import TaskSpec
+from agent_trainer.inner_loop.run.executor import make_executor
+from agent_trainer.inner_loop.run.request import JobRequest
+from agent_trainer.inner_loop.spec.cost import CostModel
+
+ROOT = Path(__file__).resolve().parents[2]
+CLUSTER_DIR = Path(os.environ.get("CLUSTER_DIR", "/tmp/agent-trainer-cluster"))
+SLURM_CONF = CLUSTER_DIR / "slurm" / "slurm.conf"
+pytestmark = pytest.mark.slow
+RAY_ADDRESS = os.environ.get("AT_TEST_RAY_ADDRESS", "127.0.0.1:6389")   # scripts/cluster.sh's RAY_PORT
+
+FAST_COSTS = CostModel(startup_s=0.0, grpo_step_s=1e-4, grpo_token_s=0.0, sft_step_s=1e-4, sft_sequence_s=0.0)
+TASK = TaskSpec(name="calc_test", family="calc_chain", allowed_base_models=["tiny-s"], hidden_eval_size=16,
+                budget={"max_steps": 50, "max_seconds": 60, "max_usd": 0.05})
+# A job that trains for minutes: time for a fault to reach it while it runs.
+LONG_TASK = TaskSpec(name="calc_long", family="calc_chain", allowed_base_models=["tiny-s"], hidden_eval_size=16,
+                     budget={"max_steps": 100_000, "max_seconds": 600, "max_usd": 5.0})
+SHORT = {"sft_a": {"batch_size": 8, "learning_rate": 3e-3, "max_steps": 3},
+         "sft_b": {"batch_size": 8, "learning_rate": 1e-2, "max_steps": 2}}
+
+
+def _jobs(root: Path, hyper: dict[str, dict]) -> dict[str, Path]:
+    out = {}
+    for name, hp in hyper.items():
+        job = root / name
+        job.mkdir(parents=True)
+        spec = {"base_model": "tiny-s", "algorithm": "sft", "hyperparameters": hp, "seed": 0,
+                "data": {"sources": [{"family": "calc_chain", "seed": 1, "size": 64}]}}
+        (job / "job.yaml").write_text(yaml.safe_dump(spec))
+        out[name] = job
+    return out
+
+
+def _requests(jobs: dict[str, Path], base_dir: Path, out: Path, task: TaskSpec = TASK) -> list[JobRequest]:
+    return [JobRequest.of(job, task, out / name, model_dir=base_dir, cost_model=FAST_COSTS, progress=False,
+                          threads=1, cache=False, warm_workers=False) for name, job in jobs.items()]
+
+
+def _numbers(r) -> tuple:
+    return (r.status, r.steps, r.hidden_score, r.baseline, r.loss_curve)
+
+
+@pytest.fixture(scope="module")
+def reference(base_dir, tmp_path_factory):
+    """The short jobs run one after the other in this process: what every engine must give back."""
+    root = tmp_path_factory.mktemp("clusters")
+    jobs = _jobs(root / "jobs", SHORT)
+    results = make_executor("sequential").run(_requests(jobs, base_dir, root / "sequential"))
+    assert [r.status for r in results] == ["ok", "ok"], [r.detail + r.error for r in results]
+    return jobs, results
+
+
+@contextlib.contextmanager
+def _one_at_a_time(engine: str):
+    """One cluster test of an engine at a time across pytest-xdist's workers: a node set DOWN or a worker node
+    killed takes every task on it, another test's too."""
+    import fcntl
+
+    CLUSTER_DIR.mkdir(parents=True, exist_ok=True)
+    with open(CLUSTER_DIR / f"{engine}.test-lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+# ------------------------------------------------------------------------------------------------ SLURM
+
+def _slurm(*args: str, check: bool = True) -> str:
+    done = subprocess.run(list(args), capture_output=True, text=True, timeout=60)
+    if check and done.returncode != 0:
+        raise AssertionError(f"{' '.join(args)}: {done.stderr.strip()}")
+    return done.stdout
+
+
+@pytest.fixture
+def slurm(monkeypatch, tmp_path):
+    """The cluster of scripts/cluster.sh (its SLURM_CONF), skipped with the command to start it when down."""
+    if shutil.which("sinfo") is None or not SLURM_CONF.is_file():
+        pytest.skip("no SLURM cluster: bash scripts/cluster.sh slurm start")
+    monkeypatch.setenv("SLURM_CONF", str(SLURM_CONF))
+    done = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=30)
+    if done.returncode != 0:
+        pytest.skip(f"the SLURM cluster does not answer ({done.stderr.strip()[:100]}): "
+                    "bash scripts/cluster.sh slurm start")
+    node = _slurm("sinfo", "-h", "-o", "%N").strip()
+    with _one_at_a_time("slurm"):
+        yield node
+    # A fault test leaves none of its tasks running and the node back in service, whatever happened.
+    for task in _tasks(tmp_path):
+        _slurm("scancel", task, check=False)
+    _slurm("scontrol", "update", f"nodename={node}", "state=resume", check=False)
+
+
+def _sacct_states(job_id: str) -> dict[str, str]:
+    """Array task id -> final state, as accounting has it."""
+    out = _slurm("sacct", "-n", "-X", "-P", "-j", job_id, "-o", "JobID,State")
+    return dict(line.split("|")[:2] for line in out.splitlines() if line)
+
+
+def _tasks(folder: Path, state: str = "PENDING,RUNNING,SUSPENDED,COMPLETING,CONFIGURING") -> list[str]:
+    """Job ids of the array tasks that submitit submitted from ``folder`` (this test's; not another run's) that
+    are in ``state`` (default: not ended; squeue keeps ended jobs for MinJobAge)."""
+    out = _slurm("squeue", "-h", "-t", state, "-o", "%i %o")
+    return sorted(line.split()[0] for line in out.splitlines() if str(folder) in line)
+
+
+def _wait_running(folder: Path, n: int, timeout: float = 120.0) -> list[str]:
+    """The job ids of ``n`` RUNNING tasks submitted from ``folder`` (their jobs train for minutes)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        running = _tasks(folder, "RUNNING")
+        if len(running) >= n:
+            return running
+        time.sleep(1)
+    raise AssertionError(f"{n} tasks did not start within {timeout:.0f} s: {_slurm('squeue')}")
+
+
+@pytest.mark.slurm
+def test_a_batch_runs_as_a_slurm_array_with_the_local_numbers(reference, base_dir, slurm, tmp_path):
+    jobs, expected = reference
+    ex = make_executor("slurm", max_parallel=2, folder=tmp_path / "submitit", threads=1)
+    got = ex.run(_requests(jobs, base_dir, tmp_path / "out"))
+    assert [_numbers(r) for r in got] == [_numbers(e) for e in expected], [r.detail + r.error for r in got]
+    array = got[0].placement["array_job_id"]
+    assert [r.placement["job_id"] for r in got] == [f"{array}_0", f"{array}_1"]
+    for r in got:
+        where = r.placement
+        assert where["engine"] == "slurm" and where["node"] == slurm and where["state"] == "COMPLETED"
+        assert Path(where["stdout"]).is_file() and Path(where["stderr"]).is_file()
+        assert yaml.safe_load(Path(r.output_dir, "result.json").read_text())["placement"] == where
+    assert _sacct_states(array) == {f"{array}_0": "COMPLETED", f"{array}_1": "COMPLETED"}
+
+
+@pytest.mark.slurm
+def test_a_cancelled_task_and_a_lost_node_come_back_crashed_with_slurms_state(base_dir, slurm, tmp_path):
+    """scancel of one array task, then the node set DOWN under the other (what a dead node does to its jobs)."""
+    jobs = _jobs(tmp_path / "jobs", {"a": {"batch_size": 8, "max_steps": 100_000},
+                                     "b": {"batch_size": 8, "max_steps": 100_000}})
+    ex = make_executor("slurm", max_parallel=2, folder=tmp_path / "submitit", threads=1)
+    box: dict = {}
+    runner = threading.Thread(target=lambda: box.update(results=ex.run(
+        _requests(jobs, base_dir, tmp_path / "out", LONG_TASK))))
+    runner.start()
+    first, second = _wait_running(tmp_path / "submitit", 2)
+    _slurm("scancel", first)
+    time.sleep(3)
+    _slurm("scontrol", "update", f"nodename={slurm}", "state=down", "reason=test_clusters")
+    runner.join(timeout=180)
+    assert not runner.is_alive(), "the executor did not return after its tasks were lost"
+    cancelled, lost = box["results"]
+    assert cancelled.status == "crashed" and "SLURM state CANCELLED" in cancelled.detail, cancelled.detail
+    assert lost.status == "crashed" and "SLURM state NODE_FAIL" in lost.detail, lost.detail
+    assert cancelled.placement["job_id"] == first and lost.placement["job_id"] == second
+    assert not _tasks(tmp_path / "submitit"), "no task may stay queued or running"
+
+
+HARNESS = """
+import pickle, signal, sys
+from agent_trainer.inner_loop.run.executor import make_executor
+
+def terminated(signum, frame):   # what at-train does with SIGTERM (agent_trainer.cli): an interrupt
+    raise KeyboardInterrupt()
+
+signal.signal(signal.SIGTERM, terminated)
+requests = pickle.loads(open(sys.argv[1], "rb").read())
+make_executor("slurm", max_parallel=2, folder=sys.argv[2], threads=1).run(requests)
+"""
+
+
+@pytest.mark.slurm
+def test_a_stopped_harness_cancels_its_array_tasks(base_dir, slurm, tmp_path):
+    """SIGTERM to the process waiting on an array: its tasks are cancelled, none keeps running as an orphan."""
+    import pickle
+    import signal
+
+    jobs = _jobs(tmp_path / "jobs", {"a": {"batch_size": 8, "max_steps": 100_000},
+                                     "b": {"batch_size": 8, "max_steps": 100_000}})
+    (tmp_path / "requests.pkl").write_bytes(pickle.dumps(_requests(jobs, base_dir, tmp_path / "out", LONG_TASK)))
+    harness = subprocess.Popen([sys.executable, "-c", HARNESS, str(tmp_path / "requests.pkl"),
+                                str(tmp_path / "submitit")], cwd=ROOT)
+    try:
+        tasks = _wait_running(tmp_path / "submitit", 2)
+        harness.send_signal(signal.SIGTERM)
+        assert harness.wait(timeout=60) != 0
+    finally:
+        harness.kill()
+    deadline = time.time() + 30
+    while _tasks(tmp_path / "submitit") and time.time() < deadline:
+        time.sleep(1)
+    assert not _tasks(tmp_path / "submitit"), "a task outlived the harness"
+    array = tasks[0].split("_")[0]
+    # Accounting hears of the tasks from slurmctld a little later (until then: one record for the array).
+    states, expected = {}, {t: "CANCELLED" for t in tasks}
+    while time.time() < deadline + 30 and states != expected:
+        states = {k: v.split()[0] for k, v in _sacct_states(array).items()}
+        time.sleep(1)
+    assert states == expected, states
+
+
+# ------------------------------------------------------------------------------------------------ Ray
+
+@pytest.fixture
+def ray_cluster(monkeypatch):
+    """The two-node cluster of scripts/cluster.sh, skipped with the command to start it when down."""
+    import socket
+
+    pytest.importorskip("ray")
+    host, port = RAY_ADDRESS.rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), timeout=5).close()
+    except OSError:
+        pytest.skip(f"no Ray cluster at {RAY_ADDRESS}: bash scripts/cluster.sh ray start")
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    import ray
+
+    with _one_at_a_time("ray"):
+        yield RAY_ADDRESS
+    ray.shutdown()
+
+
+@pytest.mark.ray_cluster
+def test_a_batch_runs_on_both_ray_nodes_with_the_local_numbers(reference, base_dir, ray_cluster, tmp_path):
+    jobs, expected = reference
+    ex = make_executor("ray", max_parallel=2, address=ray_cluster, threads=1, cpus_per_job=1)
+    got = ex.run(_requests(jobs, base_dir, tmp_path / "out"))
+    assert [_numbers(r) for r in got] == [_numbers(e) for e in expected], [r.detail + r.error for r in got]
+    import ray
+
+    nodes = {n["NodeID"]: n["Resources"] for n in ray.nodes() if n["Alive"]}
+    where = [r.placement for r in got]
+    assert all(p["engine"] == "ray" and p["node_id"] in nodes and Path(p["logs"]).is_dir() for p in where), where
+    assert [yaml.safe_load(Path(r.output_dir, "result.json").read_text())["placement"] for r in got] == where
+    # One CPU per node and one per job: the two jobs ran at once, one on each node.
+    assert {p["node_id"] for p in where} == set(nodes), where
+
+
+@pytest.mark.ray_cluster
+def test_a_ray_worker_node_killed_mid_job_gives_a_crashed_result(base_dir, ray_cluster, tmp_path):
+    jobs = _jobs(tmp_path / "jobs", {"a": {"batch_size": 8, "max_steps": 100_000}})
+    # On the worker node (its own resource), the one that dies.
+    ex = make_executor("ray", max_parallel=1, address=ray_cluster, threads=1, cpus_per_job=1,
+                       resources={"worker_node": 1})
+    box: dict = {}
+    runner = threading.Thread(target=lambda: box.update(results=ex.run(
+        _requests(jobs, base_dir, tmp_path / "out", LONG_TASK))))
+    runner.start()
+    try:
+        out = tmp_path / "out" / "a"
+        deadline = time.time() + 120
+        while not (out / "train_log.jsonl").is_file() and time.time() < deadline:
+            time.sleep(1)   # training has begun: the job is mid-way when its node dies
+        assert subprocess.run(["bash", str(ROOT / "scripts" / "cluster.sh"), "ray", "kill-worker"],
+                              capture_output=True, text=True, timeout=60).returncode == 0
+        runner.join(timeout=120)
+        assert not runner.is_alive(), "the executor did not return after its node died"
+        (res,) = box["results"]
+        assert res.status == "crashed" and "Ray" in res.detail, res.detail
+    finally:   # the worker node back, for the tests and users after
+        again = subprocess.run(["bash", str(ROOT / "scripts" / "cluster.sh"), "ray", "start"], capture_output=True,
+                               text=True, timeout=300)
+    assert again.returncode == 0 and "worker node again" in again.stdout, again.stdout + again.stderr
+
+
+# ------------------------------------------------------------------------------------------------ start-up
+
+@pytest.mark.parametrize("engine", ["slurm", "ray"])
+def test_at_train_refuses_to_start_when_the_engine_does_not_answer(engine, tmp_path):
+    """One line naming the controller or head, exit 2, before any episode (no cluster needed: nothing answers)."""
+    env = {**os.environ, "SLURM_CONF": str(tmp_path / "slurm.conf")}
+    if engine == "slurm":
+        if shutil.which("sinfo") is None:
+            pytest.skip("no SLURM client here: bash scripts/cluster.sh slurm start installs it")
+        # A controller on a port where nothing listens.
+        (tmp_path / "slurm.conf").write_text("ClusterName=none\nSlurmctldHost=localhost(127.0.0.1)\n"
+                                             "SlurmctldPort=1\nAuthType=auth/none\nNodeName=x CPUs=1\n"
+                                             "PartitionName=p Nodes=x\n")
+        args = ["hardware.executor=slurm"]
+    else:
+        pytest.importorskip("ray")
+        args = ["hardware.executor=ray", "hardware.ray_address=127.0.0.1:1"]
+    done = subprocess.run([str(Path(sys.executable).parent / "at-train"), "experiment=smoke",
+                           f"runs_dir={tmp_path}/runs", *args], capture_output=True, text=True, env=env,
+                          timeout=300, cwd=ROOT)
+    assert done.returncode == 2, done.stderr[-2000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("at-train: error: hardware.") and ("SLURM controller" in last or "Ray head" in last), \
+        done.stderr[-2000:]
+    assert not list((tmp_path / "runs").rglob("episodes")), "nothing may have run"
