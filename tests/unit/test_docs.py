@@ -178,3 +178,13 @@ def test_the_name_check_finds_a_missing_name(names):
     assert names.resolves("agent_trainer.inner_loop.run.job.no_such_function") is False
     assert names.resolves("validate.no_such_function") is False and names.resolves("outer.no_such_key") is False
     assert names.resolves("torch.cuda.is_available") is None
+
+
+def test_every_bench_and_script_entry_point_is_listed_in_bench_readme():
+    """One place to start each action: a new script in bench/ or scripts/ is listed with its question."""
+    listed = (ROOT / "bench" / "README.md").read_text()
+    entry_points = [p for folder in ("bench", "scripts") for p in sorted((ROOT / folder).iterdir())
+                    if p.suffix in (".py", ".sh") and not p.name.startswith("_")]
+    missing = [str(p.relative_to(ROOT)) for p in entry_points if f"`{p.relative_to(ROOT)}" not in listed
+               and f"bash {p.relative_to(ROOT)}" not in listed]
+    assert not missing, f"bench/README.md does not list: {missing}"
