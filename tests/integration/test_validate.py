@@ -276,6 +276,16 @@ def test_dry_run_sft_reports_first_loss(model_dir):
     assert 3.0 < r.probe["initial_loss"] < 12.0  # random init over a 1.5 K vocabulary: about ln(1536) = 7.3
 
 
+def test_dry_run_refuses_sft_rows_whose_answers_lie_past_the_cut(tmp_path, model_dir):
+    """Training drops a row without loss; a file of rows whose answers all lie past the trainers' 512-token cut
+    would leave it no row (a crash after the job's start-up), so the dry run refuses it with the fix."""
+    long_row = json.dumps({"prompt": "calc: " + "1+" * 400 + "1=", "answer": "401"}) + "\n"
+    sft = job(("algorithm", "sft"), WITH_FILE, ("reward", DROP), ("hyperparameters.num_generations", DROP),
+              ("hyperparameters.batch_size", 8))
+    r = validate_job(write_job(tmp_path, sft, {"data.jsonl": long_row * 16}), CALC, model_dir=model_dir)
+    assert not r.ok and any("past the 512-token cut" in f.message and f.field == "data" for f in r.errors), r.to_text()
+
+
 def test_dry_run_warns_on_constant_reward(model_dir):
     r = validate_job(PROJECT_ROOT / "examples/jobs/grpo_full", CALC, model_dir=model_dir)
     assert r.ok

@@ -57,8 +57,9 @@ def _probe_sft(report, spec, tokenizer, model, rows) -> None:
     # Cut as the trainer cuts them: the dry run's cost in this, the harness, process is bounded by the cut.
     ids, labels = map(list, zip(*cut_sft_ids(tokenizer, batch)))
     if all(t == -100 for y in labels for t in y):
+        # An error, not advice: training drops rows without loss, so a file of such rows leaves it no row at all.
         report.add("data", f"the first {len(batch)} rows' answers lie past the {MAX_SEQUENCE_TOKENS}-token cut of "
-                   "the trainers: such rows train nothing", "shorten the prompts", "warning")
+                   "the trainers: such rows train nothing", "shorten the prompts")
         return
     longest = max(map(len, ids))
     limit = getattr(model.config, "max_position_embeddings", 1024)
