@@ -10,7 +10,7 @@ hidden prompt's exact ids). This judge asks the tokenizer itself:
 
 - a text and a hidden item are tokenized by the job's base model, the item as it sits in the rendered prompt (the
   job's prompt format, chat template included; only the item's own tokens count, never the template's);
-- each token id maps to a *key*: its text folded (``contamination.fold``: case, Unicode look-alikes) with the
+- each token id maps to a *key*: its text folded (``fold.fold``: case, Unicode look-alikes) with the
   whitespace removed, so ids the model reads as the same word with other spacing (``" calc"``, ``"calc"``) are one
   key, and pure-whitespace ids (which carry no content) are dropped;
 - **near**: a text hits an item when it holds at least ``THETA`` of the item's ``K``-grams of keys. Glue the tokenizer
@@ -31,7 +31,7 @@ import math
 from collections import Counter
 from typing import Iterable, Sequence
 
-from agent_trainer.evaluation.contamination import fold
+from agent_trainer.evaluation.fold import fold
 from agent_trainer.evaluation.prompts import RAW, PromptFormat, render
 
 K = 3                 # gram length of the near rule

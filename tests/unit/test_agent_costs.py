@@ -145,7 +145,7 @@ def test_a_kill_at_the_safety_cap_is_the_jobs_timeout_when_its_cpu_ran_far_past_
 # The harness's side of a job up to training (Job.open, the validation with its dry run, then prepare: the
 # contamination and reward-oracle checks), in a fresh interpreter: its peak RSS is the harness's own.
 HARNESS_SIDE = """
-import json, resource, sys, time
+import json, sys, time
 from agent_trainer.inner_loop.isolation.sandbox import SandboxPolicy
 from agent_trainer.inner_loop.run.job import Job, prepare, validate
 from agent_trainer.inner_loop.run.request import JobRequest
@@ -160,10 +160,15 @@ res = JobResult(status="invalid", task="t", family="calc_chain", job_dir=job_dir
 ok = validate(job, res)
 if ok:
     prepare(job, res)
-print(json.dumps({"rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+# The process's own peak (VmHWM): ru_maxrss starts at the parent's peak across exec (the pytest worker's ~1.1 GB).
+hwm_kb = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:"))
+print(json.dumps({"rss_mb": hwm_kb / 1024,
                   "cpu_s": time.process_time() - t0, "ok": ok, "errors": [f.message for f in job.report.errors],
                   "check_seconds": job.report.probe.get("check_seconds")}))
 """
+
+
+PAST_THE_CUT = "the first 4 rows' answers lie past the 512-token cut of the trainers: such rows train nothing"
 
 
 def _harness_side(job, out) -> dict:
@@ -207,17 +212,19 @@ def test_a_red_team_file_costs_the_harness_under_1_gb_and_is_tokenized_in_the_ch
     harness 3.1 GB and 38 s (20 MB, outside the vocabulary) and 2.7 GB and 72 s (10 MB of U+FDFA, GRPO)."""
     job = _red_team_job(tmp_path / "job", kind, 1_100_000)
     seen = _harness_side(job, tmp_path / "out")
-    assert seen["ok"], seen["errors"]
+    assert seen["ok"] or seen["errors"] == [PAST_THE_CUT], seen["errors"]   # SFT rows that train nothing: refused
     assert seen["check_seconds"]["parse"] > 0            # parsed and tokenized in the bounded child
     assert seen["rss_mb"] < 1024 and seen["cpu_s"] < 60, seen
 
 
 @pytest.mark.slow
 @needs_tiny_s
-@pytest.mark.parametrize("kind,size", [("outside", 19_900_000), ("fdfa", 10_000_000)])
+@pytest.mark.parametrize("kind,size", [("outside", 19_900_000)])
 def test_a_full_size_red_team_file_costs_the_harness_under_1_gb(kind, size, tmp_path):
-    """The red team's own sizes: 20 MB outside the vocabulary (3.1 GB, 38 s before), 10 MB of U+FDFA (2.7 GB, 72 s)."""
+    """The red team's own size: 20 MB outside the vocabulary (3.1 GB, 38 s before). Its 10 MB U+FDFA GRPO file
+    takes the path of the 1.1 MB one above, and ~5 minutes of check children: its numbers are in docs/security.md."""
     seen = _harness_side(_red_team_job(tmp_path / "job", kind, size), tmp_path / "out")
+    assert seen["ok"] or seen["errors"] == [PAST_THE_CUT], seen["errors"]
     assert seen["rss_mb"] < 1024 and seen["cpu_s"] < 60, seen
 
 

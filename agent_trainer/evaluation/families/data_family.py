@@ -162,7 +162,7 @@ def load_card(path: str | Path) -> type[DataFamily]:
 def canonical_prompt(prompt: str) -> str:
     """A prompt as the contamination check compares it: folded (case, Unicode look-alikes) and in units, so that
     spacing and glue between units do not count (``Calc:  11 - 3`` is ``calc: 11-3``)."""
-    from agent_trainer.evaluation.contamination import FoldTooLarge, tokens
+    from agent_trainer.evaluation.fold import FoldTooLarge, tokens
 
     try:
         return "\x1f".join(tokens(prompt))

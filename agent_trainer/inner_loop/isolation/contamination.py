@@ -145,7 +145,7 @@ def parse_in_child(spec, job_dir: str | Path, family: str, *, limits: dict[str, 
 def run_in_check_child(mode: str, spec, job_dir: str | Path, family: str, hidden_n: int) -> tuple[dict | None, str]:
     """``(the child's JSON answer, "")`` of a check ``mode`` on the job folder, run in a child with
     ``CHECK_LIMITS`` and ``CHECK_DEADLINE_S``, or ``(None, why it gave none)``. ``near``: the reward-oracle check's
-    rows (``reward_oracle.probed_rows``)."""
+    rows (``oracle_rows.probed_rows``)."""
     return _in_child(mode, spec, job_dir, None, family, hidden_n, None, None, CHECK_DEADLINE_S)
 
 
@@ -279,7 +279,7 @@ def _main(argv: list[str]) -> int:
         Path(report_path).write_text(json.dumps({"tokens": _stage_tokens(spec, Path(job_dir), family)}))
         return 0
     if mode == "near":   # the reward-oracle check's probed rows: every prompt of the file folded here
-        from agent_trainer.inner_loop.isolation.reward_oracle import probed_rows
+        from agent_trainer.inner_loop.isolation.oracle_rows import probed_rows
 
         Path(report_path).write_text(json.dumps({"stages": probed_rows(spec, Path(job_dir), family, int(n))}))
         return 0
