@@ -86,6 +86,44 @@ def test_the_divergence_probe_reads_rows_as_training_cuts_them():
     assert time.process_time() - t0 < 30
 
 
+@needs_tiny_s
+def test_the_grpo_dry_run_generates_from_prompts_cut_as_the_trainers_cut_rows():
+    """The dry run generated from 4 prompts of ~6,000 tokens in the harness process (415 MB of its 919 MB peak on a
+    1 MB U+FDFA file); it reads each prompt's last 512 tokens now, and prompts within the cut as before."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from agent_trainer.inner_loop.spec.probe import prompt_batch
+    from agent_trainer.paths import cache_dir
+
+    # The project's tokenizer, and a real BPE where SmolLM2 is imported.
+    for folder in (SHIPPED_DIR / "tiny-s", cache_dir() / "models" / "smollm2-135m-v1"):
+        if not (folder / "tokenizer.json").is_file():
+            continue
+        tok = AutoTokenizer.from_pretrained(folder)
+        short = ["calc: 3+4=", "sort: 17 15 14 16 =", "x"]
+        whole = tok(short, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
+        cut = prompt_batch(tok, short)
+        assert set(cut) == set(whole) and all(torch.equal(cut[k], whole[k]) for k in whole)
+        long = ["calc 1: " + "\ufdfa" * 1990 + " =", "calc: 1+1="]
+        ids = prompt_batch(tok, long)["input_ids"]
+        assert ids.shape == (2, MAX_SEQUENCE_TOKENS)
+        end = tok(long[0][-100:], add_special_tokens=False)["input_ids"][-5:]
+        assert ids[0, -5:].tolist() == end   # the prompt's end is kept: generation goes on from there
+
+
+def test_counting_tokens_imports_no_torch():
+    """The parsing child counts tokens with the project's tokenizer alone (importing the models package brought in
+    torch and transformers: 6 of the child's 8 s on a small job)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from agent_trainer.inner_loop.spec.cost import row_tokens; "
+            "print(row_tokens([{'prompt': 'calc: 3+4=', 'answer': '7'}]).row, 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.split() == [str(float(token_counts(["calc: 3+4=7"])["calc: 3+4=7"])), "False"], out
+
+
 def test_the_cpu_seconds_of_a_whole_process_tree_are_counted(tmp_path):
     """The fault rule's evidence: a child and its grandchild spinning are both counted, load or not."""
     import sys
@@ -164,7 +202,7 @@ if ok:
 hwm_kb = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:"))
 print(json.dumps({"rss_mb": hwm_kb / 1024,
                   "cpu_s": time.process_time() - t0, "ok": ok, "errors": [f.message for f in job.report.errors],
-                  "check_seconds": job.report.probe.get("check_seconds")}))
+                  "check_seconds": job.report.probe.get("check_seconds"), "checks": res.checks}))
 """
 
 
@@ -208,13 +246,17 @@ def _red_team_job(folder, kind: str, size: int):
 @needs_tiny_s
 @pytest.mark.parametrize("kind", ["outside", "fdfa"])
 def test_a_red_team_file_costs_the_harness_under_1_gb_and_is_tokenized_in_the_child(kind, tmp_path):
-    """1.1 MB versions (over the 1 MB of ``PARSE_IN_CHILD_BYTES``: the same path as 20 MB) of the files that took the
-    harness 3.1 GB and 38 s (20 MB, outside the vocabulary) and 2.7 GB and 72 s (10 MB of U+FDFA, GRPO)."""
-    job = _red_team_job(tmp_path / "job", kind, 1_100_000)
+    """1 MB versions (every data file takes the path of the 20 MB one) of the files that took the harness 3.1 GB and
+    38 s (20 MB, outside the vocabulary) and 2.7 GB and 72 s (10 MB of U+FDFA, GRPO); the checks' limits by the
+    job's size and their seconds in the result."""
+    job = _red_team_job(tmp_path / "job", kind, 1_000_000)
     seen = _harness_side(job, tmp_path / "out")
     assert seen["ok"] or seen["errors"] == [PAST_THE_CUT], seen["errors"]   # SFT rows that train nothing: refused
     assert seen["check_seconds"]["parse"] > 0            # parsed and tokenized in the bounded child
-    assert seen["rss_mb"] < 1024 and seen["cpu_s"] < 60, seen
+    checks = seen["checks"]
+    assert 0.9 < checks["mb"] < 1.0 and checks["cpu_limit_s"] == 40, checks   # 30 + 10 a MB + 0.5 a 1,000 rows
+    assert set(checks["seconds"]) == ({"parse", "job", "oracle"} if seen["ok"] else {"parse"}), checks
+    assert seen["rss_mb"] < 800 and seen["cpu_s"] < 60, seen
 
 
 @pytest.mark.slow

@@ -88,16 +88,46 @@ def test_a_check_child_past_its_deadline_or_limits_flags_the_job(tmp_path):
 
 
 def test_the_validation_parses_agent_data_in_a_child_first(tmp_path, monkeypatch):
+    """Every agent data file, a small one too, is parsed and tokenized in the bounded child: one path, and agent text
+    is never tokenized in the harness process."""
     from agent_trainer.inner_loop.isolation import contamination
-    from agent_trainer.inner_loop.spec import validate
+    from agent_trainer.inner_loop.spec import cost
     from agent_trainer.inner_loop.spec.validate import validate_job
-
-    monkeypatch.setattr(validate, "PARSE_IN_CHILD_BYTES", 0)  # files over 1 MB; this one is small
 
     job = _job(tmp_path / "job", [{"prompt": "calc: 1+2=", "answer": "3"}] * 8)
     parsed = contamination.parse_in_child(load_job(job), job, "calc_chain")
     assert parsed.error == "" and parsed.tokens == [row_tokens(build_rows(load_job(job), job, "calc_chain"))]
     assert "deadline" in contamination.parse_in_child(load_job(job), job, "calc_chain", deadline_s=0.05).error
+
+    def no_tokenizing_here(texts):
+        raise AssertionError(f"agent text tokenized in the harness process: {texts[:2]}")
+
+    monkeypatch.setattr(cost, "token_counts", no_tokenizing_here)   # the child is a fresh interpreter: unpatched
+    report = validate_job(job, TASK, dry_run=False)
+    assert report.ok, report.to_text()
+    assert report.probe["check_seconds"]["parse"] > 0 and report.probe["check_budget"]["cpu_limit_s"] == 31
+    assert report.estimated_cost.seconds > 0
     monkeypatch.setattr(contamination, "CHECK_LIMITS", {"RLIMIT_AS": 16 * 2**20})  # a child that cannot finish
     report = validate_job(job, TASK, dry_run=False)
     assert not report.ok and "within the harness's limits" in report.errors[0].message, report.to_text()
+
+
+def test_the_checks_time_is_bounded_by_the_jobs_size(tmp_path):
+    """The checking children get 30 CPU seconds + 10 a MB of the job's own files + 0.5 a 1,000 rows (at most 300),
+    and 4x that + 60 s of wall clock (at most 600): a small job's checks cannot take the 300 s a 20 MB one may; a
+    child past its CPU seconds ends the check, and the job is flagged."""
+    from agent_trainer.inner_loop.isolation.contamination import CheckBudget
+
+    small = _job(tmp_path / "small", [{"prompt": "calc: 1+2=", "answer": "3"}] * 8)
+    budget = CheckBudget.of(load_job(small), small)
+    assert budget.rows == 8 and budget.cpu_s == 31 and budget.wall_s == 4 * 31 + 60
+    assert budget.limits()["RLIMIT_CPU"] == 31 and budget.limits()["RLIMIT_AS"] == 4 * 2**30
+    big = _job(tmp_path / "big", [{"prompt": "calc: 1+2=" + "x" * 1990, "answer": "3"}] * 2000)   # ~4 MB
+    assert 3.8 < CheckBudget.of(load_job(big), big).mb < 4.0 and CheckBudget.of(load_job(big), big).cpu_s == 70
+    assert CheckBudget(mb=20, rows=100_000).cpu_s == 280   # a job at the caps: an honest one took 39 s of it
+    assert CheckBudget(mb=20, rows=400_000).cpu_s == 300 and CheckBudget(mb=20, rows=400_000).wall_s == 600
+    assert CheckBudget(rows=100_000).cpu_s == 80   # 100,000 library rows: their trained-rows check takes ~6 s
+    # A child that spends more CPU seconds than its budget is ended, says so, and the check flags the job.
+    late = in_check_child("job", load_job(big), big, None, "calc_chain", 200, limits={"RLIMIT_CPU": 1},
+                          deadline_s=300)
+    assert late.flagged and "limit of 1 CPU seconds" in late.error, late.error

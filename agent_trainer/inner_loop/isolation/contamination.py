@@ -29,9 +29,71 @@ from agent_trainer.evaluation.contamination import ContaminationReport, find_ove
 from agent_trainer.inner_loop.train.data import TRAINED_ROWS, build_rows, rendered_texts, trained_record
 
 MAX_RECORD_BYTES = 512 * 2**20
-# The checking child: 4 GB of address space, 300 CPU seconds, 600 s of wall clock (100,000 rows take ~20 s).
-CHECK_LIMITS = {"RLIMIT_AS": 4 * 2**30, "RLIMIT_CPU": 300, "RLIMIT_FSIZE": 64 * 2**20}
+# The checking child: 4 GB of address space, at most 300 CPU seconds and 600 s of wall clock; within those, a job's
+# checks get what its size buys (``CheckBudget``).
+CHECK_MAX_CPU_S = 300
+CHECK_LIMITS = {"RLIMIT_AS": 4 * 2**30, "RLIMIT_CPU": CHECK_MAX_CPU_S, "RLIMIT_FSIZE": 64 * 2**20}
 CHECK_DEADLINE_S = 600.0
+# CPU seconds a check child may take: 30 + 10 a MB of the job's own files + 0.5 a 1,000 rows, at most 300. Measured
+# (2-core box, CPU seconds, load-independent): an honest 20 MB file of 94,000 rows costs the contamination child 39 s
+# and the parsing child 24 s (under 2 s a MB), 100,000 library rows the trained-rows child 6 s, a small job's child
+# 1-3 s; the adversarial 1 MB GRPO file of U+FDFA 12 s (a rate 6x the honest one). So honest jobs keep a 5-10x margin
+# and an agent's file buys at most its size's worth of checking. The wall clock: 4x that (a loaded shared machine
+# stretched CPU seconds 4-5x in the measurements) + 60 s of start-up, at most ``CHECK_DEADLINE_S``.
+CHECK_BASE_CPU_S, CHECK_CPU_S_PER_MB, CHECK_CPU_S_PER_KROW = 30.0, 10.0, 0.5
+CHECK_WALL_FACTOR, CHECK_WALL_MARGIN_S = 4.0, 60.0
+
+
+@dataclass(frozen=True)
+class CheckBudget:
+    """The limits of every checking child of one job, by the job's size: ``mb`` of its own files (data and reward
+    files) and ``rows`` (library items, a self-generated source's samples, the data files' lines)."""
+
+    mb: float = 0.0
+    rows: int = 0
+
+    @classmethod
+    def of(cls, spec, job_dir: str | Path) -> "CheckBudget":
+        job_dir = Path(job_dir)
+        views = spec.stage_specs() if hasattr(spec, "stage_specs") else [spec]
+        names = spec.agent_files() if hasattr(spec, "agent_files") else []
+        size = sum(_file_size(job_dir / n) for n in names)
+        datas = {id(v.data): v.data for v in views}.values()
+        rows = sum(src.size * (src.self_generated.samples_per_prompt if src.self_generated else 1)
+                   for d in datas for src in d.sources)
+        rows += sum(_lines(job_dir / f) for f in dict.fromkeys(d.file for d in datas if d.file))
+        return cls(round(size / 2**20, 3), rows)
+
+    @property
+    def cpu_s(self) -> int:
+        cpu = CHECK_BASE_CPU_S + CHECK_CPU_S_PER_MB * self.mb + CHECK_CPU_S_PER_KROW * self.rows / 1000
+        return int(min(CHECK_MAX_CPU_S, cpu + 0.999))
+
+    @property
+    def wall_s(self) -> float:
+        return min(CHECK_DEADLINE_S, CHECK_WALL_FACTOR * self.cpu_s + CHECK_WALL_MARGIN_S)
+
+    def limits(self) -> dict[str, int]:
+        return {**CHECK_LIMITS, "RLIMIT_CPU": self.cpu_s}
+
+    def as_dict(self) -> dict:
+        return {"mb": self.mb, "rows": self.rows, "cpu_limit_s": self.cpu_s, "wall_limit_s": self.wall_s}
+
+
+def _file_size(path: Path) -> int:
+    try:
+        return path.stat().st_size if path.is_file() else 0
+    except OSError:
+        return 0
+
+
+def _lines(path: Path) -> int:
+    """Newlines of a file (a snapshot's file: at most its size cap), read 1 MB at a time."""
+    try:
+        with open(path, "rb") as f:
+            return sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
+    except OSError:
+        return 0
 
 
 def row_texts(where: str, row: object, render=None) -> Iterator[tuple]:
@@ -105,10 +167,10 @@ def _tokenizer(model_dir, fmt):
 
 def in_check_child(mode: str, spec, job_dir: str | Path, output_dir: str | Path | None, family: str, hidden_n: int,
                    stages_run: int | None = None, *, limits: dict[str, int] | None = None,
-                   deadline_s: float = CHECK_DEADLINE_S, model_dir: str | Path | None = None,
+                   deadline_s: float | None = None, model_dir: str | Path | None = None,
                    fmt=None) -> ContaminationReport:
     """``check_job`` (``mode="job"``) or ``check_trained`` (``"trained"``) run in a child started by the launcher,
-    with ``limits`` (default ``CHECK_LIMITS``) and a wall-clock deadline. A child that fails, is killed or
+    with ``limits`` and a wall-clock deadline (default: the job's ``CheckBudget``). A child that fails, is killed or
     overruns gives a flagged report whose ``error`` says why."""
     answer, error = _in_child(mode, spec, job_dir, output_dir, family, hidden_n, stages_run, limits, deadline_s,
                               model_dir, fmt)
@@ -119,44 +181,54 @@ def in_check_child(mode: str, spec, job_dir: str | Path, output_dir: str | Path 
 class ChildParse:
     """What ``parse_in_child`` found: ``error`` (why the child did not finish; "" when it did), each stage's
     ``tokens`` as ``row_tokens`` counts them (None for a stage whose rows do not build: the validation says why),
-    and the child's wall ``seconds``."""
+    the child's wall ``seconds`` and the job's ``budget`` (``CheckBudget.as_dict``)."""
 
     error: str = ""
     tokens: list | None = None
     seconds: float = 0.0
+    budget: dict | None = None
 
 
 def parse_in_child(spec, job_dir: str | Path, family: str, *, limits: dict[str, int] | None = None,
-                   deadline_s: float = CHECK_DEADLINE_S) -> ChildParse:
+                   deadline_s: float | None = None) -> ChildParse:
     """Parse the job's data files and count their rows' tokens (``cost.row_tokens``) once in a child
-    (``CHECK_LIMITS``, a deadline) before the harness parses them: a file's rows are then bounded work for the
+    (the job's ``CheckBudget``) before the harness parses them: a file's rows are then bounded work for the
     harness (their problems are the validation's to report), and the tokenizing, whose cost grows with the bytes
     per character, never runs in the harness."""
     t0 = time.monotonic()
-    answer, error = _in_child("parse", spec, job_dir, None, family, 0, None, limits, deadline_s)
+    budget = CheckBudget.of(spec, job_dir)
+    answer, error = _in_child("parse", spec, job_dir, None, family, 0, None,
+                              budget.limits() if limits is None else limits,
+                              budget.wall_s if deadline_s is None else deadline_s)
     tokens = None
     if answer is not None:
         from agent_trainer.inner_loop.spec.cost import RowTokens
 
         tokens = [RowTokens(**t) if isinstance(t, dict) else None for t in answer.get("tokens", [])]
-    return ChildParse(error, tokens, round(time.monotonic() - t0, 3))
+    return ChildParse(error, tokens, round(time.monotonic() - t0, 3), budget.as_dict())
 
 
 def run_in_check_child(mode: str, spec, job_dir: str | Path, family: str, hidden_n: int) -> tuple[dict | None, str]:
-    """``(the child's JSON answer, "")`` of a check ``mode`` on the job folder, run in a child with
-    ``CHECK_LIMITS`` and ``CHECK_DEADLINE_S``, or ``(None, why it gave none)``. ``near``: the reward-oracle check's
-    rows (``oracle_rows.probed_rows``)."""
-    return _in_child(mode, spec, job_dir, None, family, hidden_n, None, None, CHECK_DEADLINE_S)
+    """``(the child's JSON answer, "")`` of a check ``mode`` on the job folder, run in a child within the job's
+    ``CheckBudget``, or ``(None, why it gave none)``. ``near``: the reward-oracle check's rows
+    (``oracle_rows.probed_rows``)."""
+    return _in_child(mode, spec, job_dir, None, family, hidden_n, None, None, None)
 
 
 def _in_child(mode, spec, job_dir, output_dir, family, hidden_n, stages_run, limits, deadline_s, model_dir=None,
               fmt=None):
-    """``(the child's JSON answer, "")``, or ``(None, why it gave none)``."""
+    """``(the child's JSON answer, "")``, or ``(None, why it gave none)``. ``limits`` and ``deadline_s`` (None: the
+    job's ``CheckBudget``)."""
+    import signal
+
     from agent_trainer.salt import hidden_salt
     from agent_trainer.inner_loop.isolation.launcher import STDOUT, TimeoutExpired, kill_group, python_module, start
     from agent_trainer.inner_loop.spec.jobspec import spec_to_json
 
     agent_dirs = [d for d in (job_dir, output_dir) if d is not None]
+    budget = CheckBudget.of(spec, job_dir)
+    limits = budget.limits() if limits is None else limits
+    deadline_s = budget.wall_s if deadline_s is None else deadline_s
     with tempfile.TemporaryDirectory(prefix="at-check-") as tmp:
         tmp = Path(tmp)
         (tmp / "spec.json").write_text(spec_to_json(spec))
@@ -168,13 +240,16 @@ def _in_child(mode, spec, job_dir, output_dir, family, hidden_n, stages_run, lim
         t0 = time.monotonic()
         with open(tmp / "check.log", "wb") as log:
             proc = start(argv, cwd=tmp, env=dict(os.environ), agent_dirs=agent_dirs,
-                         limits=CHECK_LIMITS if limits is None else limits, stdout=log, stderr=STDOUT)
+                         limits=limits, stdout=log, stderr=STDOUT)
             try:
                 code = proc.wait(timeout=deadline_s)
             except TimeoutExpired:
                 kill_group(proc.pid)
                 proc.wait()
-                return None, f"it ran past its {deadline_s:.0f} s deadline"
+                return None, f"it ran past its {deadline_s:.0f} s deadline (the job's size buys its checks that)"
+        if code in (-signal.SIGXCPU, -signal.SIGKILL) and "RLIMIT_CPU" in limits:   # the kernel's at RLIMIT_CPU
+            return None, (f"it was killed at its limit of {limits['RLIMIT_CPU']} CPU seconds (the job's size buys "
+                          "its checks that)")
         if code != 0 or not (tmp / "report.json").is_file():
             tail = (tmp / "check.log").read_bytes()[-300:].decode("utf-8", "replace").strip().splitlines()
             why = f"exit code {code}" + (f": {tail[-1][:200]}" if tail else "")

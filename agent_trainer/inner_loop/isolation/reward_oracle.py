@@ -104,7 +104,7 @@ def oracle_check(spec, job_dir: str | Path, family: str, hidden_n: int, policy=N
     reward is the library's only are skipped. ``render``: a prompt as the trainer passes it to the reward;
     ``tokenize``: a completion's token ids as the trainer passes them (the base model's, with eos);
     ``budget_steps``: the task's step budget (the schedule's length). The nearness search runs in the checking
-    child (``CHECK_LIMITS``); a child that fails flags the job."""
+    child (the job's ``CheckBudget``); a child that fails flags the job."""
     from agent_trainer.evaluation.families import get_family
     from agent_trainer.evaluation.hidden_eval import hidden_set
     from agent_trainer.inner_loop.isolation.contamination import run_in_check_child

@@ -12,6 +12,7 @@ output files: docs/inner_loop.md, "Outcomes".
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -224,6 +225,11 @@ def validate(job: Job, res: JobResult) -> bool:
                        model_dir=s.model_dir, cost_model=job.cost_model, sandbox=job.policy, output_dir=r.out)
     report = job.report
     res.seconds["validate"] = round(time.monotonic() - job.t_start, 3)
+    if job.spec is not None:
+        from agent_trainer.inner_loop.isolation.contamination import CheckBudget
+
+        res.checks = {**CheckBudget.of(job.spec, r.job_dir).as_dict(),
+                      "seconds": dict(report.probe.get("check_seconds") or {})}
     res.findings = [asdict(f) for f in report.findings]
     est = report.estimated_cost
     res.estimated_usd = est.usd if est else None
@@ -247,7 +253,8 @@ def prepare(job: Job, res: JobResult):
         from agent_trainer.inner_loop.isolation.reward_proxy import RewardHost
         from agent_trainer.inner_loop.isolation.sandbox import trainer_wrapper
 
-        found = check_job(spec, r.job_dir, r.task.family, r.hidden_n, model_dir=base_dir, fmt=for_task(r.task))
+        with _timed(res, "job"):
+            found = check_job(spec, r.job_dir, r.task.family, r.hidden_n, model_dir=base_dir, fmt=for_task(r.task))
         res.flagged, res.contamination = found.flagged, found.to_dict()
         res.sandbox = "bwrap" if job.policy.use_bwrap() else "unsafe"
         if wrap is None and res.sandbox == "bwrap":
@@ -259,8 +266,9 @@ def prepare(job: Job, res: JobResult):
                 from agent_trainer.inner_loop.isolation.reward_oracle import oracle_check
 
                 render, tokenize = _as_trained(base_dir, r.task)
-                oracle = oracle_check(spec, r.job_dir, r.task.family, r.hidden_n, job.policy, render=render,
-                                      tokenize=tokenize, budget_steps=r.task.budget.max_steps)
+                with _timed(res, "oracle"):
+                    oracle = oracle_check(spec, r.job_dir, r.task.family, r.hidden_n, job.policy, render=render,
+                                          tokenize=tokenize, budget_steps=r.task.budget.max_steps)
                 res.flagged = oracle.flagged
                 res.contamination = {**res.contamination, "reward_oracle": oracle.to_dict()}
             reward_host = RewardHost(job.policy, r.job_dir, r.out / "reward.log", deadline_s=job.deadline_s)
@@ -354,12 +362,24 @@ def _salt_label() -> str:
     return hidden_salt().label
 
 
+@contextlib.contextmanager
+def _timed(res: JobResult, check: str):
+    """The wall seconds of one check into ``res.checks["seconds"][check]`` (``result.json``)."""
+    t0 = time.monotonic()
+    try:
+        yield
+    finally:
+        res.checks.setdefault("seconds", {})[check] = round(time.monotonic() - t0, 3)
+
+
 def _check_trained(res: JobResult, spec, job_dir: Path, out: Path, task, hidden_n: int, base_dir: Path) -> None:
     """Flag the job when the rows its process trained on are not its declared rows or hold hidden items."""
     from agent_trainer.inner_loop.isolation.contamination import check_trained
 
-    after = check_trained(spec, job_dir, out, task.family, hidden_n, stages_run=len(res.ran.get("stages", [])) or None,
-                          model_dir=base_dir, fmt=for_task(task))
+    with _timed(res, "trained"):
+        after = check_trained(spec, job_dir, out, task.family, hidden_n,
+                              stages_run=len(res.ran.get("stages", [])) or None, model_dir=base_dir,
+                              fmt=for_task(task))
     if after.error:   # fails closed: the job scores as its baseline, and the harness says why
         log.warning("job %s: the trained-rows check could not finish (%s); the job is flagged", res.job_dir,
                     after.error)

@@ -71,6 +71,9 @@ class JobResult:
     # job's process ran, "bwrap", "unsafe" (allowed by inner.allow_unsafe) or "none" (no agent files).
     flagged: bool = False
     contamination: dict = field(default_factory=dict)
+    # The checking children's limits, by the job's size (isolation.contamination.CheckBudget: mb, rows,
+    # cpu_limit_s, wall_limit_s), and each check's wall seconds in the harness (seconds: parse, job, oracle, trained).
+    checks: dict = field(default_factory=dict)
     sandbox: str = "none"
     # The salt of the hidden set it was scored on (agent_trainer.salt): "public", "public:NAME" or
     # "secret:<digest prefix>" (never the secret).

@@ -243,11 +243,15 @@ _TOKENIZER = []
 def _reference_tokenizer():
     """The project's tokenizer (``tokenizers``, from the shipped tiny-s; built from code when not shipped)."""
     if not _TOKENIZER:
+        from importlib.util import find_spec
+        from pathlib import Path
+
         from tokenizers import Tokenizer
 
-        from agent_trainer.inner_loop.models.registry import SHIPPED_DIR
-
-        path = SHIPPED_DIR / "tiny-s" / "tokenizer.json"
+        # The models package's folder found without running the package (it imports torch and transformers: ~6 s
+        # of the parsing child's 8 for a small job); ``registry.SHIPPED_DIR`` is its ``shipped`` folder.
+        models = find_spec("agent_trainer.inner_loop.models").submodule_search_locations[0]
+        path = Path(models) / "shipped" / "tiny-s" / "tokenizer.json"
         if path.is_file():
             _TOKENIZER.append(Tokenizer.from_file(str(path)))
         else:

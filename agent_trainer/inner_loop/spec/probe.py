@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 from agent_trainer.inner_loop.isolation import launcher as isolation
-from agent_trainer.inner_loop.spec.cost import MAX_SEQUENCE_TOKENS
+from agent_trainer.inner_loop.spec.cost import MAX_SEQUENCE_TOKENS, MAX_TOKEN_BYTES
 
 SAMPLE_PROMPTS = 4  # GRPO prompts sampled in the dry run
 SAMPLES_PER_PROMPT = 4  # one greedy + three sampled
@@ -77,12 +77,24 @@ def _probe_sft(report, spec, tokenizer, model, rows) -> None:
         report.add("data", f"the first batch gives a non-finite loss ({loss})", "check the rows for odd text")
 
 
+def prompt_batch(tokenizer, prompts: list[str], max_length: int = MAX_SEQUENCE_TOKENS) -> dict:
+    """The prompts as one left-padded batch for ``generate``, each cut to its last ``max_length`` tokens (the end,
+    where generation goes on), its characters first to the last ``max_length`` x ``MAX_TOKEN_BYTES``: the dry run
+    runs in the harness process, and its cost is bounded by the trainers' cut, not the prompts' length (4 prompts
+    of ~6,000 tokens took the harness ~415 MB and 4 s here). Prompts within the cut are the batch the tokenizer
+    makes of them whole."""
+    chars = max_length * MAX_TOKEN_BYTES
+    ids = tokenizer([p[-chars:] for p in prompts], add_special_tokens=False)["input_ids"]
+    return tokenizer.pad({"input_ids": [x[-max_length:] for x in ids]}, padding=True, padding_side="left",
+                         return_tensors="pt")
+
+
 def _sample(spec, tokenizer, model, prompts):
     """Greedy plus sampled completions: (completion texts, completion ids), grouped per prompt."""
     import torch
 
     hp = spec.hyperparameters
-    enc = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
+    enc = prompt_batch(tokenizer, prompts)
     common = dict(max_new_tokens=hp.max_completion_length, pad_token_id=tokenizer.pad_token_id,
                   eos_token_id=tokenizer.eos_token_id)
     torch.manual_seed(spec.seed)

@@ -328,32 +328,24 @@ def _check_reward_file(report: ValidationReport, reward, job_dir: Path, at: str 
     return not missing
 
 
-PARSE_IN_CHILD_BYTES = 1 << 20
-
-
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except OSError:
-        return 0
-
-
 def _check_data(report: ValidationReport, spec: JobSpec, job_dir: Path, task: TaskSpec) -> list[list[dict]] | None:
     """Rows of every stage (self_generated sources stand in with their prompts and reference answers).
 
-    Agent data files over ``PARSE_IN_CHILD_BYTES`` are parsed, and every stage's tokens counted, in a child with
-    rlimits and a deadline first (``parse_in_child``; its tokens in ``report.probe["row_tokens"]``, its seconds in
-    ``report.probe["check_seconds"]``): this process parses only files that child got through and never tokenizes
-    them (a smaller file is bounded work by its size and the row caps alone)."""
-    if any(_size(job_dir / v.data.file) > PARSE_IN_CHILD_BYTES for v in spec.stage_specs() if v.data.file):
-        from agent_trainer.inner_loop.isolation.contamination import CHECK_DEADLINE_S, parse_in_child
+    A job with an agent data file, of any size, has its files parsed and every stage's tokens counted in a child
+    with rlimits and a deadline by the job's size first (``parse_in_child``; its tokens in
+    ``report.probe["row_tokens"]``, its seconds in ``report.probe["check_seconds"]``, its limits in
+    ``report.probe["check_budget"]``): this process parses only files that child got through and
+    never tokenizes agent text (library rows alone are counted here: ``_stage_tokens``)."""
+    if any(v.data.file for v in spec.stage_specs()):
+        from agent_trainer.inner_loop.isolation.contamination import parse_in_child
 
         parsed = parse_in_child(spec, job_dir, task.family)
         report.probe["check_seconds"] = {"parse": parsed.seconds}
+        report.probe["check_budget"] = parsed.budget
         if parsed.error:
             report.add("data.file", f"the data files could not be parsed within the harness's limits "
-                       f"({parsed.error})", f"keep data files small and plain: at most {CHECK_DEADLINE_S:.0f} s of "
-                       "parsing")
+                       f"({parsed.error})", "keep data files small and plain: a job's checks get 30 CPU seconds "
+                       "and 10 more a MB of its files")
             return None
         report.probe["row_tokens"] = parsed.tokens
     out, seen = [], {}
@@ -529,8 +521,8 @@ def check_spec(report: ValidationReport, spec: JobSpec, job_dir: Path, task: Tas
 
 
 def _stage_tokens(report: ValidationReport, views: list[JobSpec], stage_rows) -> list | None:
-    """Each stage's ``row_tokens``: the parsing child's count where it made one (large agent files are never
-    tokenized in this process), else counted here (library rows and small files: bounded by the row caps)."""
+    """Each stage's ``row_tokens``: the parsing child's count where it made one (every job with an agent data
+    file: agent text is never tokenized in this process), else counted here (library rows only)."""
     counted = report.probe.pop("row_tokens", None) or [None] * len(views)
     if not stage_rows:
         return None
