@@ -226,9 +226,10 @@ def _in_child(mode, spec, job_dir, output_dir, family, hidden_n, stages_run, lim
     from agent_trainer.inner_loop.spec.jobspec import spec_to_json
 
     agent_dirs = [d for d in (job_dir, output_dir) if d is not None]
-    budget = CheckBudget.of(spec, job_dir)
-    limits = budget.limits() if limits is None else limits
-    deadline_s = budget.wall_s if deadline_s is None else deadline_s
+    if limits is None or deadline_s is None:
+        budget = CheckBudget.of(spec, job_dir)
+        limits = budget.limits() if limits is None else limits
+        deadline_s = budget.wall_s if deadline_s is None else deadline_s
     with tempfile.TemporaryDirectory(prefix="at-check-") as tmp:
         tmp = Path(tmp)
         (tmp / "spec.json").write_text(spec_to_json(spec))
