@@ -158,7 +158,8 @@ def test_paired_table_of_branches_against_continue(tmp_path):
     assert cont["vs_continue"] == (0.0, 0.0, 0.0) and (cont["wins"], cont["ties"], cont["losses"]) == (0, 3, 0)
     mean, lo, hi = sw["vs_continue"]
     assert mean == pytest.approx((0.2 + 0.0 + 0.4) / 3) and lo <= mean <= hi
-    assert (sw["wins"], sw["ties"], sw["losses"]) == (2, 1, 0) and (rec["wins"], rec["ties"], rec["losses"]) == (0, 2, 1)
+    assert (sw["wins"], sw["ties"], sw["losses"]) == (2, 1, 0)
+    assert (rec["wins"], rec["ties"], rec["losses"]) == (0, 2, 1)
     assert sw["switched_points"] == 2 and sw["next_algorithm"] == {"grpo": 2, "sft": 1} and sw["followed"] == [2, 3]
     assert sw["named"] == {"grpo": 3} and rec["next_algorithm"] == {"none": 3} and rec["followed"] is None
     assert rec["decision"] == {"MALFORMED": 3}

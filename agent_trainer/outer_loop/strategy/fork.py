@@ -59,7 +59,8 @@ class Branch:
         return "".join(c if c.isalnum() or c in "_." else "-" for c in self.name).strip("-")
 
 
-def _read_events(path: Path) -> list[dict[str, Any]]:
+def read_events(path: Path) -> list[dict[str, Any]]:
+    """The records of a ``trajectory.jsonl`` (a torn last line of a killed run left out)."""
     out = []
     for ln in path.read_text(encoding="utf-8").splitlines():
         try:
@@ -89,7 +90,7 @@ def load_source(run_dir: str | Path, episode: str = "0", at: int = 1,
         have = sorted(p.name for p in (run_dir / "episodes").glob("*")) if (run_dir / "episodes").is_dir() else []
         raise ForkError(f"no trajectory at {traj}; episodes of that run: {', '.join(have) or 'none'} "
                         f"(at-episode writes runs/<run_id>/episodes/0)")
-    events = _read_events(traj)
+    events = read_events(traj)
     marks = _job_marks(events)
     if not 1 <= at <= len(marks):
         raise ForkError(f"episode {episode} of {run_dir.name} ran {len(marks)} job(s); at must be 1..{len(marks)}")
@@ -121,7 +122,7 @@ def fork_points(run_dirs: list[Path], n: int, max_jobs_per_episode: int | None =
         for ep in sorted(eps.iterdir(), key=lambda p: (len(p.name), p.name)) if eps.is_dir() else []:
             if not (ep / "trajectory.jsonl").is_file():
                 continue
-            ran = len(_job_marks(_read_events(ep / "trajectory.jsonl")))
+            ran = len(_job_marks(read_events(ep / "trajectory.jsonl")))
             scored = {j["job"] for j in strategy.job_labels(ep / "jobs")
                       if j["label"] and j["hidden_score"] is not None}
             for k in range(1, ran + 1):
@@ -345,7 +346,7 @@ def first_reply(episode_dir: Path | None) -> dict[str, Any]:
     """The agent's first turn after the fork: its prompt length in tokens (``reply_prompt_tokens``) and the
     start of what it wrote (``reply``: its text, or the tools it called)."""
     path = Path(episode_dir) / "trajectory.jsonl" if episode_dir else None
-    events = _read_events(path) if path is not None and path.is_file() else []
+    events = read_events(path) if path is not None and path.is_file() else []
     live = [e for e in events if e.get("event") == "message" and e.get("role") == "assistant" and not e.get("replayed")]
     if not live:
         return {"reply_prompt_tokens": None, "reply": None}

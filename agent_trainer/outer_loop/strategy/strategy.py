@@ -229,7 +229,8 @@ def data_source(data: Any, algorithm: str = "sft") -> str:
 
 
 def job_labels(jobs_dir: str | Path) -> list[dict[str, Any]]:
-    """``[{job, status, ran, label, hidden_score, base_model, ...}]`` of every job in an episode's ``jobs/`` (``result.json``; job 1 = ``00``)."""
+    """``[{job, status, ran, label, hidden_score, base_model, ...}]`` of every job in an episode's ``jobs/``
+    (``result.json``; job 1 = ``00``)."""
     import json
 
     out = []

@@ -15,7 +15,6 @@ the rule in ``agent_trainer.outer_loop.strategy.evaluator.adopted``). docs/strat
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -23,6 +22,7 @@ import yaml
 
 from agent_trainer.outer_loop.report.bootstrap import ratio_ci
 from agent_trainer.outer_loop.strategy import strategy
+from agent_trainer.outer_loop.strategy.fork import read_events
 
 CHANGES = ("algorithm", "peft", "base_model")
 TYPES = ("execution", "strategy")
@@ -32,7 +32,7 @@ PAPER = {"agent": "paper (arXiv 2608.19072)", "switch_rate": 0.021, "suggestions
 
 
 def episode_dirs(run_dirs: Iterable[str | Path]) -> list[Path]:
-    """Every episode folder (``<run>/episodes/<id>/`` with a ``jobs/`` or ``trajectory.jsonl``) of the runs, in order."""
+    """Every episode folder (``<run>/episodes/<id>/`` with ``jobs/`` or ``trajectory.jsonl``) of the runs, in order."""
     out = []
     for run in run_dirs:
         eps = Path(run) / "episodes"
@@ -74,15 +74,7 @@ def setup_changes(a: dict[str, Any], b: dict[str, Any]) -> tuple[str, ...]:
 
 def _events(episode_dir: Path) -> list[dict[str, Any]]:
     path = episode_dir / "trajectory.jsonl"
-    if not path.is_file():
-        return []
-    out = []
-    for ln in path.read_text(encoding="utf-8").splitlines():
-        try:
-            out.append(json.loads(ln))
-        except ValueError:
-            continue  # a torn last line of a killed run
-    return out
+    return read_events(path) if path.is_file() else []
 
 
 def episode_counts(episode_dir: str | Path) -> dict[str, Any]:
