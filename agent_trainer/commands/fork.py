@@ -196,7 +196,7 @@ def run_points(cfg: DictConfig) -> dict:
 
     rows: list[dict] = []
     ledger = make_ledger(conf, folder)
-    with cli.tracker(cfg, "at-fork", label=f"fork-points-{len(points)}", tags={"source_run": cfg.run}) as tr:
+    with cli.tracker(cfg, "at-fork", label=f"fork-points-{len(points)}", tags={"source_run": cfg.run or "-"}) as tr:
         tr.log_config(cfg)
         if points:
             task = load_task(resolve_path(cfg.task.spec_path))

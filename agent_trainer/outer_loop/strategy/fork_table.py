@@ -93,8 +93,9 @@ COLUMNS = ("branch", "points", "final hidden score [95% CI]", "vs continue, pair
 
 def markdown(table: dict[str, Any], rates: Sequence[dict[str, Any]] = ()) -> str:
     """The branch table, the paper's fork, and (with ``rates``) the switch-rate and adoption table."""
-    lines = [f"Fork points: {table['points']} (paired by fork point against `{table['reference']}`).", "",
-             "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines = [f"Fork points: {table['points']} (paired by fork point against `{table['reference']}`).", ""]
+    if table["branches"]:
+        lines += ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for b in table["branches"]:
         fol = b["followed"]
         lines.append(" | ".join([
