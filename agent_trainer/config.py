@@ -481,8 +481,13 @@ class ForkCommand(EpisodeCommand):
     run: Optional[str] = doc(None, "the source run: a run_id in runs_dir (or a run folder path)")
     episode: str = doc("0", "the source episode: its folder name under <run>/episodes/")
     at: int = doc(1, "the fork point: right after job <at>'s result")
-    branches: list[str] = doc(["continue", "switch:grpo", "reconsider"],
-                              "continue | reconsider | switch:<algorithm, data source, lora/full or 'sft>grpo'>")
+    branches: list[str] = doc(["continue", "switch:other", "reconsider"],
+                              "continue | reconsider | switch:other (the other algorithm) | switch:<algorithm, data "
+                              "source, lora/full or 'sft>grpo'>")
+    points: Optional[int] = doc(None, "the fork experiment: fork the first <points> fork points of the runs `run` "
+                                      "names (a glob, e.g. 'src_*'); 0: the rates table only; null: one fork (at=)")
+    rates: list[str] = doc([], "with points: more agents for the switch-rate and adoption table, each "
+                               "'<label>:<run glob in runs_dir>' (e.g. 'warm_start:ws_*')")
 
 
 @dataclass

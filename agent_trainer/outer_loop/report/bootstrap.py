@@ -4,6 +4,7 @@
     >>> paired_diff_ci(start_rewards, end_rewards)     # end - start on the same episode seeds
     >>> diff_ci(first_steps_rewards, last_steps_rewards)   # different episodes: each side resampled alone
     >>> t_interval(gains_of_three_seeds)               # Student's t, seeds as the unit
+    >>> ratio_ci([1, 0, 2], [2, 1, 2])                  # pooled 3/5, episodes (with their pairs) resampled
 
 Percentile bootstrap: resample the values (for a paired difference: the episode indices, so each
 episode's start and end stay together) with replacement ``resamples`` times with a seeded numpy
@@ -58,6 +59,26 @@ def paired_diff_ci(before: Sequence[float], after: Sequence[float], resamples: i
         raise ValueError(f"a paired difference needs the same episodes before and after: {len(before)} values "
                          f"before, {len(after)} after")
     return _interval([a - b for a, b in zip(after, before)], resamples, level, seed)
+
+
+def ratio_ci(numerators: Sequence[float], denominators: Sequence[float], resamples: int = RESAMPLES,
+             level: float = LEVEL, seed: int = 0) -> tuple[float, float, float] | None:
+    """``(sum(num) / sum(den), lo, hi)``: a pooled rate (e.g. switches per adjacent job pair) with its percentile
+    bootstrap interval, resampling the units (episodes) so that each keeps its numerator and denominator together.
+    Units with a zero denominator carry nothing and are dropped; None when none is left."""
+    import numpy as np
+
+    if len(numerators) != len(denominators):
+        raise ValueError(f"need one denominator per numerator, got {len(numerators)} and {len(denominators)}")
+    keep = [(float(n), float(d)) for n, d in zip(numerators, denominators) if d]
+    if not keep:
+        return None
+    num, den = (np.asarray(x) for x in zip(*keep))
+    rate = float(num.sum() / den.sum())
+    if num.size == 1:
+        return rate, rate, rate
+    idx = np.random.default_rng(seed).integers(0, num.size, size=(resamples, num.size))
+    return (rate, *_bounds(num[idx].sum(axis=1) / den[idx].sum(axis=1), level))
 
 
 def episodes_for(sd_diff: float, change: float, z: float = 1.96) -> int:

@@ -19,6 +19,7 @@ from typing import Any
 
 from agent_trainer.cli import UserError
 from agent_trainer.outer_loop.strategy import protocol, strategy
+from agent_trainer.outer_loop.strategy.evaluator import ALTERNATIVE
 
 RECONSIDER = "Reconsider your strategy."
 RESULT_PREFIXES = ("job status", "Result of job")
@@ -48,8 +49,9 @@ class Source:
 
 @dataclass
 class Branch:
-    name: str                                # as given: continue | switch:<x> | reconsider
+    name: str                                # as given: continue | switch:<x> | switch:other | reconsider
     message: str | None
+    target: str | None = None                # what a switch names (switch:other: the other algorithm, resolved)
 
     @property
     def slug(self) -> str:
@@ -57,7 +59,8 @@ class Branch:
         return "".join(c if c.isalnum() or c in "_." else "-" for c in self.name).strip("-")
 
 
-def _read_events(path: Path) -> list[dict[str, Any]]:
+def read_events(path: Path) -> list[dict[str, Any]]:
+    """The records of a ``trajectory.jsonl`` (a torn last line of a killed run left out)."""
     out = []
     for ln in path.read_text(encoding="utf-8").splitlines():
         try:
@@ -87,7 +90,7 @@ def load_source(run_dir: str | Path, episode: str = "0", at: int = 1,
         have = sorted(p.name for p in (run_dir / "episodes").glob("*")) if (run_dir / "episodes").is_dir() else []
         raise ForkError(f"no trajectory at {traj}; episodes of that run: {', '.join(have) or 'none'} "
                         f"(at-episode writes runs/<run_id>/episodes/0)")
-    events = _read_events(traj)
+    events = read_events(traj)
     marks = _job_marks(events)
     if not 1 <= at <= len(marks):
         raise ForkError(f"episode {episode} of {run_dir.name} ran {len(marks)} job(s); at must be 1..{len(marks)}")
@@ -109,17 +112,49 @@ def load_source(run_dir: str | Path, episode: str = "0", at: int = 1,
                   adapter=str(stages[-1].get("peft") or "full") if stages else None)
 
 
+def fork_points(run_dirs: list[Path], n: int, max_jobs_per_episode: int | None = None) -> list[Source]:
+    """The first ``n`` fork points of the source runs' episodes: after job 1 of every episode (runs in the order
+    given), then after job 2, and so on. A point needs job k to have trained and been scored (a strategy to
+    continue or switch from, a score to compare with) and a job left after it; ``ForkError`` when fewer exist."""
+    cands = []
+    for order, run in enumerate(run_dirs):
+        eps = Path(run) / "episodes"
+        for ep in sorted(eps.iterdir(), key=lambda p: (len(p.name), p.name)) if eps.is_dir() else []:
+            if not (ep / "trajectory.jsonl").is_file():
+                continue
+            ran = len(_job_marks(read_events(ep / "trajectory.jsonl")))
+            scored = {j["job"] for j in strategy.job_labels(ep / "jobs")
+                      if j["label"] and j["hidden_score"] is not None}
+            for k in range(1, ran + 1):
+                if k in scored and (max_jobs_per_episode is None or k < max_jobs_per_episode):
+                    cands.append((k, order, ep.name, Path(run)))
+    cands.sort(key=lambda c: c[:2])
+    if len(cands) < n:
+        raise ForkError(f"{len(cands)} fork point(s) in {len(run_dirs)} source run(s) (a job that trained and a job "
+                        f"left after it), {n} asked: lower points= or make more source episodes (at-episode "
+                        f"seed=<s> ... for more seeds)")
+    return [load_source(run, ep, k, max_jobs_per_episode) for k, _, ep, run in cands[:n]]
+
+
 def make_branch(spec: str, src: Source) -> Branch:
-    """A ``Branch`` from ``continue`` | ``reconsider`` | ``switch:<x>``."""
+    """A ``Branch`` from ``continue`` | ``reconsider`` | ``switch:<x>`` | ``switch:other`` (the other algorithm:
+    SFT <-> GRPO, DPO and distillation -> SFT, of the last job that trained up to the fork point)."""
     spec = str(spec).strip()
     if spec == "continue":
         return Branch(spec, None)
     if spec == "reconsider":
         return Branch(spec, RECONSIDER)
     if not spec.startswith("switch:") or not spec.split(":", 1)[1].strip():
-        raise ForkError(f"unknown branch {spec!r}; use continue, reconsider or switch:<x> (x: an algorithm "
-                        f"{'/'.join(protocol.ALGORITHMS)}, a data source, lora/full, or stages like 'sft>grpo')")
+        raise ForkError(f"unknown branch {spec!r}; use continue, reconsider, switch:other or switch:<x> (x: an "
+                        f"algorithm {'/'.join(protocol.ALGORITHMS)}, a data source, lora/full, or stages like "
+                        f"'sft>grpo')")
     x = spec.split(":", 1)[1].strip().lower()
+    if x == "other":
+        if src.current.algorithm is None:
+            raise ForkError(f"branch {spec!r}: no job up to job {src.at} trained, so there is no algorithm to switch "
+                            f"from")
+        named = make_branch(f"switch:{ALTERNATIVE.get(src.current.algorithm, 'sft')}", src)
+        return Branch(spec, named.message, target=named.target)
     if x in protocol.ALGORITHMS:
         component, cur = "algorithm", src.current.algorithm
     elif x in protocol.DATA_SOURCES:
@@ -136,7 +171,7 @@ def make_branch(spec: str, src: Source) -> Branch:
     if cur == x:
         raise ForkError(f"branch {spec!r}: job {src.at}'s {component} is already {x}; name another one")
     return Branch(spec, f"Switch to {_show(x)} instead of {_show(cur)}: your next job must use {component} {x}; "
-                        f"keep what worked otherwise.")
+                        f"keep what worked otherwise.", target=x)
 
 
 def _show(x: str) -> str:
@@ -236,11 +271,52 @@ def copy_journal(src: Source, journal) -> int:
 # --- comparison -------------------------------------------------------------------------------
 
 
-def branch_row(branch: Branch, result, at: int) -> dict[str, Any]:
-    """One line of the comparison table from a branch's ``EpisodeResult``."""
+def written_algorithm(job_dir: Path) -> str:
+    """The algorithm(s) a submitted job asked for, as written in its ``job.yaml`` (``sft``, ``sft>grpo``);
+    ``none`` when no job was submitted there, ``unreadable`` for a file that is no YAML mapping."""
+    import yaml
+
+    path = Path(job_dir) / "job.yaml"
+    if not path.is_file():
+        return "none"
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError:
+        return "unreadable"
+    if not isinstance(raw, dict):
+        return "unreadable"
+    stages = raw["stages"] if isinstance(raw.get("stages"), list) and raw["stages"] else [raw]
+    return ">".join(str((b if isinstance(b, dict) else {}).get("algorithm") or raw.get("algorithm") or "?").lower()
+                    for b in stages)
+
+
+def carried_out(target: str, ran: dict[str, Any] | None) -> bool:
+    """Whether a job's ``ran`` has what a switch named: an algorithm in a stage, the data source, the adapter
+    (lora | full) of the last stage, or the stages in order."""
+    cur = protocol.current_of(ran)
+    if cur.algorithm is None:
+        return False
+    if target in protocol.ALGORITHMS:
+        return target in cur.stage.split(">")
+    if target in protocol.DATA_SOURCES:
+        return cur.data_source == target
+    if target in ("lora", "full"):
+        peft = [s for s in ran["stages"] if int(s.get("steps") or 0) > 0][-1].get("peft")
+        return ("full" if peft in (None, "", "full", "none", False) else "lora") == target
+    return cur.stage == target
+
+
+def branch_row(branch: Branch, result, at: int, episode_dir: Path | None = None) -> dict[str, Any]:
+    """One line of the comparison table from a branch's ``EpisodeResult`` (``episode_dir``: its folder, for the
+    next job as written). ``final_score`` is the hidden score of the last job that has one (the fork point's
+    when no job after it scored); ``followed`` whether the first executed job after the fork has what a switch
+    named (None for other branches); ``decision`` the answer to the check at the fork point (strategy=check)."""
     st = result.strategy
     jobs = st.get("jobs", [])
     labels = [strategy.from_dict(j["label"]) for j in jobs]
+    first_after = next((j for j in jobs[at:] if j["label"]), None)
+    decision = next((d["decision"] for d in st.get("steering", {}).get("decisions", []) if d["after_job"] == at),
+                    None)
     before = strategy.executed(labels[:at])
     after = strategy.executed(labels[at:])
     sw = [s for s in strategy.switches(labels) if s.position > len(before)]
@@ -257,7 +333,26 @@ def branch_row(branch: Branch, result, at: int) -> dict[str, Any]:
         "reward": result.reward["total"], "uplift": result.reward.get("uplift"),
         "usd": result.usd, "tokens": result.tokens_in + result.tokens_out, "seconds": round(result.seconds, 1),
         "scores": scores,
+        "target": branch.target, "final_score": next((x for x in reversed(scores) if x is not None), None),
+        "next_algorithm": written_algorithm(episode_dir / "jobs" / f"{at:02d}" / "job") if episode_dir else None,
+        "executed_after_fork": len(after), "decision": decision,
+        "followed": None if branch.target is None else first_after is not None and carried_out(branch.target,
+                                                                                               first_after["ran"]),
+        **first_reply(episode_dir),
     }
+
+
+def first_reply(episode_dir: Path | None) -> dict[str, Any]:
+    """The agent's first turn after the fork: its prompt length in tokens (``reply_prompt_tokens``) and the
+    start of what it wrote (``reply``: its text, or the tools it called)."""
+    path = Path(episode_dir) / "trajectory.jsonl" if episode_dir else None
+    events = read_events(path) if path is not None and path.is_file() else []
+    live = [e for e in events if e.get("event") == "message" and e.get("role") == "assistant" and not e.get("replayed")]
+    if not live:
+        return {"reply_prompt_tokens": None, "reply": None}
+    m = live[0]
+    calls = ", ".join(f"{c['function']['name']}(...)" for c in m.get("tool_calls") or [])
+    return {"reply_prompt_tokens": m.get("prompt_tokens"), "reply": (calls or str(m.get("content") or ""))[:160]}
 
 
 COLUMNS = ("branch", "message", "status", "jobs_after_fork", "strategy", "switches_after_fork", "switched",

@@ -229,7 +229,8 @@ def data_source(data: Any, algorithm: str = "sft") -> str:
 
 
 def job_labels(jobs_dir: str | Path) -> list[dict[str, Any]]:
-    """``[{job, status, ran, label, ...}]`` of every job in an episode's ``jobs/`` (``result.json``; job 1 = ``00``)."""
+    """``[{job, status, ran, label, hidden_score, base_model, ...}]`` of every job in an episode's ``jobs/``
+    (``result.json``; job 1 = ``00``)."""
     import json
 
     out = []
@@ -242,7 +243,7 @@ def job_labels(jobs_dir: str | Path) -> list[dict[str, Any]]:
         lab = label(ran) if res.get("status") not in NOT_RUN else None
         out.append({"job": int(res_path.parent.parent.name) + 1, "status": res.get("status"), "ran": ran,
                     "label": lab.as_dict() if lab else None, "hidden_score": res.get("hidden_score"),
-                    "uplift": res.get("uplift"), "usd": res.get("usd")})
+                    "uplift": res.get("uplift"), "usd": res.get("usd"), "base_model": res.get("base_model")})
     return out
 
 
