@@ -10,6 +10,9 @@ TEST_TIMEOUT ?= 900
 # workers keep both cores of a 2-core machine busy, each on its own share of the cores (tests/conftest.py), which
 # the processes its tests start inherit. Each worker may hold a SmolLM2 (a few GB).
 TEST_WORKERS ?= 2
+# Each test's wall time and CPU seconds (tests/helpers/cpu_report.py); the summary at the end names the tests that
+# waited most.
+CPU_REPORT ?= /tmp/agent-trainer-test-cpu.jsonl
 
 # The main job `make run` runs: at-train on the CPU default (experiment=cpu_default), after
 # building the tiny models and the tiny agent (at-models; a no-op once they are in the cache).
@@ -30,7 +33,7 @@ WITH_CLUSTERS = CLUSTERS="$(CLUSTERS)" bash scripts/with_clusters.sh
 
 # The whole suite, slow tests included (CI runs exactly this).
 test: setup
-	$(WITH_CLUSTERS) $(BIN)/pytest -p no:cacheprovider --timeout=$(TEST_TIMEOUT) -n $(TEST_WORKERS) --dist worksteal --durations=30 tests
+	$(WITH_CLUSTERS) $(BIN)/pytest -p no:cacheprovider --timeout=$(TEST_TIMEOUT) -n $(TEST_WORKERS) --dist worksteal --durations=30 --cpu-report=$(CPU_REPORT) tests
 
 # Unit tests only, for a quick check while editing: no model is built or imported (tests that need one the
 # cache lacks are skipped with the reason; tests/helpers/run_if.py). About 2 minutes of CPU, on both cores.

@@ -18,6 +18,8 @@ from agent_trainer.registry import REGISTRY_ENV
 from agent_trainer.salt import SALT_ENV
 from helpers.run_if import BUILT, NO_BUILDS, missing, models_missing, smollm2_missing
 
+pytest_plugins = ["helpers.cpu_report"]
+
 
 def _pin_xdist_worker() -> None:
     """Under pytest-xdist (``make test``: ``-n 2``), give each worker its own share of the cores, inherited by
@@ -44,6 +46,9 @@ def pytest_addoption(parser):
     parser.addoption(NO_BUILDS, action="store_true",
                      help="build and import no model: tests that need a model the cache lacks are skipped "
                           "(make test-fast; make test builds them once per session)")
+    parser.addoption("--cpu-report", metavar="FILE", default=None,
+                     help="append each test's wall time and CPU seconds to FILE (JSON lines) and print the tests "
+                          "that waited most (tests/helpers/cpu_report.py)")
 
 
 def pytest_configure(config):

@@ -76,8 +76,8 @@ def test_a_configured_model_and_data_family_work_in_at_eval_and_at_job(built_mod
     job.mkdir()
     (job / "job.yaml").write_text(yaml.safe_dump({
         "base_model": "my-model", "algorithm": "sft", "seed": 0,
-        "hyperparameters": {"learning_rate": 1e-3, "batch_size": 32, "max_steps": 30},
-        "data": {"sources": [{"family": "my_rows", "seed": 1, "size": 800}]}}))
+        "hyperparameters": {"learning_rate": 1e-3, "batch_size": 8, "max_steps": 5},
+        "data": {"sources": [{"family": "my_rows", "seed": 1, "size": 200}]}}))
     run = at("at-job", str(job), "run_id=job", "inner.cache=false", *config)
     assert run.returncode == 0, run.stderr[-2000:]
     result = json.loads((tmp_path / "runs" / "job" / "job" / "result.json").read_text())

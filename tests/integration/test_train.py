@@ -76,7 +76,7 @@ def _child_runs(uri: str, parent: str) -> list[str]:
 
 def test_killed_mid_step_resumes_with_every_step_and_record_once(tmp_path, built_agent):
     args = [sys.executable, "-m", "agent_trainer.commands.train", f"runs_dir={tmp_path}", "experiment=smoke",
-            "outer.steps=3", "tracking.enabled=true"]
+            "outer.steps=2", "tracking.enabled=true"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(args + ["run_id=r"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
@@ -119,13 +119,13 @@ def test_killed_mid_step_resumes_with_every_step_and_record_once(tmp_path, built
     assert resuming.returncode == 0, err[-2000:]
     # the resumed folder holds the outcome and the log; the resuming command leaves no folder of its own
     rec = json.loads((run / "run.json").read_text())
-    assert rec["status"] == "ok" and rec["value"] is not None and rec["steps_completed"] == 3
+    assert rec["status"] == "ok" and rec["value"] is not None and rec["steps_completed"] == 2
     assert not (tmp_path / "again").exists() and "resuming" in (run / "train.log").read_text()
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [0, 1, 2]
+    assert [r["step"] for r in rows] == [0, 1]
     marker = json.loads((run / "outer_run.json").read_text())
     hist = read_metrics(f"sqlite:///{tmp_path.resolve()}/mlflow.db", marker["mlflow_run_id"], ["reward/reward_mean"])
-    assert [s for s, _ in hist["reward/reward_mean"]] == [0, 1, 2]
+    assert [s for s, _ in hist["reward/reward_mean"]] == [0, 1]
     resumed = client.get_run(marker["mlflow_run_id"])
     assert resumed.info.status == "FINISHED" and "error" not in resumed.data.tags, "the kill's error is not the outcome"
     # each resume is a line of resumes.jsonl: after how many steps, with which overrides and changes
@@ -137,15 +137,15 @@ def test_killed_mid_step_resumes_with_every_step_and_record_once(tmp_path, built
     assert json.loads((run / "versions.json").read_text())["cpu"]["vendor"] == "elsewhere"
     assert resumed.data.tags["resumed.cpu.vendor"] == here
     done = subprocess.run(args + [f"resume={run}"], cwd=ROOT, env=env, text=True, capture_output=True, timeout=600)
-    assert done.returncode == 0 and "has all its 3 steps: nothing to train" in done.stdout, done.stderr[-2000:]
+    assert done.returncode == 0 and "has all its 2 steps: nothing to train" in done.stdout, done.stderr[-2000:]
     record, resumes = (run / "run.json").read_bytes(), (run / "resumes.jsonl").read_bytes()
-    assert json.loads(resumes.splitlines()[-1])["steps_done"] == 3
-    lower = subprocess.run([*args[:-2], "tracking.enabled=true", "outer.steps=2", f"resume={run}"], cwd=ROOT, env=env,
+    assert json.loads(resumes.splitlines()[-1])["steps_done"] == 2
+    lower = subprocess.run([*args[:-2], "tracking.enabled=true", "outer.steps=1", f"resume={run}"], cwd=ROOT, env=env,
                            text=True, capture_output=True, timeout=600)
-    assert lower.returncode == 2 and "below the 3 steps the run completed" in lower.stderr, lower.stderr[-2000:]
+    assert lower.returncode == 2 and "below the 2 steps the run completed" in lower.stderr, lower.stderr[-2000:]
     assert (run / "run.json").read_bytes() == record, "a refused resume leaves the run as it was"
     assert (run / "resumes.jsonl").read_bytes() == resumes
-    assert [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()] == [0, 1, 2]
+    assert [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()] == [0, 1]
     # every step metric in MLflow: at most once per step, and the value of that step's metrics.jsonl row
     every = read_metrics(f"sqlite:///{tmp_path.resolve()}/mlflow.db", marker["mlflow_run_id"])
     for key, points in every.items():
@@ -154,9 +154,9 @@ def test_killed_mid_step_resumes_with_every_step_and_record_once(tmp_path, built
             continue   # the run's returned value (what a sweep ranks by), logged once at the end, not a step's
         assert all(v == pytest.approx(rows[s][bare_key(key)], nan_ok=True) for s, v in points), key
     # run folder: one complete checkpoint per step (none half-written), episodes of complete steps only
-    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_0000", "step_0001", "step_0002"]
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_0000", "step_0001"]
     kept = sorted(p.name for p in (run / "episodes").iterdir())
-    assert sorted({int(name[1:5]) for name in kept}) == [0, 1, 2] and len(kept) == 3 * int(rows[0]["episodes"])
+    assert sorted({int(name[1:5]) for name in kept}) == [0, 1] and len(kept) == 2 * int(rows[0]["episodes"])
     assert all(p.name.startswith("s0001-")
                for p in (run / "rolled_back").iterdir()), "only the killed step is set aside"
     assert _child_runs(f"sqlite:///{tmp_path.resolve()}/mlflow.db", marker["mlflow_run_id"]) == sorted(

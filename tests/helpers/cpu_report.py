@@ -1,0 +1,66 @@
+"""``--cpu-report FILE``: each test's wall time and the CPU it used (the test process's own threads and the
+child processes it waited for), one JSON line per test, and at the end of the session the suite's CPU share and
+the tests that waited most, i.e. where the suite's wall time is not work:
+
+    .venv/bin/pytest -n 2 --cpu-report /tmp/cpu.jsonl tests
+
+CPU that a test causes outside its process tree (a SLURM task under slurmd, a task on a Ray node, a server the
+test talks to) is not counted; such tests read as waiting."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import time
+from pathlib import Path
+
+import pytest
+
+OPTION = "--cpu-report"
+
+
+def _children_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    path = item.config.getoption(OPTION)
+    if not path:
+        yield
+        return
+    wall, own, children = time.perf_counter(), time.process_time(), _children_cpu()
+    yield
+    row = {"test": item.nodeid, "wall_s": round(time.perf_counter() - wall, 2),
+           "cpu_s": round(time.process_time() - own, 2), "children_cpu_s": round(_children_cpu() - children, 2),
+           "worker": os.environ.get("PYTEST_XDIST_WORKER", "main")}
+    with open(path, "a") as f:   # one short line per write: the workers' appends do not interleave
+        f.write(json.dumps(row) + "\n")
+
+
+def summary(path: Path, top: int = 15) -> list[str]:
+    rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    wall = sum(r["wall_s"] for r in rows)
+    cpu = sum(r["cpu_s"] + r["children_cpu_s"] for r in rows)
+    lines = [f"cpu report: {len(rows)} tests, {wall:.0f} s of test wall time, {cpu:.0f} s of CPU in the tests' "
+             f"processes ({cpu / max(wall, 1e-9):.0%}); waiting most (wall - CPU):"]
+    rows.sort(key=lambda r: r["cpu_s"] + r["children_cpu_s"] - r["wall_s"])
+    for r in rows[:top]:
+        used = r["cpu_s"] + r["children_cpu_s"]
+        lines.append(f"  {r['wall_s']:7.1f} s wall {used:7.1f} s CPU  {r['test']}")
+    return lines
+
+
+def pytest_sessionstart(session):
+    path = session.config.getoption(OPTION)
+    if path and not os.environ.get("PYTEST_XDIST_WORKER"):   # the controller starts the file afresh
+        Path(path).unlink(missing_ok=True)
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    path = config.getoption(OPTION)
+    if path and Path(path).is_file() and not os.environ.get("PYTEST_XDIST_WORKER"):
+        for line in summary(Path(path)):
+            terminalreporter.write_line(line)
