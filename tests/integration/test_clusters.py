@@ -18,8 +18,10 @@ the command that starts it. Jobs are tiny (a random-init Qwen3, a few steps) so 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import threading
@@ -127,6 +129,18 @@ def _sacct_states(job_id: str) -> dict[str, str]:
     return dict(line.split("|")[:2] for line in out.splitlines() if line)
 
 
+def _sacct_settled(job_id: str, expected: dict[str, str], timeout: float = 60.0) -> dict[str, str]:
+    """sacct's states of ``job_id`` once they equal ``expected`` (or after ``timeout``): a task ends a little after
+    its result is written (the interpreter exits), and accounting hears of it from slurmctld a little later."""
+    deadline, states = time.time() + timeout, {}
+    while time.time() < deadline:
+        states = {k: v.split()[0] for k, v in _sacct_states(job_id).items()}   # "CANCELLED by 0" -> CANCELLED
+        if states == expected:
+            break
+        time.sleep(1)
+    return states
+
+
 def _tasks(folder: Path, state: str = "PENDING,RUNNING,SUSPENDED,COMPLETING,CONFIGURING") -> list[str]:
     """Job ids of the array tasks that submitit submitted from ``folder`` (this test's; not another run's) that
     are in ``state`` (default: not ended; squeue keeps ended jobs for MinJobAge)."""
@@ -220,11 +234,65 @@ def test_a_stopped_harness_cancels_its_array_tasks(base_dir, slurm, tmp_path):
     assert not _tasks(tmp_path / "submitit"), "a task outlived the harness"
     array = tasks[0].split("_")[0]
     # Accounting hears of the tasks from slurmctld a little later (until then: one record for the array).
-    states, expected = {}, {t: "CANCELLED" for t in tasks}
-    while time.time() < deadline + 30 and states != expected:
-        states = {k: v.split()[0] for k, v in _sacct_states(array).items()}
-        time.sleep(1)
-    assert states == expected, states
+    expected = {t: "CANCELLED" for t in tasks}
+    assert _sacct_settled(array, expected) == expected
+
+
+@pytest.fixture(scope="module")
+def mlflow_server():
+    """The MLflow server of ``scripts/cluster.sh mlflow`` (make test starts it with the clusters); started here when
+    it is not running, and then stopped after this module's tests."""
+    script = ["bash", str(ROOT / "scripts" / "cluster.sh"), "mlflow"]
+    up = subprocess.run([*script, "status"], capture_output=True, text=True, timeout=60).returncode == 0
+    if not up:
+        done = subprocess.run([*script, "start"], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+    port = os.environ.get("MLFLOW_PORT", "6920")
+    yield f"http://{socket.gethostname().split('.')[0]}:{port}"
+    if not up:
+        subprocess.run([*script, "stop"], capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.slurm
+def test_a_sweep_runs_as_slurm_jobs_into_one_mlflow_store(built_agent, slurm, mlflow_server, tmp_path):
+    """``at-train -m ... hydra/launcher=submitit_slurm``: each run is a SLURM job (its outer update inside it, with
+    SLURM's variables around), both log at once to the MLflow server, and the sweep's table is printed."""
+    import mlflow
+
+    from agent_trainer.tracking import bare_key
+
+    experiment = f"sweep-{tmp_path.name}"   # this test's runs only, in a server other runs share
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    done = subprocess.run([str(Path(sys.executable).parent / "at-train"), "-m", "experiment=smoke", "seed=0,1",
+                           "outer.steps=1", "hydra/launcher=submitit_slurm", f"runs_dir={tmp_path}",
+                           "tracking=server", f"tracking.tracking_uri={mlflow_server}",
+                           f"tracking.experiment={experiment}"],
+                          capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert ": 2 ok, 0 failed" in done.stdout and "| job | status | value (reward_last3) |" in done.stdout
+    (sweep,) = [p for p in tmp_path.iterdir() if (p / "multirun.yaml").is_file()]
+    records = [json.loads((sweep / str(n) / "run.json").read_text()) for n in (0, 1)]
+    # Each run was a task of one SLURM array (its log is submitit's file of that task), COMPLETED in accounting.
+    tasks = [Path(r["log"]).parent.name for r in records]
+    array = tasks[0].split("_")[0]
+    assert tasks == [f"{array}_0", f"{array}_1"], tasks
+    assert _sacct_settled(array, {t: "COMPLETED" for t in tasks}) == {t: "COMPLETED" for t in tasks}
+    mlflow.set_tracking_uri(mlflow_server)
+    runs = mlflow.search_runs(experiment_names=[experiment], filter_string=f"tags.sweep = '{sweep.name}'",
+                              order_by=["tags.`sweep.job` ASC"])
+    assert [n.split(" · ")[0] for n in runs["tags.mlflow.runName"]] == ["seed=0", "seed=1"]
+    assert list(runs["status"]) == ["FINISHED"] * 2 and list(runs.run_id) == [r["mlflow_run_id"] for r in records]
+    client = mlflow.MlflowClient(mlflow_server)
+    for n, run_id in enumerate(runs.run_id):
+        # Nothing lost while both wrote: every number of the run's metrics.jsonl is in MLflow, every episode is
+        # a nested run, and the outer update ran inside the SLURM job.
+        (row,) = [json.loads(line) for line in (sweep / str(n) / "metrics.jsonl").read_text().splitlines()]
+        logged = {bare_key(k): v for k, v in client.get_run(run_id).data.metrics.items()}
+        expected = {k: v for k, v in row.items() if k != "step" and isinstance(v, (int, float))}
+        assert {k: logged.get(k) for k in expected} == pytest.approx(expected)
+        assert any(k.startswith("update_") for k in expected), sorted(expected)
+        children = client.search_runs(runs.experiment_id[n], f"tags.mlflow.parentRunId = '{run_id}'")
+        assert len(children) == len(list((sweep / str(n) / "episodes").glob("*/summary.json"))) == 2
 
 
 # ------------------------------------------------------------------------------------------------ Ray
