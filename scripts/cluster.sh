@@ -6,6 +6,7 @@
 #   bash scripts/cluster.sh ray start       # a Ray head and a second worker node (resource "worker_node")
 #   bash scripts/cluster.sh slurm|ray status|stop|env
 #   bash scripts/cluster.sh ray kill-worker # SIGKILLs the worker node (a fault test); start brings it back
+#   bash scripts/cluster.sh slurm stop-slurmd  # stops the node's slurmd alone (a fault test); start brings it back
 #   bash scripts/cluster.sh mlflow start    # an MLflow server for runs that write from several processes or nodes
 #
 # Idempotent: start on a running cluster only checks it. Everything it writes lives in
@@ -224,6 +225,14 @@ slurm_stop() {
   say "slurm stopped"
 }
 
+# slurm_stop_slurmd: the node's daemon goes away as on a lost node (its running steps stay, as slurmstepd does);
+# slurmctld marks the node DOWN after SlurmdTimeout. `start` starts it again and the node returns to service.
+slurm_stop_slurmd() {
+  alive "$DIR/slurmd.pid" || die "slurmd is not running (bash scripts/cluster.sh slurm start)"
+  stop_pid "$DIR/slurmd.pid"
+  say "slurmd stopped"
+}
+
 slurm_status() {
   local up=1
   for d in munged mysqld slurmdbd slurmctld slurmd; do
@@ -383,6 +392,7 @@ esac
 case "$ACTION" in
   start|stop|status|env) ;;
   kill-worker) [ "$ENGINE" = ray ] || { echo "kill-worker: ray only" >&2; exit 2; }; ACTION=kill_worker ;;
+  stop-slurmd) [ "$ENGINE" = slurm ] || { echo "stop-slurmd: slurm only" >&2; exit 2; }; ACTION=stop_slurmd ;;
   *) echo "usage: bash scripts/cluster.sh slurm|ray|mlflow start|stop|status|env" >&2; exit 2 ;;
 esac
 DIR=$ROOT/$ENGINE

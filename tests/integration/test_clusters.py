@@ -175,27 +175,66 @@ def test_a_batch_runs_as_a_slurm_array_with_the_local_numbers(reference, base_di
     assert _sacct_states(array) == {f"{array}_0": "COMPLETED", f"{array}_1": "COMPLETED"}
 
 
+def _cluster_sh(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(ROOT / "scripts" / "cluster.sh"), *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _trainers_in(folder: Path) -> list[int]:
+    """Pids of the processes working in ``folder`` (a job's training process runs in ``<output>/.home``)."""
+    import psutil
+
+    found = []
+    for proc in psutil.process_iter(["cwd"]):
+        if (proc.info.get("cwd") or "").startswith(str(folder)):
+            found.append(proc.pid)
+    return found
+
+
+def _none_left(folder: Path, timeout: float = 30.0) -> list[int]:
+    deadline = time.time() + timeout
+    while (left := _trainers_in(folder)) and time.time() < deadline:
+        time.sleep(1)
+    return left
+
+
 @pytest.mark.slurm
-def test_a_cancelled_task_and_a_lost_node_come_back_crashed_with_slurms_state(base_dir, slurm, tmp_path):
-    """scancel of one array task, then the node set DOWN under the other (what a dead node does to its jobs)."""
-    jobs = _jobs(tmp_path / "jobs", {"a": {"batch_size": 8, "max_steps": 100_000},
-                                     "b": {"batch_size": 8, "max_steps": 100_000}})
-    ex = make_executor("slurm", max_parallel=2, folder=tmp_path / "submitit", threads=1)
+def test_cancelled_timed_out_and_lost_node_tasks_come_back_crashed_with_slurms_state(base_dir, slurm, tmp_path):
+    """One array of three long jobs, two at a time: the first is cancelled (scancel), the second runs past its
+    time limit (cut to one minute), then the node's slurmd stops under the third (a lost node: slurmctld marks it
+    DOWN after SlurmdTimeout). Each comes back ``crashed`` with SLURM's state; slurmd started again, no process of
+    the lost task is left."""
+    jobs = _jobs(tmp_path / "jobs", {name: {"batch_size": 8, "max_steps": 100_000} for name in "abc"})
+    ex = make_executor("slurm", max_parallel=2, folder=tmp_path / "submitit", threads=1, time_limit_min=10)
     box: dict = {}
     runner = threading.Thread(target=lambda: box.update(results=ex.run(
         _requests(jobs, base_dir, tmp_path / "out", LONG_TASK))))
     runner.start()
-    first, second = _wait_running(tmp_path / "submitit", 2)
-    _slurm("scancel", first)
-    time.sleep(3)
-    _slurm("scontrol", "update", f"nodename={slurm}", "state=down", "reason=test_clusters")
-    runner.join(timeout=180)
-    assert not runner.is_alive(), "the executor did not return after its tasks were lost"
-    cancelled, lost = box["results"]
+    try:
+        first, second = _wait_running(tmp_path / "submitit", 2)
+        _slurm("scontrol", "update", f"jobid={second}", "timelimit=1")
+        _slurm("scancel", first)
+        third = next(t for t in _wait_running(tmp_path / "submitit", 2) if t not in (first, second))
+        deadline = time.time() + 150   # a minute's limit, enforced within slurmctld's 30 s timer
+        while second in _tasks(tmp_path / "submitit") and time.time() < deadline:
+            time.sleep(2)
+        assert second not in _tasks(tmp_path / "submitit"), f"{second} outlived its time limit"
+        assert _cluster_sh("slurm", "stop-slurmd").returncode == 0
+        runner.join(timeout=180)
+        assert not runner.is_alive(), "the executor did not return after its tasks were lost"
+    finally:   # slurmd back, for the tests and users after (the node returns to service as it registers)
+        again = _cluster_sh("slurm", "start")
+    assert again.returncode == 0, again.stdout + again.stderr
+    cancelled, timed_out, lost = box["results"]
+    assert [r.placement["job_id"] for r in box["results"]] == [first, second, third]
     assert cancelled.status == "crashed" and "SLURM state CANCELLED" in cancelled.detail, cancelled.detail
+    # submitit's signal comes before the limit and ends the task (sacct: FAILED); the result names the limit.
+    assert timed_out.status == "crashed" and "SLURM time limit: the task was timed-out and not checkpointable" \
+        in timed_out.detail, timed_out.detail
     assert lost.status == "crashed" and "SLURM state NODE_FAIL" in lost.detail, lost.detail
-    assert cancelled.placement["job_id"] == first and lost.placement["job_id"] == second
     assert not _tasks(tmp_path / "submitit"), "no task may stay queued or running"
+    # The lost task's processes outlived its slurmd (slurmstepd runs on); the slurmd that comes back ends them.
+    assert not _none_left(tmp_path / "out", timeout=60), "a process of a lost task is still running"
 
 
 HARNESS = """
