@@ -6,13 +6,18 @@ the command that starts it. Jobs are tiny (a random-init Qwen3, a few steps) so 
 
 - a batch as a SLURM job array gives the numbers the jobs give in this process, in request order; each result
   says where it ran (array task, node, submitit's log files) and ``sacct`` has the tasks COMPLETED;
-- a task cancelled with ``scancel`` and a task whose node goes DOWN come back ``crashed`` with SLURM's state;
-- the harness stopped by SIGTERM while its array runs cancels the tasks (none left running);
+- one array meets three faults: a task cancelled (``scancel``), one past its time limit, and slurmd stopped under
+  the third (the node DOWN after SlurmdTimeout): each comes back ``crashed`` with the reason, slurmd is restored;
+- at-train stopped by SIGTERM while its array runs cancels the tasks (none left running); ``resume=`` plays the
+  step again as a new array, each job completed once;
+- ``at-train -m ... hydra/launcher=submitit_slurm``: the runs are SLURM jobs logging at once to one MLflow server
+  (``scripts/cluster.sh mlflow``), the sweep's table printed;
 - a batch as Ray tasks on the head and the worker node gives the same numbers, each result naming its node;
-- a Ray worker node killed mid-job gives a ``crashed`` result, the other job its numbers;
+- a Ray worker node killed mid-job gives a ``crashed`` result; a process stopped by SIGTERM while its Ray task
+  runs cancels it (the two faults in one test, at once);
 - at-train with an unreachable SLURM controller or Ray head stops at once: one line naming it, exit 2.
 
-    .venv/bin/pytest tests/integration/test_clusters.py -q      (~2 min on 2 cores with both clusters started)
+    .venv/bin/pytest tests/integration/test_clusters.py -q      (~8 min on 2 quiet cores with the clusters started)
 """
 
 from __future__ import annotations
@@ -237,6 +242,60 @@ def test_cancelled_timed_out_and_lost_node_tasks_come_back_crashed_with_slurms_s
     assert not _none_left(tmp_path / "out", timeout=60), "a process of a lost task is still running"
 
 
+def _arrays_of(run: Path, step: int) -> set[str]:
+    """The SLURM arrays whose tasks gave the results of ``step``'s episodes in at-train's run folder."""
+    return {json.loads(p.read_text())["placement"]["array_job_id"]
+            for p in run.glob(f"episodes/s{step:04d}-*/jobs/*/output/result.json")}
+
+
+@pytest.mark.slurm
+def test_at_train_stopped_while_its_array_runs_cancels_it_and_resumes_each_job_once(built_agent, slurm, tmp_path):
+    """SIGTERM to at-train during step 2's array: the tasks are cancelled (none left running), the run is killed;
+    ``resume=`` plays step 2 again as a new array. Each job completed once: step 1's array and the resumed one
+    COMPLETED, the stopped one CANCELLED, none crashed."""
+    import signal
+
+    at_train = str(Path(sys.executable).parent / "at-train")
+    run, launched = tmp_path / "r", tmp_path / "submitit"
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    # No job cache: every job runs as a task, none is answered from an earlier run's result.
+    proc = subprocess.Popen([at_train, "experiment=smoke", "outer.steps=2", "hardware.executor=slurm",
+                             "inner.cache=false", f"runs_dir={tmp_path}", "run_id=r"], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 400
+        while (json.loads((run / "run.json").read_text()).get("steps_completed") if (run / "run.json").is_file()
+               else None) != 1:
+            assert proc.poll() is None and time.time() < deadline, "at-train ended before its first step"
+            time.sleep(2)
+        first = _arrays_of(run, 0)
+        while len(stopped := [t for t in _tasks(launched, "RUNNING") if t.split("_")[0] not in first]) < 2:
+            assert proc.poll() is None and time.time() < deadline, "step 2's tasks did not run"
+            time.sleep(1)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) != 0
+    finally:
+        proc.kill()
+    assert "terminated (SIGTERM)" in proc.stderr.read()
+    assert json.loads((run / "run.json").read_text())["status"] == "killed"
+    array = stopped[0].split("_")[0]
+    cancelled = {f"{array}_{i}": "CANCELLED" for i in (0, 1)}
+    assert _sacct_settled(array, cancelled) == cancelled
+    assert not _tasks(launched) and not _none_left(run), "a task or its process outlived at-train"
+    done = subprocess.run([at_train, f"resume={run}"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    record = json.loads((run / "run.json").read_text())
+    assert (record["status"], record["steps_completed"], record["jobs"], record["jobs_crashed"]) == ("ok", 2, 4, 0)
+    assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [0, 1]
+    (again,) = _arrays_of(run, 1)
+    assert _arrays_of(run, 0) == first and again != array and len(first) == 1
+    for completed in (*first, again):
+        expected = {f"{completed}_{i}": "COMPLETED" for i in (0, 1)}
+        assert _sacct_settled(completed, expected) == expected
+
+
+# A process that waits on Ray tasks and takes SIGTERM as at-train does (argv: requests, head address, resource).
 HARNESS = """
 import pickle, signal, sys
 from agent_trainer.inner_loop.run.executor import make_executor
@@ -246,35 +305,9 @@ def terminated(signum, frame):   # what at-train does with SIGTERM (agent_traine
 
 signal.signal(signal.SIGTERM, terminated)
 requests = pickle.loads(open(sys.argv[1], "rb").read())
-make_executor("slurm", max_parallel=2, folder=sys.argv[2], threads=1).run(requests)
+make_executor("ray", max_parallel=1, address=sys.argv[2], threads=1, cpus_per_job=1,
+              resources={sys.argv[3]: 1}).run(requests)
 """
-
-
-@pytest.mark.slurm
-def test_a_stopped_harness_cancels_its_array_tasks(base_dir, slurm, tmp_path):
-    """SIGTERM to the process waiting on an array: its tasks are cancelled, none keeps running as an orphan."""
-    import pickle
-    import signal
-
-    jobs = _jobs(tmp_path / "jobs", {"a": {"batch_size": 8, "max_steps": 100_000},
-                                     "b": {"batch_size": 8, "max_steps": 100_000}})
-    (tmp_path / "requests.pkl").write_bytes(pickle.dumps(_requests(jobs, base_dir, tmp_path / "out", LONG_TASK)))
-    harness = subprocess.Popen([sys.executable, "-c", HARNESS, str(tmp_path / "requests.pkl"),
-                                str(tmp_path / "submitit")], cwd=ROOT)
-    try:
-        tasks = _wait_running(tmp_path / "submitit", 2)
-        harness.send_signal(signal.SIGTERM)
-        assert harness.wait(timeout=60) != 0
-    finally:
-        harness.kill()
-    deadline = time.time() + 30
-    while _tasks(tmp_path / "submitit") and time.time() < deadline:
-        time.sleep(1)
-    assert not _tasks(tmp_path / "submitit"), "a task outlived the harness"
-    array = tasks[0].split("_")[0]
-    # Accounting hears of the tasks from slurmctld a little later (until then: one record for the array).
-    expected = {t: "CANCELLED" for t in tasks}
-    assert _sacct_settled(array, expected) == expected
 
 
 @pytest.fixture(scope="module")
@@ -372,30 +405,39 @@ def test_a_batch_runs_on_both_ray_nodes_with_the_local_numbers(reference, base_d
 
 
 @pytest.mark.ray_cluster
-def test_a_ray_worker_node_killed_mid_job_gives_a_crashed_result(base_dir, ray_cluster, tmp_path):
-    jobs = _jobs(tmp_path / "jobs", {"a": {"batch_size": 8, "max_steps": 100_000}})
-    # On the worker node (its own resource), the one that dies.
+def test_a_killed_ray_worker_node_and_a_stopped_harness(base_dir, ray_cluster, tmp_path):
+    """Two long jobs at once: one on the worker node, which is killed mid-job (its result: ``crashed``); one on the
+    head, run by another process that is then stopped by SIGTERM (its task cancelled, no process left)."""
+    import pickle
+    import signal
+
+    jobs = _jobs(tmp_path / "jobs", {name: {"batch_size": 8, "max_steps": 100_000} for name in ("lost", "stopped")})
+    lost, stopped = _requests(jobs, base_dir, tmp_path / "out", LONG_TASK)
+    (tmp_path / "requests.pkl").write_bytes(pickle.dumps([stopped]))
+    harness = subprocess.Popen([sys.executable, "-c", HARNESS, str(tmp_path / "requests.pkl"), ray_cluster,
+                                "head_node"], cwd=ROOT)
     ex = make_executor("ray", max_parallel=1, address=ray_cluster, threads=1, cpus_per_job=1,
-                       resources={"worker_node": 1})
+                       resources={"worker_node": 1})   # the node that dies
     box: dict = {}
-    runner = threading.Thread(target=lambda: box.update(results=ex.run(
-        _requests(jobs, base_dir, tmp_path / "out", LONG_TASK))))
+    runner = threading.Thread(target=lambda: box.update(results=ex.run([lost])))
     runner.start()
     try:
-        out = tmp_path / "out" / "a"
-        deadline = time.time() + 120
-        while not (out / "train_log.jsonl").is_file() and time.time() < deadline:
-            time.sleep(1)   # training has begun: the job is mid-way when its node dies
-        assert subprocess.run(["bash", str(ROOT / "scripts" / "cluster.sh"), "ray", "kill-worker"],
-                              capture_output=True, text=True, timeout=60).returncode == 0
+        deadline = time.time() + 180
+        while not all((r.out / "train_log.jsonl").is_file() for r in (lost, stopped)) and time.time() < deadline:
+            time.sleep(1)   # training has begun in both: each job is mid-way when its fault comes
+        assert _trainers_in(stopped.out), "the stopped job's training process was not found"
+        harness.send_signal(signal.SIGTERM)
+        assert _cluster_sh("ray", "kill-worker", timeout=120).returncode == 0
+        assert harness.wait(timeout=60) != 0
         runner.join(timeout=120)
         assert not runner.is_alive(), "the executor did not return after its node died"
-        (res,) = box["results"]
-        assert res.status == "crashed" and "Ray" in res.detail, res.detail
     finally:   # the worker node back, for the tests and users after
-        again = subprocess.run(["bash", str(ROOT / "scripts" / "cluster.sh"), "ray", "start"], capture_output=True,
-                               text=True, timeout=300)
+        harness.kill()
+        again = _cluster_sh("ray", "start")
     assert again.returncode == 0 and "worker node again" in again.stdout, again.stdout + again.stderr
+    (res,) = box["results"]
+    assert res.status == "crashed" and "Ray" in res.detail, res.detail
+    assert not _none_left(tmp_path / "out"), "a Ray task's process outlived its harness or its node"
 
 
 # ------------------------------------------------------------------------------------------------ start-up
