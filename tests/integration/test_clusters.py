@@ -17,7 +17,7 @@ the command that starts it. Jobs are tiny (a random-init Qwen3, a few steps) so 
   runs cancels it (the two faults in one test, at once);
 - at-train with an unreachable SLURM controller or Ray head stops at once: one line naming it, exit 2.
 
-    .venv/bin/pytest tests/integration/test_clusters.py -q      (~8 min on 2 quiet cores with the clusters started)
+    .venv/bin/pytest tests/integration/test_clusters.py -q      (~13 min on 2 cores at load 8-22, clusters started)
 """
 
 from __future__ import annotations
