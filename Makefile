@@ -28,7 +28,7 @@ run: setup
 
 # Clusters the suite runs its cluster tests on (scripts/cluster.sh; started before the tests and stopped after,
 # unless already running): the SLURM and Ray tests skip with the reason where one cannot start. CLUSTERS= for none.
-CLUSTERS ?= slurm ray
+CLUSTERS ?= slurm ray mlflow
 WITH_CLUSTERS = CLUSTERS="$(CLUSTERS)" bash scripts/with_clusters.sh
 
 # The whole suite, slow tests included (CI runs exactly this).

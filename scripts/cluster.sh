@@ -6,9 +6,11 @@
 #   bash scripts/cluster.sh ray start       # a Ray head and a second worker node (resource "worker_node")
 #   bash scripts/cluster.sh slurm|ray status|stop|env
 #   bash scripts/cluster.sh ray kill-worker # SIGKILLs the worker node (a fault test); start brings it back
+#   bash scripts/cluster.sh slurm stop-slurmd  # stops the node's slurmd alone (a fault test); start brings it back
+#   bash scripts/cluster.sh mlflow start    # an MLflow server for runs that write from several processes or nodes
 #
 # Idempotent: start on a running cluster only checks it. Everything it writes lives in
-# ${CLUSTER_DIR:-/tmp/agent-trainer-cluster}/{slurm,ray}; stop kills exactly the processes whose pids it recorded
+# ${CLUSTER_DIR:-/tmp/agent-trainer-cluster}/{slurm,ray,mlflow}; stop kills exactly the processes whose pids it recorded
 # there (never `ray stop`, which would stop every Ray on the machine). Installs what is missing with apt-get
 # (root) the first time: slurm-wlm, munge, slurmdbd, mariadb-server. SLURM commands find the cluster through
 # SLURM_CONF (see `env`); when /etc/slurm/slurm.conf is absent it is linked to ours, so a plain shell finds it too.
@@ -28,6 +30,7 @@ SLURMD_PORT=${SLURMD_PORT:-6918}
 SLURMDBD_PORT=${SLURMDBD_PORT:-6919}
 MYSQL_PORT=${MYSQL_PORT:-3317}
 RAY_PORT=${RAY_PORT:-6389}
+MLFLOW_PORT=${MLFLOW_PORT:-6920}
 MUNGE_SOCKET=/run/munge/munge.socket.2
 # Jobs pass requests and results of a few KB: 300 MB of object store per node, not Ray's 30% of the memory.
 OBJECT_STORE=$((300 * 1024 * 1024))
@@ -222,6 +225,14 @@ slurm_stop() {
   say "slurm stopped"
 }
 
+# slurm_stop_slurmd: the node's daemon goes away as on a lost node (its running steps stay, as slurmstepd does);
+# slurmctld marks the node DOWN after SlurmdTimeout. `start` starts it again and the node returns to service.
+slurm_stop_slurmd() {
+  alive "$DIR/slurmd.pid" || die "slurmd is not running (bash scripts/cluster.sh slurm start)"
+  stop_pid "$DIR/slurmd.pid"
+  say "slurmd stopped"
+}
+
 slurm_status() {
   local up=1
   for d in munged mysqld slurmdbd slurmctld slurmd; do
@@ -326,14 +337,63 @@ ray_status() {
   ray_env
 }
 
+# ---------------------------------------------------------------- MLflow server
+# One writer in front of the SQLite file: a sweep whose runs are SLURM jobs (on several nodes: SQLite on a shared
+# file system is not safe to write from several machines) logs to it with
+#   at-train tracking=server tracking.tracking_uri=http://<this host>:$MLFLOW_PORT ...
+mlflow_uri() { echo "http://$(hostname -s):$MLFLOW_PORT"; }
+
+mlflow_answers() { curl -fsS -m 5 "http://127.0.0.1:$MLFLOW_PORT/health" >/dev/null 2>&1; }
+
+mlflow_env() {
+  echo "# at-train tracking=server tracking.tracking_uri=$(mlflow_uri)"
+  echo "export MLFLOW_TRACKING_URI=$(mlflow_uri)"
+}
+
+mlflow_start() {
+  [ -x "$VENV/bin/mlflow" ] || die "MLflow is not installed in $VENV (make setup)"
+  if alive "$DIR/mlflow.pid" && mlflow_answers; then say "mlflow is running ($(mlflow_uri))"; mlflow_env; return 0; fi
+  mkdir -p "$DIR/log" "$DIR/mlartifacts"
+  # A new store starts from the cached empty database of this MLflow version (its migrations take ~10 s).
+  "$PY" -c 'import sys; from pathlib import Path; from agent_trainer.tracking import prepare_sqlite
+prepare_sqlite(Path(sys.argv[1]))' "$DIR/mlflow.db" || die "could not prepare $DIR/mlflow.db"
+  # Reachable from the other nodes by this host's name (MLflow's host check allows localhost and private IPs).
+  local host
+  host=$(hostname -s)
+  nohup "$VENV/bin/mlflow" server --backend-store-uri "sqlite:///$DIR/mlflow.db" \
+    --artifacts-destination "$DIR/mlartifacts" --host 0.0.0.0 --port "$MLFLOW_PORT" --workers 1 \
+    --allowed-hosts "localhost,localhost:*,127.0.0.1,127.0.0.1:*,$host,$host:*,10.*,192.168.*,172.*" \
+    >"$DIR/log/mlflow.log" 2>&1 &
+  echo $! >"$DIR/mlflow.pid"
+  wait_for 120 "mlflow server (/health)" mlflow_answers
+  say "mlflow is up: $(mlflow_uri) (store $DIR/mlflow.db)"
+  mlflow_env
+}
+
+mlflow_stop() {
+  # The server's workers are its children: TERM to the recorded process ends them too.
+  local pid
+  pid=$(cat "$DIR/mlflow.pid" 2>/dev/null || true)
+  [ -n "$pid" ] && pkill -TERM -P "$pid" 2>/dev/null || true
+  stop_pid "$DIR/mlflow.pid"
+  say "mlflow stopped"
+}
+
+mlflow_status() {
+  alive "$DIR/mlflow.pid" && mlflow_answers || { say "mlflow is not running"; return 3; }
+  say "mlflow is running (pid $(cat "$DIR/mlflow.pid"), store $DIR/mlflow.db)"
+  mlflow_env
+}
+
 case "$ENGINE" in
-  slurm|ray) ;;
-  *) echo "usage: bash scripts/cluster.sh slurm|ray start|stop|status|env" >&2; exit 2 ;;
+  slurm|ray|mlflow) ;;
+  *) echo "usage: bash scripts/cluster.sh slurm|ray|mlflow start|stop|status|env" >&2; exit 2 ;;
 esac
 case "$ACTION" in
   start|stop|status|env) ;;
   kill-worker) [ "$ENGINE" = ray ] || { echo "kill-worker: ray only" >&2; exit 2; }; ACTION=kill_worker ;;
-  *) echo "usage: bash scripts/cluster.sh slurm|ray start|stop|status|env" >&2; exit 2 ;;
+  stop-slurmd) [ "$ENGINE" = slurm ] || { echo "stop-slurmd: slurm only" >&2; exit 2; }; ACTION=stop_slurmd ;;
+  *) echo "usage: bash scripts/cluster.sh slurm|ray|mlflow start|stop|status|env" >&2; exit 2 ;;
 esac
 DIR=$ROOT/$ENGINE
 mkdir -p "$ROOT"

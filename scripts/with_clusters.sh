@@ -3,14 +3,15 @@
 # was already running is left running). make test runs the suite through it, so the cluster tests
 # (tests/integration/test_clusters.py) run against a real SLURM and a real two-node Ray:
 #
-#   CLUSTERS="slurm ray" bash scripts/with_clusters.sh .venv/bin/pytest tests/integration/test_clusters.py
+#   CLUSTERS="slurm ray mlflow" bash scripts/with_clusters.sh .venv/bin/pytest tests/integration/test_clusters.py
 #
-# CLUSTERS (default "slurm ray"; empty: none). A cluster that cannot start here (no root for apt-get, no Ray) is
-# reported in one line and the command runs anyway: its tests skip with the reason. The clusters start side by
-# side (~10 s for SLURM once installed, ~30-90 s for Ray on 2 busy cores) before the command runs.
+# CLUSTERS (default "slurm ray mlflow"; mlflow: the server a sweep on SLURM logs to; empty: none). A cluster that
+# cannot start here (no root for apt-get, no Ray) is reported in one line and the command runs anyway: its tests
+# skip with the reason. They start side by side (~10 s for SLURM once installed, ~30-90 s for Ray and ~45 s for
+# the MLflow server on 2 busy cores) before the command runs.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-CLUSTERS=${CLUSTERS-slurm ray}
+CLUSTERS=${CLUSTERS-slurm ray mlflow}
 LOGS=${CLUSTER_DIR:-/tmp/agent-trainer-cluster}
 mkdir -p "$LOGS"
 

@@ -6,20 +6,27 @@ the command that starts it. Jobs are tiny (a random-init Qwen3, a few steps) so 
 
 - a batch as a SLURM job array gives the numbers the jobs give in this process, in request order; each result
   says where it ran (array task, node, submitit's log files) and ``sacct`` has the tasks COMPLETED;
-- a task cancelled with ``scancel`` and a task whose node goes DOWN come back ``crashed`` with SLURM's state;
-- the harness stopped by SIGTERM while its array runs cancels the tasks (none left running);
+- one array meets three faults: a task cancelled (``scancel``), one past its time limit, and slurmd stopped under
+  the third (the node DOWN after SlurmdTimeout): each comes back ``crashed`` with the reason, slurmd is restored;
+- at-train stopped by SIGTERM while its array runs cancels the tasks (none left running); ``resume=`` plays the
+  step again as a new array, each job completed once;
+- ``at-train -m ... hydra/launcher=submitit_slurm``: the runs are SLURM jobs logging at once to one MLflow server
+  (``scripts/cluster.sh mlflow``), the sweep's table printed;
 - a batch as Ray tasks on the head and the worker node gives the same numbers, each result naming its node;
-- a Ray worker node killed mid-job gives a ``crashed`` result, the other job its numbers;
+- a Ray worker node killed mid-job gives a ``crashed`` result; a process stopped by SIGTERM while its Ray task
+  runs cancels it (the two faults in one test, at once);
 - at-train with an unreachable SLURM controller or Ray head stops at once: one line naming it, exit 2.
 
-    .venv/bin/pytest tests/integration/test_clusters.py -q      (~2 min on 2 cores with both clusters started)
+    .venv/bin/pytest tests/integration/test_clusters.py -q      (~13 min on 2 cores at load 8-22, clusters started)
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import threading
@@ -127,6 +134,18 @@ def _sacct_states(job_id: str) -> dict[str, str]:
     return dict(line.split("|")[:2] for line in out.splitlines() if line)
 
 
+def _sacct_settled(job_id: str, expected: dict[str, str], timeout: float = 60.0) -> dict[str, str]:
+    """sacct's states of ``job_id`` once they equal ``expected`` (or after ``timeout``): a task ends a little after
+    its result is written (the interpreter exits), and accounting hears of it from slurmctld a little later."""
+    deadline, states = time.time() + timeout, {}
+    while time.time() < deadline:
+        states = {k: v.split()[0] for k, v in _sacct_states(job_id).items()}   # "CANCELLED by 0" -> CANCELLED
+        if states == expected:
+            break
+        time.sleep(1)
+    return states
+
+
 def _tasks(folder: Path, state: str = "PENDING,RUNNING,SUSPENDED,COMPLETING,CONFIGURING") -> list[str]:
     """Job ids of the array tasks that submitit submitted from ``folder`` (this test's; not another run's) that
     are in ``state`` (default: not ended; squeue keeps ended jobs for MinJobAge)."""
@@ -161,29 +180,122 @@ def test_a_batch_runs_as_a_slurm_array_with_the_local_numbers(reference, base_di
     assert _sacct_states(array) == {f"{array}_0": "COMPLETED", f"{array}_1": "COMPLETED"}
 
 
+def _cluster_sh(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(ROOT / "scripts" / "cluster.sh"), *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _trainers_in(folder: Path) -> list[int]:
+    """Pids of the processes working in ``folder`` (a job's training process runs in ``<output>/.home``)."""
+    import psutil
+
+    found = []
+    for proc in psutil.process_iter(["cwd"]):
+        if (proc.info.get("cwd") or "").startswith(str(folder)):
+            found.append(proc.pid)
+    return found
+
+
+def _none_left(folder: Path, timeout: float = 30.0) -> list[int]:
+    deadline = time.time() + timeout
+    while (left := _trainers_in(folder)) and time.time() < deadline:
+        time.sleep(1)
+    return left
+
+
 @pytest.mark.slurm
-def test_a_cancelled_task_and_a_lost_node_come_back_crashed_with_slurms_state(base_dir, slurm, tmp_path):
-    """scancel of one array task, then the node set DOWN under the other (what a dead node does to its jobs)."""
-    jobs = _jobs(tmp_path / "jobs", {"a": {"batch_size": 8, "max_steps": 100_000},
-                                     "b": {"batch_size": 8, "max_steps": 100_000}})
-    ex = make_executor("slurm", max_parallel=2, folder=tmp_path / "submitit", threads=1)
+def test_cancelled_timed_out_and_lost_node_tasks_come_back_crashed_with_slurms_state(base_dir, slurm, tmp_path):
+    """One array of three long jobs, two at a time: the first is cancelled (scancel), the second runs past its
+    time limit (cut to one minute), then the node's slurmd stops under the third (a lost node: slurmctld marks it
+    DOWN after SlurmdTimeout). Each comes back ``crashed`` with SLURM's state; slurmd started again, no process of
+    the lost task is left."""
+    jobs = _jobs(tmp_path / "jobs", {name: {"batch_size": 8, "max_steps": 100_000} for name in "abc"})
+    ex = make_executor("slurm", max_parallel=2, folder=tmp_path / "submitit", threads=1, time_limit_min=10)
     box: dict = {}
     runner = threading.Thread(target=lambda: box.update(results=ex.run(
         _requests(jobs, base_dir, tmp_path / "out", LONG_TASK))))
     runner.start()
-    first, second = _wait_running(tmp_path / "submitit", 2)
-    _slurm("scancel", first)
-    time.sleep(3)
-    _slurm("scontrol", "update", f"nodename={slurm}", "state=down", "reason=test_clusters")
-    runner.join(timeout=180)
-    assert not runner.is_alive(), "the executor did not return after its tasks were lost"
-    cancelled, lost = box["results"]
+    try:
+        first, second = _wait_running(tmp_path / "submitit", 2)
+        _slurm("scontrol", "update", f"jobid={second}", "timelimit=1")
+        _slurm("scancel", first)
+        third = next(t for t in _wait_running(tmp_path / "submitit", 2) if t not in (first, second))
+        deadline = time.time() + 150   # a minute's limit, enforced within slurmctld's 30 s timer
+        while second in _tasks(tmp_path / "submitit") and time.time() < deadline:
+            time.sleep(2)
+        assert second not in _tasks(tmp_path / "submitit"), f"{second} outlived its time limit"
+        assert _cluster_sh("slurm", "stop-slurmd").returncode == 0
+        runner.join(timeout=180)
+        assert not runner.is_alive(), "the executor did not return after its tasks were lost"
+    finally:   # slurmd back, for the tests and users after (the node returns to service as it registers)
+        again = _cluster_sh("slurm", "start")
+    assert again.returncode == 0, again.stdout + again.stderr
+    cancelled, timed_out, lost = box["results"]
+    assert [r.placement["job_id"] for r in box["results"]] == [first, second, third]
     assert cancelled.status == "crashed" and "SLURM state CANCELLED" in cancelled.detail, cancelled.detail
+    # submitit's signal comes before the limit and ends the task (sacct: FAILED); the result names the limit.
+    assert timed_out.status == "crashed" and "SLURM time limit: the task was timed-out and not checkpointable" \
+        in timed_out.detail, timed_out.detail
     assert lost.status == "crashed" and "SLURM state NODE_FAIL" in lost.detail, lost.detail
-    assert cancelled.placement["job_id"] == first and lost.placement["job_id"] == second
     assert not _tasks(tmp_path / "submitit"), "no task may stay queued or running"
+    # The lost task's processes outlived its slurmd (slurmstepd runs on); the slurmd that comes back ends them.
+    assert not _none_left(tmp_path / "out", timeout=60), "a process of a lost task is still running"
 
 
+def _arrays_of(run: Path, step: int) -> set[str]:
+    """The SLURM arrays whose tasks gave the results of ``step``'s episodes in at-train's run folder."""
+    return {json.loads(p.read_text())["placement"]["array_job_id"]
+            for p in run.glob(f"episodes/s{step:04d}-*/jobs/*/output/result.json")}
+
+
+@pytest.mark.slurm
+def test_at_train_stopped_while_its_array_runs_cancels_it_and_resumes_each_job_once(built_agent, slurm, tmp_path):
+    """SIGTERM to at-train during step 2's array: the tasks are cancelled (none left running), the run is killed;
+    ``resume=`` plays step 2 again as a new array. Each job completed once: step 1's array and the resumed one
+    COMPLETED, the stopped one CANCELLED, none crashed."""
+    import signal
+
+    at_train = str(Path(sys.executable).parent / "at-train")
+    run, launched = tmp_path / "r", tmp_path / "submitit"
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    # No job cache: every job runs as a task, none is answered from an earlier run's result.
+    proc = subprocess.Popen([at_train, "experiment=smoke", "outer.steps=2", "hardware.executor=slurm",
+                             "inner.cache=false", f"runs_dir={tmp_path}", "run_id=r"], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 400
+        while (json.loads((run / "run.json").read_text()).get("steps_completed") if (run / "run.json").is_file()
+               else None) != 1:
+            assert proc.poll() is None and time.time() < deadline, "at-train ended before its first step"
+            time.sleep(2)
+        first = _arrays_of(run, 0)
+        while len(stopped := [t for t in _tasks(launched, "RUNNING") if t.split("_")[0] not in first]) < 2:
+            assert proc.poll() is None and time.time() < deadline, "step 2's tasks did not run"
+            time.sleep(1)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) != 0
+    finally:
+        proc.kill()
+    assert "terminated (SIGTERM)" in proc.stderr.read()
+    assert json.loads((run / "run.json").read_text())["status"] == "killed"
+    array = stopped[0].split("_")[0]
+    cancelled = {f"{array}_{i}": "CANCELLED" for i in (0, 1)}
+    assert _sacct_settled(array, cancelled) == cancelled
+    assert not _tasks(launched) and not _none_left(run), "a task or its process outlived at-train"
+    done = subprocess.run([at_train, f"resume={run}"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    record = json.loads((run / "run.json").read_text())
+    assert (record["status"], record["steps_completed"], record["jobs"], record["jobs_crashed"]) == ("ok", 2, 4, 0)
+    assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [0, 1]
+    (again,) = _arrays_of(run, 1)
+    assert _arrays_of(run, 0) == first and again != array and len(first) == 1
+    for completed in (*first, again):
+        expected = {f"{completed}_{i}": "COMPLETED" for i in (0, 1)}
+        assert _sacct_settled(completed, expected) == expected
+
+
+# A process that waits on Ray tasks and takes SIGTERM as at-train does (argv: requests, head address, resource).
 HARNESS = """
 import pickle, signal, sys
 from agent_trainer.inner_loop.run.executor import make_executor
@@ -193,38 +305,66 @@ def terminated(signum, frame):   # what at-train does with SIGTERM (agent_traine
 
 signal.signal(signal.SIGTERM, terminated)
 requests = pickle.loads(open(sys.argv[1], "rb").read())
-make_executor("slurm", max_parallel=2, folder=sys.argv[2], threads=1).run(requests)
+make_executor("ray", max_parallel=1, address=sys.argv[2], threads=1, cpus_per_job=1,
+              resources={sys.argv[3]: 1}).run(requests)
 """
 
 
-@pytest.mark.slurm
-def test_a_stopped_harness_cancels_its_array_tasks(base_dir, slurm, tmp_path):
-    """SIGTERM to the process waiting on an array: its tasks are cancelled, none keeps running as an orphan."""
-    import pickle
-    import signal
+@pytest.fixture(scope="module")
+def mlflow_server():
+    """The MLflow server of ``scripts/cluster.sh mlflow`` (make test starts it with the clusters); started here when
+    it is not running, and then stopped after this module's tests."""
+    script = ["bash", str(ROOT / "scripts" / "cluster.sh"), "mlflow"]
+    up = subprocess.run([*script, "status"], capture_output=True, text=True, timeout=60).returncode == 0
+    if not up:
+        done = subprocess.run([*script, "start"], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+    port = os.environ.get("MLFLOW_PORT", "6920")
+    yield f"http://{socket.gethostname().split('.')[0]}:{port}"
+    if not up:
+        subprocess.run([*script, "stop"], capture_output=True, text=True, timeout=60)
 
-    jobs = _jobs(tmp_path / "jobs", {"a": {"batch_size": 8, "max_steps": 100_000},
-                                     "b": {"batch_size": 8, "max_steps": 100_000}})
-    (tmp_path / "requests.pkl").write_bytes(pickle.dumps(_requests(jobs, base_dir, tmp_path / "out", LONG_TASK)))
-    harness = subprocess.Popen([sys.executable, "-c", HARNESS, str(tmp_path / "requests.pkl"),
-                                str(tmp_path / "submitit")], cwd=ROOT)
-    try:
-        tasks = _wait_running(tmp_path / "submitit", 2)
-        harness.send_signal(signal.SIGTERM)
-        assert harness.wait(timeout=60) != 0
-    finally:
-        harness.kill()
-    deadline = time.time() + 30
-    while _tasks(tmp_path / "submitit") and time.time() < deadline:
-        time.sleep(1)
-    assert not _tasks(tmp_path / "submitit"), "a task outlived the harness"
+
+@pytest.mark.slurm
+def test_a_sweep_runs_as_slurm_jobs_into_one_mlflow_store(built_agent, slurm, mlflow_server, tmp_path):
+    """``at-train -m ... hydra/launcher=submitit_slurm``: each run is a SLURM job (its outer update inside it, with
+    SLURM's variables around), both log at once to the MLflow server, and the sweep's table is printed."""
+    import mlflow
+
+    from agent_trainer.tracking import bare_key
+
+    experiment = f"sweep-{tmp_path.name}"   # this test's runs only, in a server other runs share
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    done = subprocess.run([str(Path(sys.executable).parent / "at-train"), "-m", "experiment=smoke", "seed=0,1",
+                           "outer.steps=1", "hydra/launcher=submitit_slurm", f"runs_dir={tmp_path}",
+                           "tracking=server", f"tracking.tracking_uri={mlflow_server}",
+                           f"tracking.experiment={experiment}"],
+                          capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert ": 2 ok, 0 failed" in done.stdout and "| job | status | value (reward_last3) |" in done.stdout
+    (sweep,) = [p for p in tmp_path.iterdir() if (p / "multirun.yaml").is_file()]
+    records = [json.loads((sweep / str(n) / "run.json").read_text()) for n in (0, 1)]
+    # Each run was a task of one SLURM array (its log is submitit's file of that task), COMPLETED in accounting.
+    tasks = [Path(r["log"]).parent.name for r in records]
     array = tasks[0].split("_")[0]
-    # Accounting hears of the tasks from slurmctld a little later (until then: one record for the array).
-    states, expected = {}, {t: "CANCELLED" for t in tasks}
-    while time.time() < deadline + 30 and states != expected:
-        states = {k: v.split()[0] for k, v in _sacct_states(array).items()}
-        time.sleep(1)
-    assert states == expected, states
+    assert tasks == [f"{array}_0", f"{array}_1"], tasks
+    assert _sacct_settled(array, {t: "COMPLETED" for t in tasks}) == {t: "COMPLETED" for t in tasks}
+    mlflow.set_tracking_uri(mlflow_server)
+    runs = mlflow.search_runs(experiment_names=[experiment], filter_string=f"tags.sweep = '{sweep.name}'",
+                              order_by=["tags.`sweep.job` ASC"])
+    assert [n.split(" · ")[0] for n in runs["tags.mlflow.runName"]] == ["seed=0", "seed=1"]
+    assert list(runs["status"]) == ["FINISHED"] * 2 and list(runs.run_id) == [r["mlflow_run_id"] for r in records]
+    client = mlflow.MlflowClient(mlflow_server)
+    for n, run_id in enumerate(runs.run_id):
+        # Nothing lost while both wrote: every number of the run's metrics.jsonl is in MLflow, every episode is
+        # a nested run, and the outer update ran inside the SLURM job.
+        (row,) = [json.loads(line) for line in (sweep / str(n) / "metrics.jsonl").read_text().splitlines()]
+        logged = {bare_key(k): v for k, v in client.get_run(run_id).data.metrics.items()}
+        expected = {k: v for k, v in row.items() if k != "step" and isinstance(v, (int, float))}
+        assert {k: logged.get(k) for k in expected} == pytest.approx(expected)
+        assert any(k.startswith("update_") for k in expected), sorted(expected)
+        children = client.search_runs(runs.experiment_id[n], f"tags.mlflow.parentRunId = '{run_id}'")
+        assert len(children) == len(list((sweep / str(n) / "episodes").glob("*/summary.json"))) == 2
 
 
 # ------------------------------------------------------------------------------------------------ Ray
@@ -265,30 +405,39 @@ def test_a_batch_runs_on_both_ray_nodes_with_the_local_numbers(reference, base_d
 
 
 @pytest.mark.ray_cluster
-def test_a_ray_worker_node_killed_mid_job_gives_a_crashed_result(base_dir, ray_cluster, tmp_path):
-    jobs = _jobs(tmp_path / "jobs", {"a": {"batch_size": 8, "max_steps": 100_000}})
-    # On the worker node (its own resource), the one that dies.
+def test_a_killed_ray_worker_node_and_a_stopped_harness(base_dir, ray_cluster, tmp_path):
+    """Two long jobs at once: one on the worker node, which is killed mid-job (its result: ``crashed``); one on the
+    head, run by another process that is then stopped by SIGTERM (its task cancelled, no process left)."""
+    import pickle
+    import signal
+
+    jobs = _jobs(tmp_path / "jobs", {name: {"batch_size": 8, "max_steps": 100_000} for name in ("lost", "stopped")})
+    lost, stopped = _requests(jobs, base_dir, tmp_path / "out", LONG_TASK)
+    (tmp_path / "requests.pkl").write_bytes(pickle.dumps([stopped]))
+    harness = subprocess.Popen([sys.executable, "-c", HARNESS, str(tmp_path / "requests.pkl"), ray_cluster,
+                                "head_node"], cwd=ROOT)
     ex = make_executor("ray", max_parallel=1, address=ray_cluster, threads=1, cpus_per_job=1,
-                       resources={"worker_node": 1})
+                       resources={"worker_node": 1})   # the node that dies
     box: dict = {}
-    runner = threading.Thread(target=lambda: box.update(results=ex.run(
-        _requests(jobs, base_dir, tmp_path / "out", LONG_TASK))))
+    runner = threading.Thread(target=lambda: box.update(results=ex.run([lost])))
     runner.start()
     try:
-        out = tmp_path / "out" / "a"
-        deadline = time.time() + 120
-        while not (out / "train_log.jsonl").is_file() and time.time() < deadline:
-            time.sleep(1)   # training has begun: the job is mid-way when its node dies
-        assert subprocess.run(["bash", str(ROOT / "scripts" / "cluster.sh"), "ray", "kill-worker"],
-                              capture_output=True, text=True, timeout=60).returncode == 0
+        deadline = time.time() + 180
+        while not all((r.out / "train_log.jsonl").is_file() for r in (lost, stopped)) and time.time() < deadline:
+            time.sleep(1)   # training has begun in both: each job is mid-way when its fault comes
+        assert _trainers_in(stopped.out), "the stopped job's training process was not found"
+        harness.send_signal(signal.SIGTERM)
+        assert _cluster_sh("ray", "kill-worker", timeout=120).returncode == 0
+        assert harness.wait(timeout=60) != 0
         runner.join(timeout=120)
         assert not runner.is_alive(), "the executor did not return after its node died"
-        (res,) = box["results"]
-        assert res.status == "crashed" and "Ray" in res.detail, res.detail
     finally:   # the worker node back, for the tests and users after
-        again = subprocess.run(["bash", str(ROOT / "scripts" / "cluster.sh"), "ray", "start"], capture_output=True,
-                               text=True, timeout=300)
+        harness.kill()
+        again = _cluster_sh("ray", "start")
     assert again.returncode == 0 and "worker node again" in again.stdout, again.stdout + again.stderr
+    (res,) = box["results"]
+    assert res.status == "crashed" and "Ray" in res.detail, res.detail
+    assert not _none_left(tmp_path / "out"), "a Ray task's process outlived its harness or its node"
 
 
 # ------------------------------------------------------------------------------------------------ start-up

@@ -20,6 +20,8 @@ from agent_trainer.inner_loop.run.request import JobRequest, with_threads
 from agent_trainer.registry import REGISTRY_ENV, configured_env
 
 UNKNOWN_LOSS = "node failure, time limit or cancelled?"
+# What submitit's handler of the signal before a SLURM time limit raises in a task that has no checkpoint method.
+TIMED_OUT = "timed-out and not checkpointable"
 # Time a job needs beyond its training deadline: interpreter start, imports, hidden evaluation.
 EVAL_MARGIN_S = 600.0
 
@@ -36,10 +38,42 @@ def run_request(request: JobRequest, registry_env: dict[str, str] | None = None)
         for key in REGISTRY_ENV:
             os.environ.pop(key, None)
         os.environ.update(registry_env)
-    res = run(request)
+    _engine_stops_as_base_exception()
+    try:
+        res = run(request)
+    except EngineStop as e:
+        raise e.__cause__ from None   # submitit writes it to the task's result: the harness reads the reason there
     if hasattr(res, "placement"):   # a JobResult (tests stand other values in)
         res.placement = {**res.placement, **placement_here()}
     return res
+
+
+class EngineStop(BaseException):
+    """The engine ends the task (submitit's handler of the signal before a SLURM time limit raised): a
+    ``BaseException``, so that no ``except Exception`` of the job's stages (validation reports what it catches as
+    a finding of the job) takes the time limit for the job's own error."""
+
+
+def _engine_stops_as_base_exception() -> None:
+    """Under submitit, wrap its handler of the time-limit signal: what it raises comes as ``EngineStop``."""
+    import signal
+
+    try:
+        from submitit.core.job_environment import JobEnvironment, SignalHandler
+    except ImportError:   # not under submitit
+        return
+    sig = JobEnvironment._usr_sig()
+    handler = signal.getsignal(sig)
+    if not isinstance(getattr(handler, "__self__", None), SignalHandler):
+        return   # not a submitit task (Ray, a local call), or wrapped already
+
+    def stop(signum, frame):
+        try:
+            handler(signum, frame)
+        except Exception as e:
+            raise EngineStop(str(e)) from e
+
+    signal.signal(sig, stop)
 
 
 def placement_here() -> dict[str, Any]:
@@ -235,7 +269,11 @@ class SubmititExecutor:
             res = job.result()
         except Exception as e:  # noqa: BLE001 - whatever the engine raises, the batch goes on
             state = _final_state(job) if self.cluster == "slurm" else ""
-            res = lost(req, f"{type(e).__name__}: {e}", f"SLURM state {state}" if state else type(e).__name__)
+            reason = f"SLURM state {state}" if state else type(e).__name__
+            if TIMED_OUT in str(e):
+                # submitit's signal, sent before the time limit, ended the task: SLURM records FAILED, not TIMEOUT.
+                reason = f"SLURM time limit: the task was {TIMED_OUT} ({reason})"
+            res = lost(req, f"{type(e).__name__}: {e}", reason)
         if self.cluster != "slurm":
             return res
         return record_placement(req, res, engine="slurm", job_id=job.job_id, stdout=str(paths.stdout),
