@@ -26,7 +26,7 @@ setup:
 run: setup
 	$(RUN_MAIN)
 
-# Clusters the suite runs its cluster tests on (scripts/cluster.sh; started before the tests and stopped after,
+# Clusters the suite runs its cluster tests on (scripts/cluster.sh; started beside the tests and stopped after,
 # unless already running): the SLURM and Ray tests skip with the reason where one cannot start. CLUSTERS= for none.
 CLUSTERS ?= slurm ray mlflow
 WITH_CLUSTERS = CLUSTERS="$(CLUSTERS)" bash scripts/with_clusters.sh

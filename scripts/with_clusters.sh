@@ -8,7 +8,7 @@
 # CLUSTERS (default "slurm ray mlflow"; mlflow: the server a sweep on SLURM logs to; empty: none). A cluster that
 # cannot start here (no root for apt-get, no Ray) is reported in one line and the command runs anyway: its tests
 # skip with the reason. They start side by side (~10 s for SLURM once installed, ~30-90 s for Ray and ~45 s for
-# the MLflow server on 2 busy cores) before the command runs.
+# the MLflow server on 2 busy cores) beside the command.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 CLUSTERS=${CLUSTERS-slurm ray mlflow}
@@ -23,25 +23,28 @@ for c in $CLUSTERS; do
     continue
   fi
   started+=("$c")
-  bash scripts/cluster.sh "$c" start >"$LOGS/start-$c.log" 2>&1 &
+  # Started beside the command: a test that needs it waits while $LOGS/starting-$c names a live process
+  # (tests/integration/test_clusters.py), the others run meanwhile.
+  ( bash scripts/cluster.sh "$c" start >"$LOGS/start-$c.log" 2>&1; rc=$?; rm -f "$LOGS/starting-$c"; exit $rc ) &
   pids+=($!)
+  echo "$!" > "$LOGS/starting-$c"
+  echo "with_clusters: starting $c in the background (log: $LOGS/start-$c.log)"
 done
 
-stop_started() {
-  for c in "${started[@]}"; do bash scripts/cluster.sh "$c" stop >/dev/null 2>&1 || true; done
+report_and_stop() {
+  for i in "${!pids[@]}"; do
+    c=${started[$i]}
+    if wait "${pids[$i]}"; then
+      echo "with_clusters: $c had started ($(tail -n 2 "$LOGS/start-$c.log" | head -n 1))"
+    else
+      echo "with_clusters: $c did not start, its tests skipped: $(tail -n 1 "$LOGS/start-$c.log")"
+    fi
+    rm -f "$LOGS/starting-$c"
+    bash scripts/cluster.sh "$c" stop >/dev/null 2>&1 || true
+  done
 }
-trap stop_started EXIT
+trap report_and_stop EXIT
 trap 'exit 143' TERM
 trap 'exit 130' INT
-
-# Wait for the starts here: a test must not see half a cluster (and would skip it).
-for i in "${!pids[@]}"; do
-  log=$LOGS/start-${started[$i]}.log
-  if wait "${pids[$i]}"; then
-    echo "with_clusters: ${started[$i]} started ($(tail -n 2 "$log" | head -n 1))"
-  else
-    echo "with_clusters: ${started[$i]} did not start, its tests will skip: $(tail -n 1 "$log")"
-  fi
-done
 
 "$@"

@@ -109,9 +109,24 @@ def _slurm(*args: str, check: bool = True) -> str:
     return done.stdout
 
 
+
+def _started(engine: str, timeout: float = 900.0) -> None:
+    """``make test`` starts the clusters beside the first tests (scripts/with_clusters.sh): while its start marker
+    names a live process, wait for that start to end."""
+    marker = CLUSTER_DIR / f"starting-{engine}"
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            os.kill(int(marker.read_text().strip()), 0)
+        except (OSError, ValueError):   # no marker, a stale one, or the start has ended
+            return
+        time.sleep(2)
+
+
 @pytest.fixture
 def slurm(monkeypatch, tmp_path):
     """The cluster of scripts/cluster.sh (its SLURM_CONF), skipped with the command to start it when down."""
+    _started("slurm")
     if shutil.which("sinfo") is None or not SLURM_CONF.is_file():
         pytest.skip("no SLURM cluster: bash scripts/cluster.sh slurm start")
     monkeypatch.setenv("SLURM_CONF", str(SLURM_CONF))
@@ -314,6 +329,7 @@ make_executor("ray", max_parallel=1, address=sys.argv[2], threads=1, cpus_per_jo
 def mlflow_server():
     """The MLflow server of ``scripts/cluster.sh mlflow`` (make test starts it with the clusters); started here when
     it is not running, and then stopped after this module's tests."""
+    _started("mlflow")
     script = ["bash", str(ROOT / "scripts" / "cluster.sh"), "mlflow"]
     up = subprocess.run([*script, "status"], capture_output=True, text=True, timeout=60).returncode == 0
     if not up:
@@ -372,6 +388,7 @@ def test_a_sweep_runs_as_slurm_jobs_into_one_mlflow_store(built_agent, slurm, ml
 @pytest.fixture
 def ray_cluster(monkeypatch):
     """The two-node cluster of scripts/cluster.sh, skipped with the command to start it when down."""
+    _started("ray")
     import socket
 
     pytest.importorskip("ray")
