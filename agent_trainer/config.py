@@ -492,7 +492,7 @@ class PeopleTableConfig:
     rows: list[str] = doc(["base", "handwritten", "teacher", "warm_start", "trained"],
                           "rows to compute: base (no job), handwritten (the best example job), teacher (the scripted "
                           "novice), warm_start (each run's policy before any update), trained (each run's last)")
-    families: str = doc("all", "all, train, heldout (the first run's), or family names separated by commas")
+    families: list[str] = doc(["all"], "[all], [train] or [heldout] (the first run's families), or family names")
     episodes: int = doc(4, "episodes per task and row, on the held-out evaluation's fixed seeds")
     jobs: dict[str, str] = doc({}, "family -> hand-written job folder to use; families not given get the best of "
                                    "`candidates` on a validation split of the training pool")

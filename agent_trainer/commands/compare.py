@@ -96,7 +96,7 @@ def people(cfg: DictConfig) -> dict | None:
         return None
     quiet_libraries()
     out = resolve_path(cfg.out) if cfg.out else folder
-    table = people_table(folders, out, rows=list(p.rows), families=p.families, episodes=p.episodes,
+    table = people_table(folders, out, rows=list(p.rows), families=",".join(p.families), episodes=p.episodes,
                          jobs=OmegaConf.to_container(p.jobs), candidates=list(p.candidates),
                          note=lambda line: print(f"at-compare: {line}", flush=True))
     paths = write_table(table, out)
