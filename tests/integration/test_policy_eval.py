@@ -258,4 +258,5 @@ def test_agents_against_people_on_two_tiny_runs(runs, tmp_path):
     assert lines[0].startswith("row,label,run,model,seed,family,unit") and len(lines) == 1 + 2 + 6 * 4
     md = (out / "people.md").read_text()
     assert "| hand-written example job |" in md and "| trained tiny-agent, mean of 2 seeds |" in md
+    assert "| trained tiny-agent, seed 1 (2 updates) |" in md
     assert (out / "people.png").stat().st_size > 10_000

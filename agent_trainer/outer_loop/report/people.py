@@ -144,8 +144,10 @@ def people_table(runs: Sequence[str | Path], out: Path, rows: Sequence[str] = RO
                                               run=str(run), model=model))
             if "trained" in rows:
                 records = _play_policy(ev, "last", note)
-                table["rows"].append(_row("trained", f"trained {model}, seed {ev.cfg.seed}", records, table,
-                                          run=str(run), model=model, seed=ev.cfg.seed))
+                updates = records[0]["updates"] if records else 0
+                table["rows"].append(_row("trained", f"trained {model}, seed {ev.cfg.seed} ({updates} updates)",
+                                          records, table, run=str(run), model=model, seed=ev.cfg.seed,
+                                          updates=updates))
         finally:
             ev.close()
     _add_seed_means(table)
@@ -165,7 +167,7 @@ def _play_policy(ev, step: str, note) -> list[dict]:
     """The run's policy at ``step`` on the family set: its episodes' records."""
     note(f"{ev.run_dir}: the policy at {step}, {len(ev.tasks)} tasks x {ev.episodes} episodes ...")
     number, result = ev.play(step)
-    records = [episode_record(s) for s in ev.episode_summaries(number + 1)]
+    records = [{**episode_record(s), "updates": number + 1} for s in ev.episode_summaries(number + 1)]
     _note_seconds(records, result, note, f"{ev.run_dir} {step}")
     return records
 
