@@ -491,6 +491,20 @@ class ForkCommand(EpisodeCommand):
 
 
 @dataclass
+class PeopleTableConfig:
+    """``at-compare mode=people``: agents against people, one table (agent_trainer.outer_loop.report.people)."""
+
+    rows: list[str] = doc(["base", "handwritten", "teacher", "warm_start", "trained"],
+                          "rows to compute: base (no job), handwritten (the best example job), teacher (the scripted "
+                          "novice), warm_start (each run's policy before any update), trained (each run's last)")
+    families: list[str] = doc(["all"], "[all], [train] or [heldout] (the first run's families), or family names")
+    episodes: int = doc(4, "episodes per task and row, on the held-out evaluation's fixed seeds")
+    jobs: dict[str, str] = doc({}, "family -> hand-written job folder to use; families not given get the best of "
+                                   "`candidates` on a validation split of the training pool")
+    candidates: list[str] = doc([], "job folders the hand-written job is chosen among; [] = every examples/jobs/*")
+
+
+@dataclass
 class CompareCommand(Config):
     """``at-compare``: tables and plots of MLflow runs (docs/strategy.md)."""
 
@@ -500,6 +514,10 @@ class CompareCommand(Config):
     out: Optional[str] = doc(None, "output folder; null = the run folder runs/<run_id>")
     group_by: list[str] = doc([], "params that define a setting (a configs.md row); [] = the params that differ "
                                   "between the runs, else agent.model and strategy.mode")
+    mode: str = doc("runs", "runs: the runs' tables read from MLflow; people: agents against people, the runs' "
+                            "policies, warm starts, the scripted teacher and hand-written jobs played on the same "
+                            "tasks and seeds (docs/evaluation.md)")
+    people: PeopleTableConfig = doc(PeopleTableConfig, "mode=people: which rows, families and episodes")
 
 
 GROUP_SCHEMAS: dict[str, type] = {
@@ -541,7 +559,12 @@ register()
 def compose_config(overrides: Sequence[str] = (), config_name: str = "config") -> DictConfig:
     """Compose ``configs/<config_name>.yaml`` with overrides, outside a Hydra app (tests, notebooks)."""
     from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
 
+    if GlobalHydra.instance().is_initialized():
+        # inside a command's Hydra app (at-compare mode=people reads run folders' configs): its search path is
+        # this same configs/ folder
+        return compose(config_name, overrides=list(overrides))
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
         return compose(config_name, overrides=list(overrides))
 

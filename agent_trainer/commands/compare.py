@@ -6,8 +6,10 @@ rates, suggestion adoption, cost per unit of reward).
     at-compare runs=[<sweep id>/0,<run id>]        # run folders (or run_ids in runs_dir), mixed
     at-compare experiments=[agent-trainer]         # every top-level run of an experiment
     at-compare runs=[...] group_by=[agent.model]   # one table row per model instead of per differing setting
+    at-compare mode=people runs=[<run folder>,...] people.episodes=4   # agents against people, one table
 
-Writes ``runs/<run_id>/`` (or ``out=``); logs nothing. The files: docs/sweeps.md, "Compare".
+Writes ``runs/<run_id>/`` (or ``out=``); logs nothing. The files: docs/sweeps.md, "Compare"; ``mode=people``:
+docs/evaluation.md, "Agents against people" (``agent_trainer.outer_loop.report.people``).
 """
 
 from __future__ import annotations
@@ -26,6 +28,11 @@ def run(cfg: DictConfig) -> dict | None:
     from agent_trainer.outer_loop.report.compare_runs import machine_notes
     from agent_trainer.outer_loop.report.seed_report import write_seed_report
 
+    if cfg.mode == "people":
+        return people(cfg)
+    if cfg.mode != "runs":
+        raise cli.UserError(f"mode={cfg.mode}: choose runs (tables of runs from MLflow) or people (agents against "
+                            "people, played on the same tasks and seeds)")
     if not cfg.runs and not cfg.experiments:
         raise cli.UserError("give what to compare: runs=[<MLflow run id | run folder | sweep folder>,...] "
                             "or experiments=[<experiment name>]")
@@ -62,6 +69,39 @@ def run(cfg: DictConfig) -> dict | None:
     for line in machines:
         note(line)
     print(f"at-compare: {len(rows)} runs by {', '.join(keys)} -> {paths['table'].parent}")
+    return paths
+
+
+def people(cfg: DictConfig) -> dict | None:
+    """Agents against people: the rows of ``cfg.people`` played on the runs' tasks; returns the paths written."""
+    from omegaconf import OmegaConf
+
+    from agent_trainer.outer_loop.report.compare_runs import CompareError, resolve
+    from agent_trainer.outer_loop.report.people import people_table, write_table
+    from agent_trainer.outer_loop.rl.run_config import quiet_libraries
+
+    p = cfg.people
+    try:
+        refs = resolve(list(cfg.runs), cfg.tracking.tracking_uri, resolve_path(cfg.runs_dir),
+                       note=lambda line: print(f"at-compare: {line}", flush=True))
+    except CompareError as e:
+        raise cli.UserError(str(e)) from None
+    ids = [r.run_id for r in refs if r.folder is None]
+    if ids or not refs:
+        raise cli.UserError("mode=people plays the runs' policies again: give their run folders (or sweep folders)"
+                            + (f", not MLflow run ids ({', '.join(map(str, ids))})" if ids else ": runs=[...]"))
+    folders = [r.folder for r in refs]
+    folder = cli.start_run(cfg)
+    if cfg.dry_run:
+        return None
+    quiet_libraries()
+    out = resolve_path(cfg.out) if cfg.out else folder
+    table = people_table(folders, out, rows=list(p.rows), families=",".join(p.families), episodes=p.episodes,
+                         jobs=OmegaConf.to_container(p.jobs), candidates=list(p.candidates),
+                         note=lambda line: print(f"at-compare: {line}", flush=True))
+    paths = write_table(table, out)
+    print(paths["table"].read_text())
+    print(f"at-compare: {len(table['rows'])} rows -> {out} (people.md, .csv, .json, .png)")
     return paths
 
 

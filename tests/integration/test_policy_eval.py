@@ -218,3 +218,45 @@ def test_only_the_last_policys_gain_over_the_warm_start_is_a_run_metric():
     assert paired_metrics({**row, "gain": {**row["gain"], "to": "5"}}) == {}
     assert paired_metrics({**row, "last_step": 14}) == {}
     assert paired_metrics({**row, "gain": {**row["gain"], "from": "5"}}) == {}
+
+
+def test_agents_against_people_on_two_tiny_runs(runs, tmp_path):
+    """``at-compare mode=people`` on the two seeds: every row on a training family and a held-out one, on the same
+    fixed seeds; the intervals hold their means, the two seeds' mean has the seeds as its unit, and an episode whose
+    job was no valid job counts as uplift 0 and against the valid share, as its summary.json says."""
+    from agent_trainer.commands import compare
+    from agent_trainer.outer_loop.report.people import HELDOUT, TRAIN
+
+    out = tmp_path / "people"
+    compare.run(compose_config(["mode=people", f"runs=[{runs[0]},{runs[1]}]", "people.episodes=1",
+                                "people.families=[calc_chain,reverse_text]", f"runs_dir={tmp_path}",
+                                "+people.jobs.calc_chain=examples/jobs/sft_full",
+                                "+people.jobs.reverse_text=examples/jobs/sft_lora", f"out={out}", "tracking=off"],
+                               "compare"))
+    table = json.loads((out / "people.json").read_text())
+    assert [r["row"] for r in table["rows"]] == ["base", "handwritten", "teacher", "warm_start", "trained", "trained",
+                                                 "trained_mean"]
+    assert table["heldout"] == ["reverse_text"] and table["families"] == ["calc_chain", "reverse_text"]
+    assert set(table["base"]["calc_chain"]) == {"tiny-s", "tiny-m"}
+    for r in table["rows"][1:]:
+        assert set(r["cells"]) == {"calc_chain", "reverse_text", TRAIN, HELDOUT}
+        for c in r["cells"].values():
+            assert c["lo"] <= c["uplift"] <= c["hi"] and 0 <= c["valid_share"] <= 1
+    seeds = [r for r in table["rows"] if r["row"] == "trained"]
+    mean = table["rows"][-1]["cells"][TRAIN]
+    assert mean["unit"] == "seeds" and mean["uplift"] == pytest.approx(
+        sum(r["cells"][TRAIN]["uplift"] for r in seeds) / 2)
+    # read back from the episodes' own summaries: the teacher's (folder s9001 of the first run's evaluation)
+    summaries = [json.loads(p.read_text())["reward"] for p in
+                 sorted((runs[0] / "evals" / "calc_chain-reverse_text_e1" / "episodes").glob("s9001-*/summary.json"))]
+    assert len(summaries) == 2
+    teacher = table["rows"][2]["cells"]
+    pooled = [teacher["calc_chain"], teacher["reverse_text"]]
+    assert [c["valid_share"] for c in pooled] == [float(s["uplift"] is not None) for s in summaries]
+    assert [c["uplift"] for c in pooled] == pytest.approx([s["uplift"] or 0.0 for s in summaries])
+    lines = (out / "people.csv").read_text().splitlines()
+    assert lines[0].startswith("row,label,run,model,seed,family,unit") and len(lines) == 1 + 2 + 6 * 4
+    md = (out / "people.md").read_text()
+    assert "| hand-written example job |" in md and "| trained tiny-agent, mean of 2 seeds |" in md
+    assert "| trained tiny-agent, seed 1 (2 updates) |" in md
+    assert (out / "people.png").stat().st_size > 10_000

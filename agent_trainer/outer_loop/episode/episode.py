@@ -33,6 +33,9 @@ SYSTEM_PROMPT = (
     "validate_job, fix what it reports, then submit_job. Reward: the trained model's hidden score minus its "
     "base model's. Answer with one tool call."
 )
+# A turn's sampling seed is the episode's seed times this plus the turn number: a scripted agent
+# (agent_trainer.outer_loop.agents.scripted) reads the episode's seed back from it.
+TURN_SEED_STRIDE = 1000
 NO_TOOL_CALL = "No tool call was found in your answer. Answer with one tool call, e.g. validate_job or submit_job."
 
 
@@ -203,7 +206,7 @@ class Episode:
         if not self.box.next_turn():
             return None
         return SampleRequest(self.messages, self.tool_schemas(), s.temperature, s.max_new_tokens,
-                           self.seed * 1000 + self.box.state.turns)
+                           self.seed * TURN_SEED_STRIDE + self.box.state.turns)
 
     def fail_turn(self, error: Exception) -> None:
         """The backend could not answer the turn: the episode ends as ``backend_error``."""

@@ -96,8 +96,8 @@ def step_of(folder: Path | None) -> int | None:
 
 
 def family_tasks(cfg, families: str) -> list[str]:
-    """Task spec paths: ``train`` (the run's training families), ``heldout`` (its held-out ones) or family
-    names separated by commas."""
+    """Task spec paths: ``train`` (the run's training families), ``heldout`` (its held-out ones), ``all`` (both)
+    or family names separated by commas."""
     from agent_trainer.outer_loop.rl.run_config import spec_paths, train_settings
 
     from agent_trainer.cli_args import UserError
@@ -108,6 +108,8 @@ def family_tasks(cfg, families: str) -> list[str]:
         paths = settings.train_tasks
     elif families == "heldout":
         paths = settings.heldout_tasks
+    elif families == "all":
+        paths = [*settings.train_tasks, *settings.heldout_tasks]
     else:
         paths = spec_paths(cfg, [f.strip() for f in families.split(",") if f.strip()])
     missing = [p for p in paths if not resolve_path(p).is_file()]
@@ -242,6 +244,25 @@ class RunEvaluator:
         # episode folders s<updates>-heldout-<task>-<g>: s0000 the warm start, s0012 after step 11's update
         metrics = evaluate_fixed(self.trainer.rollouts, self.tasks, self.episodes, number + 1, heldout.PREFIX)
         return number, summarize_eval(metrics, self.tasks, self.episodes, time.time() - t0)
+
+    def play_backend(self, backend, folder_step: int) -> dict[str, Any]:
+        """The family set played by another ``backend`` (a scripted agent: a person's job, the novice) on the same
+        seeds, tools, budget and jobs as the run's policy; its episodes in folders ``s<folder_step>-heldout-...``
+        (a number no policy of the run uses)."""
+        from agent_trainer.outer_loop.rl.rollouts import evaluate_fixed
+
+        t0 = time.time()
+        metrics = evaluate_fixed(self.trainer.rollouts.with_backend(backend), self.tasks, self.episodes,
+                                 folder_step, heldout.PREFIX)
+        return summarize_eval(metrics, self.tasks, self.episodes, time.time() - t0)
+
+    def episode_summaries(self, folder_step: int) -> list[dict[str, Any]]:
+        """The ``summary.json`` of every episode played into folders ``s<folder_step>-...``, task by task and
+        episode by episode (the order of the rewards); ``play`` of step n writes ``s<n + 1>``."""
+        tag = heldout.HELDOUT.tag_of(heldout.PREFIX)
+        folder = self.out / "episodes"
+        return [json.loads((folder / f"s{folder_step:04d}-{tag}-{t.name}-{g}" / "summary.json").read_text())
+                for t in self.tasks for g in range(self.episodes)]
 
     def close(self) -> None:
         self.trainer.close()

@@ -126,6 +126,12 @@ class Rollouts:
         return Rollouts(self.backend, self.run_dir, self.settings, jobs, ledger=self.ledger,
                         model_name=self.model_name, steering=self.steering, overlap_jobs=self.overlap_jobs)
 
+    def with_backend(self, backend) -> "Rollouts":
+        """The same rollouts (folder, settings, jobs, ledger, steering) with the turns sampled by ``backend``."""
+        return Rollouts(backend, self.run_dir, self.settings, self.jobs, ledger=self.ledger,
+                        model_name=getattr(backend, "model_name", self.model_name), steering=self.steering,
+                        overlap_jobs=self.overlap_jobs)
+
     def play(self, tasks: Sequence, group: int, step: int, tag: str, seed_base: tuple[int, ...]) -> list[Episode]:
         """``group`` episodes per task played to their end, every job run (with several jobs per episode, each
         waits for its job's result before writing the next). Episode g of task i is seeded by
