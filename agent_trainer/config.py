@@ -141,7 +141,7 @@ class TaskConfig:
     include_path: list[str] = doc([], "folders of data-defined task families (*.yaml cards with their JSONL; "
                                       "agent_trainer.evaluation.families.data_family), searched besides the "
                                       "built-in ones")
-    spec_pattern: str = doc("examples/tasks/{family}_v1_fast.json",
+    spec_pattern: str = doc("examples/tasks/{family}_v1_tiny.json",
                             "task spec file of a family for the outer loop ({family} is replaced)")
     hidden_salt: str = doc("${oc.env:AT_HIDDEN_SALT,public}",
                            "which items of each family's hidden pool are scored: public (rebuildable from the "
@@ -156,7 +156,7 @@ class BudgetConfig:
 
     max_usd_per_episode: Optional[float] = doc(0.5, "agent + inner-job USD one episode may spend")
     max_tokens_per_episode: Optional[int] = doc(200_000, "agent tokens (in + out) per episode")
-    max_jobs_per_episode: int = doc(3, "inner jobs an episode may submit (validation probes are free)")
+    max_jobs_per_episode: int = doc(1, "inner jobs an episode may submit (validation probes are free)")
     max_usd_per_run: Optional[float] = doc(20.0, "USD the whole run may spend")
     max_tokens_per_run: Optional[int] = doc(20_000_000, "agent tokens the whole run may spend")
 
@@ -220,23 +220,33 @@ class RewardConfig:
 
 @dataclass
 class OuterConfig:
-    """The outer RL loop: group-relative policy gradient on the agent's LoRA."""
+    """The outer RL loop: group-relative policy gradient on the agent's LoRA.
 
-    group_size: int = doc(4, "episodes per task spec per step (G); advantages compare them")
-    steps: int = doc(54, "outer policy-update steps")
-    tasks_per_step: int = doc(1, "task specs per outer step")
-    lr: float = doc(1e-4, "learning rate of the agent's LoRA")
+    The defaults are at-train's default run (``make run``: the tiny agent on a 2-core CPU; docs/outer_loop.md,
+    "Does the agent learn?"); configs/experiment/seed_scale.yaml holds the published GPU setting. Why these values:
+    every step plays all five training families, 3 episodes each (the families' rewards differ by more than a few
+    steps of learning move them, so steps must hold the same mix to be comparable); the policy gradient covers the
+    top 20% of agent tokens by entropy (the job's choices), the KL anchor every token; every episode weighs the same;
+    13 steps, not 10: the reward still rises at step 10 and the last steps cost least (a converging agent repeats
+    jobs, which the job cache serves). Held-out (triage): 16 episodes at the start and 16 at the end on the same
+    episode seeds (heldout_every > steps: none in between), so heldout_gain is a paired difference; 16 is what a
+    2-core box affords (~5 s a cold episode), its paired 95% interval about +-0.13 (docs/evaluation.md)."""
+
+    group_size: int = doc(3, "episodes per task spec per step (G); advantages compare them")
+    steps: int = doc(13, "outer policy-update steps")
+    tasks_per_step: int = doc(5, "task specs per outer step")
+    lr: float = doc(2e-3, "learning rate of the agent's LoRA")
     lr_warmup_steps: int = doc(0, "optimizer steps over which the LoRA's lr rises linearly to outer.lr (0 = none)")
     lora_r: int = doc(16, "LoRA rank of the agent adapter")
     lora_alpha: float = doc(32.0, "LoRA alpha (scale = alpha / r)")
     lora_target_modules: Any = doc("all-linear", "'all-linear' or module names, e.g. [q_proj, v_proj]")
     clip_eps: float = doc(0.2, "PPO-style ratio clip epsilon")
-    kl_beta: float = doc(0.0, "KL penalty to the reference policy (0 = none, no reference model)")
+    kl_beta: float = doc(0.02, "KL penalty to the reference policy (0 = none, no reference model)")
     max_grad_norm: float = doc(1.0, "gradient clipping norm")
     max_steps_off_policy: int = doc(1, "how many policy versions old an episode may be (0 = strictly on-policy)")
-    heldout_every: int = doc(5, "score the held-out families (no update from them) every N steps, before that step's "
+    heldout_every: int = doc(100, "score the held-out families (no update from them) every N steps, before that step's "
                                 "update, and after the last step's update; 0 = no held-out evaluation at all")
-    heldout_episodes: int = doc(32, "episodes per held-out task at each held-out evaluation, on the same episode seeds "
+    heldout_episodes: int = doc(16, "episodes per held-out task at each held-out evaluation, on the same episode seeds "
                                     "every time (start and end pair up). Its mean's 95% interval is about "
                                     "+-2 x reward std / sqrt(N); a paired change of 0.05 needs N ~ (1.96 x std of the "
                                     "per-episode change / 0.05)^2 (docs/outer_loop.md, 'Held-out evaluation')")
@@ -246,9 +256,9 @@ class OuterConfig:
                                       "last, on fixed episode seeds, no update from them: paired_train_gain, the "
                                       "training families' paired gain with its 95% interval (the same episodes as "
                                       "scripts/policy_eval.py --families train --episodes N); 0 = none")
-    clip_eps_high: Optional[float] = doc(None, "upper ratio clip (DAPO's clip-higher); null = clip_eps")
-    scale_by_std: bool = doc(False, "divide advantages by the group's reward std")
-    epochs: int = doc(1, "passes over a step's rollouts in the update")
+    clip_eps_high: Optional[float] = doc(0.28, "upper ratio clip (DAPO's clip-higher); null = clip_eps")
+    scale_by_std: bool = doc(True, "divide advantages by the group's reward std")
+    epochs: int = doc(2, "passes over a step's rollouts in the update")
     micro_batch_size: int = doc(8, "agent turns per forward pass in the update")
     micro_batch_tokens: int = doc(0, "cap of a micro-batch in padded tokens (rows x longest row); 0 = by "
                                      "micro_batch_size only. A row longer than the cap is a micro-batch of its own")
@@ -259,9 +269,9 @@ class OuterConfig:
                                     "tool list, the task) once for all of them, with their gradient: the same loss "
                                     "and gradients in fewer tokens; micro_batch_tokens then counts the shared part "
                                     "once")
-    loss_aggregation: str = doc("token", "token: mean over all agent tokens (DAPO); episode: every episode "
+    loss_aggregation: str = doc("episode", "token: mean over all agent tokens (DAPO); episode: every episode "
                                          "weighs the same whatever its length")
-    focus_top_frac: float = doc(1.0, "share of the step's agent tokens the loss covers, highest policy entropy "
+    focus_top_frac: float = doc(0.2, "share of the step's agent tokens the loss covers, highest policy entropy "
                                      "first (the 'forking' tokens; 1 = all, 0.2 as in Wang et al. 2025)")
     focus_entropy_of: str = doc("policy", "whose entropy picks the focused tokens: policy (the current one, as in "
                                           "Wang et al.) or reference (the adapter disabled: the warm start's choice "

@@ -161,8 +161,11 @@ def test_defaults_are_the_schema_defaults():
     assert JobSettings().price_per_hour is None     # not set: the cost model's rate
 
 
-def test_clip_eps_high_null_means_clip_eps():
-    assert OuterConfig().clip_eps_high is None and PolicyConfig().clip_eps_high is None
+def test_clip_eps_high_null_means_clip_eps(typed):
+    """null (smoke's, seed_scale's) reaches the update as None (the upper clip is then clip_eps)."""
+    assert typed("experiment=smoke").outer.clip_eps_high is None
+    assert run_config.train_settings(typed("experiment=smoke")).policy.clip_eps_high is None
+    assert OuterConfig().clip_eps_high == PolicyConfig().clip_eps_high == 0.28
     with pytest.raises(ValueError, match="loss_aggregation"):
         PolicyConfig(loss_aggregation="sequence")
 
