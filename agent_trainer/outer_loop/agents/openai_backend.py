@@ -48,7 +48,7 @@ class OpenAIBackend(AgentBackend):
                  retry_backoff_s: float = AgentConfig.retry_backoff_s, context_tokens: int | None = None,
                  tool_choice: str = AgentConfig.tool_choice, parallel_tool_calls: bool | None = None,
                  legacy_max_tokens: bool = False, logprobs: bool = False, extra_body: dict[str, Any] | None = None,
-                 tool_format: str = "auto"):
+                 tool_format: str = AgentConfig.tool_format):
         import httpx2
         import openai
 
@@ -86,7 +86,8 @@ class OpenAIBackend(AgentBackend):
         self.client.close()
 
     # --- one turn ------------------------------------------------------------------------------
-    def generate(self, messages, tools=None, *, temperature=1.0, max_new_tokens=512, seed=None) -> Generation:
+    def generate(self, messages, tools=None, *, temperature=AgentConfig.temperature,
+                 max_new_tokens=AgentConfig.max_new_tokens, seed=None) -> Generation:
         """One chat completion; every failure (transport, HTTP status, a body that is no chat completion)
         is a one-line ``BackendError``, also kept in ``last_error``."""
         try:

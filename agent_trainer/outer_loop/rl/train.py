@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent_trainer.config import Config, OuterConfig
+from agent_trainer.config import AgentConfig, Config, HardwareConfig, OuterConfig
 from agent_trainer.inner_loop.run.request import JobSettings
 from agent_trainer.outer_loop.episode.episode import EpisodeResult, EpisodeSettings
 from agent_trainer.outer_loop.rl import heldout
@@ -104,8 +104,8 @@ class Trainer:
 
     def __init__(self, settings: TrainSettings, run_dir: str | Path, agent_dir: str | Path, *, ledger=None,
                  tracker=None, executor=None, state: StepState | None = None, progress: bool = True,
-                 model_name: str | None = None, steering=None, sampler=None, agent_device: str = "cpu",
-                 tool_format: str = "auto"):
+                 model_name: str | None = None, steering=None, sampler=None,
+                 agent_device: str = HardwareConfig.agent_device.value, tool_format: str = AgentConfig.tool_format):
         """``state``: from ``checkpoints.prepare_resume`` to continue a run (open the ledger after that call);
         ``model_name``: the agent's name in the ledger's price table (default: the folder's name);
         ``steering``: a callable giving each episode its strategy layer
