@@ -266,7 +266,7 @@ class HardwareConfig:
 
 @dataclass
 class RewardConfig:
-    """Weights of the staged reward (``agent_trainer.evaluation.staged_reward.RewardWeights``; docs/outer_loop.md,
+    """Weights of the staged reward (``agent_trainer.evaluation.staged_reward.staged_reward``; docs/outer_loop.md,
     "Staged reward"): total = validation x v + success x s + quality x q + speed x sp (- invalid_job)."""
 
     validation: float = doc(0.35, "weight of validation (1 valid at the first try, halved per retry)")
@@ -281,6 +281,9 @@ class RewardConfig:
                                              "job (0: none, so 'validate, then stop' earns nothing; 1: all of it)")
     invalid_job: float = doc(0.0, "subtracted from the total when the judged job was refused (invalid, "
                                   "over_budget): > 0 ranks submitting an invalid job below submitting none")
+
+    def __post_init__(self) -> None:
+        check_reward(self)   # also for weights made in code (staged_reward's callers, tests)
 
 
 @dataclass
@@ -344,6 +347,9 @@ class OuterConfig:
     overlap_jobs: bool = doc(True, "start an episode's last inner job as soon as the episode ends, while the "
                                    "next episodes are sampled (local executors; same results, less wall time)")
     reward: RewardConfig = doc(RewardConfig, "weights of the episode's staged reward")
+
+    def __post_init__(self) -> None:
+        check_update(self)   # also for settings made in code (AgentPolicy's callers, tests)
 
 
 @dataclass
@@ -604,8 +610,6 @@ def register() -> None:
         cs.store(group="base", name=group, node=schema)
 
 
-register()
-
 
 # --- composing and validating ---------------------------------------------------------------
 
@@ -694,8 +698,6 @@ def validate(cfg: DictConfig) -> Config:
     _check(outer.lr > 0 and outer.clip_eps > 0 and outer.kl_beta >= 0,
            "outer.lr and outer.clip_eps must be > 0, outer.kl_beta >= 0")
     _check(outer.lr_warmup_steps >= 0, f"outer.lr_warmup_steps must be >= 0, got {outer.lr_warmup_steps}")
-    check_update(outer)
-    check_reward(outer.reward)
     _check(outer.max_steps_off_policy >= 0 and outer.heldout_every >= 0,
            "outer.max_steps_off_policy and outer.heldout_every must be >= 0")
     _check(outer.heldout_episodes >= 0,
@@ -775,79 +777,82 @@ def check_installed(cfg: DictConfig) -> None:
                "use hardware.agent_device=cpu or auto")
 
 
-def _check_agent(a: AgentConfig, train: bool = False) -> None:
+def _check_agent(agent: AgentConfig, train: bool = False) -> None:
     """The agent group's rules: a served agent's URL, key variable, request settings and prices."""
-    if a.backend == "openai":
+    if agent.backend == "openai":
         _check(not train, "at-train trains the LoRA of an agent whose weights it holds; agent=openai is served "
                           "elsewhere: use agent=tiny_local (CPU) or agent=vllm (GPU); at-episode plays agent=openai")
-        _check(a.api_key_env is not None or a.base_url is not None,
+        _check(agent.api_key_env is not None or agent.base_url is not None,
                "agent.backend=openai against the OpenAI API needs agent.api_key_env, the name of the variable "
                "holding the key (e.g. OPENAI_API_KEY); a server that needs no key: set agent.base_url")
-    if a.base_url is not None:
+    if agent.base_url is not None:
         try:
-            url = urlsplit(a.base_url)
+            url = urlsplit(agent.base_url)
             port_ok = url.port is None or url.port > 0
         except ValueError:
             url, port_ok = None, False
         _check(url is not None and port_ok and url.scheme in ("http", "https") and bool(url.hostname),
-               f"agent.base_url must be an http(s) URL such as http://127.0.0.1:8000/v1, got {a.base_url!r}")
-    if a.sampler == "served":
-        _check(a.backend == "local", f"agent.sampler=served trains a policy held here (agent.backend=local) and "
-                                           f"samples from a server; agent.backend={a.backend} has its own sampler")
-        _check(a.base_url is not None, "agent.sampler=served needs agent.base_url, the vLLM server's URL ending in "
-                                       "/v1 (e.g. http://127.0.0.1:8000/v1)")
-    _check(a.timeout_s > 0 and a.max_retries >= 0 and a.retry_backoff_s >= 0,
+               f"agent.base_url must be an http(s) URL such as http://127.0.0.1:8000/v1, got {agent.base_url!r}")
+    if agent.sampler == "served":
+        _check(agent.backend == "local", f"agent.sampler=served trains a policy held here (agent.backend=local) and "
+                                         f"samples from a server; agent.backend={agent.backend} has its own sampler")
+        _check(agent.base_url is not None, "agent.sampler=served needs agent.base_url, the vLLM server's URL ending "
+                                           "in /v1 (e.g. http://127.0.0.1:8000/v1)")
+    _check(agent.timeout_s > 0 and agent.max_retries >= 0 and agent.retry_backoff_s >= 0,
            "agent.timeout_s must be > 0, agent.max_retries and agent.retry_backoff_s >= 0")
-    _check(a.context_tokens is None or a.context_tokens >= 256,
-           f"agent.context_tokens must be >= 256 or null (the server's), got {a.context_tokens}")
-    prices = (a.usd_per_1m_tokens_in, a.usd_per_1m_tokens_out)
+    _check(agent.context_tokens is None or agent.context_tokens >= 256,
+           f"agent.context_tokens must be >= 256 or null (the server's), got {agent.context_tokens}")
+    prices = (agent.usd_per_1m_tokens_in, agent.usd_per_1m_tokens_out)
     _check(all(p is None or p >= 0 for p in prices), "agent.usd_per_1m_tokens_in/_out must be >= 0")
-    if a.backend != "openai":
+    if agent.backend != "openai":
         _check(None not in prices, "agent.usd_per_1m_tokens_in/_out may be null (the price table's) only with "
                                    "agent.backend=openai; give a number (0 for a model on your own hardware)")
         return
     try:
-        agent_prices(a.model, a.base_url, *prices)
+        agent_prices(agent.model, agent.base_url, *prices)
     except UnknownPrice as e:
         raise ConfigError(str(e)) from None
 
 
-def _check_strategy(s: StrategyConfig) -> None:
-    _check(s.dev_size >= 0 and s.max_reasks >= 0, "strategy.dev_size and strategy.max_reasks must be >= 0")
-    _check(s.rule_window >= 1, "strategy.rule_window must be >= 1")
-    for i, iv in enumerate(s.interventions):
-        _check(iv.after_job >= 1, f"strategy.interventions.{i}.after_job must be >= 1 (1 = after the first job)")
-        _check(bool(iv.message.strip()), f"strategy.interventions.{i}.message is empty; write the message to give")
-    e = s.evaluator
-    _check_registered("strategy.evaluator.backend", e.backend, "agent_trainer.outer_loop.agents", "BACKENDS")
-    if e.kind == EvaluatorKind.llm:
-        _check(e.api_key_env is None or (bool(_ENV_NAME.match(e.api_key_env)) and not e.api_key_env.startswith("sk-")),
+def _check_strategy(strategy: StrategyConfig) -> None:
+    _check(strategy.dev_size >= 0 and strategy.max_reasks >= 0,
+           "strategy.dev_size and strategy.max_reasks must be >= 0")
+    _check(strategy.rule_window >= 1, "strategy.rule_window must be >= 1")
+    for i, intervention in enumerate(strategy.interventions):
+        _check(intervention.after_job >= 1,
+               f"strategy.interventions.{i}.after_job must be >= 1 (1 = after the first job)")
+        _check(bool(intervention.message.strip()),
+               f"strategy.interventions.{i}.message is empty; write the message to give")
+    evaluator = strategy.evaluator
+    _check_registered("strategy.evaluator.backend", evaluator.backend, "agent_trainer.outer_loop.agents", "BACKENDS")
+    if evaluator.kind == EvaluatorKind.llm:
+        key_env = evaluator.api_key_env
+        _check(key_env is None or (bool(_ENV_NAME.match(key_env)) and not key_env.startswith("sk-")),
                "strategy.evaluator.api_key_env takes the NAME of an environment variable, not the key itself")
-        _check(e.backend != "openai" or e.api_key_env is not None,
+        _check(evaluator.backend != "openai" or evaluator.api_key_env is not None,
                "strategy.evaluator.backend=openai needs strategy.evaluator.api_key_env (the variable's name)")
 
 
-def check_update(o: Any, key: str = "outer") -> None:
-    """The rules of the outer update's settings, for ``OuterConfig`` and
-    ``agent_trainer.outer_loop.rl.policy.PolicyConfig``."""
+def check_update(settings: OuterConfig, key: str = "outer") -> None:
+    """The rules of the outer update's settings (``OuterConfig``, however it was made)."""
     for name, choice in (("loss_aggregation", LossAggregation), ("focus_entropy_of", EntropyOf)):
-        value = getattr(o, name)   # the schema's are checked when composed; a PolicyConfig's here
+        value = getattr(settings, name)   # a composed config's are checked when composed; one made in code here
         _check(value in set(choice), f"{key}.{name} must be {one_of(choice)}, got {value!r}")
-    _check(0 < o.focus_top_frac <= 1,
-           f"{key}.focus_top_frac must be in (0, 1] (1 = every agent token), got {o.focus_top_frac}")
+    _check(0 < settings.focus_top_frac <= 1,
+           f"{key}.focus_top_frac must be in (0, 1] (1 = every agent token), got {settings.focus_top_frac}")
 
 
-def check_reward(r: Any, key: str = "outer.reward") -> None:
-    """The rules of the staged reward's weights, for ``RewardConfig`` and
-    ``agent_trainer.evaluation.staged_reward.RewardWeights``."""
+def check_reward(weights: RewardConfig, key: str = "outer.reward") -> None:
+    """The rules of the staged reward's weights (``RewardConfig``, however it was made)."""
     for f in fields(RewardConfig):
-        v = getattr(r, f.name)
+        v = getattr(weights, f.name)
         _check(v >= 0, f"{key}.{f.name}: a reward weight must be >= 0, got {v}")
-    _check(0 <= r.validation_decay <= 1, f"{key}.validation_decay must be in [0, 1], got {r.validation_decay}")
-    _check(r.validation_without_job <= 1,
-           f"{key}.validation_without_job must be in [0, 1], got {r.validation_without_job}")
-    _check(r.timeout_quality_factor <= 1,
-           f"{key}.timeout_quality_factor must be in [0, 1], got {r.timeout_quality_factor}")
+    _check(0 <= weights.validation_decay <= 1,
+           f"{key}.validation_decay must be in [0, 1], got {weights.validation_decay}")
+    _check(weights.validation_without_job <= 1,
+           f"{key}.validation_without_job must be in [0, 1], got {weights.validation_without_job}")
+    _check(weights.timeout_quality_factor <= 1,
+           f"{key}.timeout_quality_factor must be in [0, 1], got {weights.timeout_quality_factor}")
 
 
 # --- from the schema to the code's settings objects ----------------------------------------------
@@ -861,10 +866,12 @@ def typed(cfg: DictConfig | Config) -> Config:
 def settings_from(cls: type, node: Any, **values: Any) -> Any:
     """A settings dataclass ``cls`` filled from the schema object ``node``: each of its fields that ``node``
     has by the same name takes that value, ``values`` gives the others, the rest keep ``cls``'s defaults.
-    Enum members become their values and schema objects plain dicts: the values are typed once, by the schema."""
+    Enum members become their values and schema objects copied from ``node`` plain dicts: the values are typed
+    once, by the schema. A schema object given in ``values`` is passed whole (the settings read it)."""
     own = {f.name for f in fields(cls) if f.init}
     given = {f.name: getattr(node, f.name) for f in fields(node) if f.name in own}
-    return cls(**{k: _plain(v) for k, v in {**given, **values}.items()})
+    return cls(**{k: _plain(v) for k, v in given.items()},
+               **{k: v if is_dataclass(v) and type(v).__module__ == __name__ else _plain(v) for k, v in values.items()})
 
 
 def _plain(value: Any) -> Any:
@@ -882,3 +889,6 @@ def _plain(value: Any) -> Any:
 def field_help(schema: type) -> dict[str, str]:
     """``{field: help}`` of a schema, for docs and ``--help`` texts."""
     return {f.name: f.metadata.get("help", "") for f in fields(schema)}
+
+
+register()   # on import, after every check the schemas' __post_init__ calls is defined

@@ -46,7 +46,7 @@ class OpenAIBackend(AgentBackend):
     def __init__(self, *, model: str, base_url: str | None = None, api_key_env: str | None = "OPENAI_API_KEY",
                  timeout_s: float = AgentConfig.timeout_s, max_retries: int = AgentConfig.max_retries,
                  retry_backoff_s: float = AgentConfig.retry_backoff_s, context_tokens: int | None = None,
-                 tool_choice: str = AgentConfig.tool_choice, parallel_tool_calls: bool | None = None,
+                 tool_choice: str = AgentConfig.tool_choice.value, parallel_tool_calls: bool | None = None,
                  legacy_max_tokens: bool = False, logprobs: bool = False, extra_body: dict[str, Any] | None = None,
                  tool_format: str = AgentConfig.tool_format):
         import httpx2

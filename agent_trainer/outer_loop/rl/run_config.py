@@ -12,12 +12,10 @@ from typing import Any
 from omegaconf import DictConfig
 
 from agent_trainer.config import Config, settings_from, typed
-from agent_trainer.evaluation.staged_reward import RewardWeights
 from agent_trainer.inner_loop.run.job_env import usable_cores
 from agent_trainer.inner_loop.run.request import JobRequest, JobSettings
 from agent_trainer.outer_loop.episode.episode import EpisodeSettings
 from agent_trainer.outer_loop.rl import heldout
-from agent_trainer.outer_loop.rl.policy import PolicyConfig
 from agent_trainer.outer_loop.rl.train import TrainSettings, Trainer
 
 Conf = Config | DictConfig
@@ -42,7 +40,7 @@ def episode_settings(cfg: Conf) -> EpisodeSettings:
     """``EpisodeSettings`` from the agent, budget and strategy groups."""
     c = typed(cfg)
     return settings_from(EpisodeSettings, c.agent, max_jobs_per_episode=c.budget.max_jobs_per_episode,
-                         reward=settings_from(RewardWeights, c.outer.reward), reward_pick=c.strategy.episode_reward)
+                         reward=c.outer.reward, reward_pick=c.strategy.episode_reward)
 
 
 def job_settings(cfg: Conf) -> JobSettings:
@@ -70,7 +68,7 @@ def train_settings(cfg: Conf) -> TrainSettings:
         from agent_trainer.evaluation.tasks import load_task
 
         families = [load_task(c.task.spec_path).family]
-    return settings_from(TrainSettings, c.outer, seed=c.seed, policy=settings_from(PolicyConfig, c.outer),
+    return settings_from(TrainSettings, c.outer, seed=c.seed, policy=c.outer,
                          train_tasks=spec_paths(c, families), heldout_tasks=spec_paths(c, c.task.held_out_families),
                          episode=episode_settings(c), job=job_settings(c).replace(progress=False))
 

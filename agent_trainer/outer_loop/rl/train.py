@@ -33,7 +33,7 @@ from agent_trainer.outer_loop.rl.checkpoints import (
 )
 from agent_trainer.outer_loop.rl.metrics import step_metrics, summarize, training_gain
 from agent_trainer.outer_loop.rl.policy import (
-    AgentPolicy, PolicyConfig, TurnSample, device_kwargs, group_advantages, merge_turns,
+    AgentPolicy, TurnSample, device_kwargs, group_advantages, merge_turns,
 )
 from agent_trainer.outer_loop.rl.rollouts import JobRunner, Rollouts, evaluate_fixed, step_tasks
 from agent_trainer.outer_loop.rl.tracker_sync import sync_tracker
@@ -57,7 +57,7 @@ class TrainSettings:
     max_steps_off_policy: int = OuterConfig.max_steps_off_policy
     seed: int = Config.seed
     overlap_jobs: bool = OuterConfig.overlap_jobs   # start an episode's last job while the next ones are sampled
-    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    policy: OuterConfig = field(default_factory=OuterConfig)   # the update's settings: the outer group itself
     episode: EpisodeSettings = field(default_factory=EpisodeSettings)
     job: JobSettings = field(default_factory=JobSettings)      # how each inner job runs
                                                                # (agent_trainer.inner_loop.run.request)
@@ -71,7 +71,7 @@ def load_tasks(paths: list[str]):
     return [load_task(resolve_path(p)) for p in paths]
 
 
-def turn_samples(results: list[EpisodeResult], tasks: list, policy: PolicyConfig, version: int) -> list[TurnSample]:
+def turn_samples(results: list[EpisodeResult], tasks: list, policy: OuterConfig, version: int) -> list[TurnSample]:
     """The update's samples of a step's episodes, with group-relative advantages (one group per task); each
     episode's turns merged into as few sequences as its contexts allow. An episode whose job the machine failed
     (``reward["excluded"]``: the wall-clock safety cap) is left out of its group and of the update."""
