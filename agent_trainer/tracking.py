@@ -209,7 +209,7 @@ class Tracker:
         artifact_location: str | None = None,
         tags: Mapping[str, Any] | None = None,
         connect_timeout_s: float = TrackingConfig.connect_timeout_s,
-        enabled: bool = True,
+        enabled: bool = TrackingConfig.enabled,
         parent: "Tracker | None" = None,
     ):
         self.tracking_uri, self.experiment, self.run_name = tracking_uri, experiment, run_name

@@ -73,13 +73,12 @@ def sampling_side(conf, folder: Path, group: int) -> tuple[dict, list[dict]]:
     from agent_trainer.outer_loop.agents.agent_warm_start import resolve_agent
     from agent_trainer.outer_loop.agents.local import LocalBackend
     from agent_trainer.outer_loop.episode.episode import play_together
-    from agent_trainer.outer_loop.rl.policy import AgentPolicy, PolicyConfig
+    from agent_trainer.outer_loop.rl.policy import AgentPolicy
     from agent_trainer.outer_loop.rl.run_config import agent_threads
-    from agent_trainer.config import settings_from
 
     torch.set_num_threads(agent_threads(conf))
     agent_dir = resolve_agent(conf.agent.model, progress=False)
-    policy = AgentPolicy.from_pretrained(agent_dir, settings_from(PolicyConfig, conf.outer), seed=0)
+    policy = AgentPolicy.from_pretrained(agent_dir, conf.outer, seed=0)
     def backend(prefix_cache_tokens: int) -> LocalBackend:
         return LocalBackend(policy.model, policy.tokenizer, device="cpu", model_name="smollm2-agent",
                             tool_format=conf.agent.tool_format, prefix_cache_tokens=prefix_cache_tokens)
@@ -124,13 +123,12 @@ def update_child(side: str, rows_file: str, overrides: list[str]) -> None:
     import torch
 
     import agent_trainer.outer_loop.rl.policy as P
-    from agent_trainer.config import settings_from
     from agent_trainer.outer_loop.agents.agent_warm_start import resolve_agent
     from agent_trainer.outer_loop.rl.run_config import agent_threads
 
     conf = recipe_config(overrides)
     torch.set_num_threads(agent_threads(conf))
-    cfg = settings_from(P.PolicyConfig, conf.outer)
+    cfg = conf.outer
     if side == "before":
         from dataclasses import replace
 

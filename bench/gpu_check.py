@@ -303,11 +303,14 @@ def outer_update(device: str, tiny: bool) -> dict:
     import torch
     from peft import LoraConfig, get_peft_model
 
-    from agent_trainer.outer_loop.rl.policy import AgentPolicy, PolicyConfig, TurnSample, device_kwargs
+    from agent_trainer.config import OuterConfig
+    from agent_trainer.outer_loop.rl.policy import AgentPolicy, TurnSample, device_kwargs
 
     model, tok = BUILT["model"], BUILT["tok"]
     r = 8 if tiny else 64
-    cfg = PolicyConfig(lr=1e-5, lora_r=r, lora_alpha=2 * r, micro_batch_size=2 if tiny else 4)
+    # the plain clipped update: one epoch over every agent token, no KL term
+    cfg = OuterConfig(lr=1e-5, lora_r=r, lora_alpha=2 * r, micro_batch_size=2 if tiny else 4, epochs=1, kl_beta=0.0,
+                      focus_top_frac=1.0, loss_aggregation="token", scale_by_std=False, clip_eps_high=None)
     peft_model = get_peft_model(model, LoraConfig(r=r, lora_alpha=2 * r, target_modules="all-linear",
                                                   task_type="CAUSAL_LM"))
     gpu = device.startswith("cuda")

@@ -84,11 +84,11 @@ def main(argv: list[str]) -> None:
 
     t0 = time.time()
     evaluate("before")
-    for step in range(settings.steps):
+    for step in range(settings.outer.steps):
         m = trainer.step(step)
         print(f"step {step}: reward={m['reward_mean']:.3f} valid_first={m['valid_first_try']:.2f} "
               f"kl={m.get('update_kl', 0.0):.4f}", flush=True)
-    evaluate(f"after {settings.steps} steps")
+    evaluate(f"after {settings.outer.steps} steps")
     print(f"{time.time() - t0:.0f} s")
 
 

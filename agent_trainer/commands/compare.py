@@ -30,9 +30,6 @@ def run(cfg: DictConfig) -> dict | None:
 
     if cfg.mode == "people":
         return people(cfg)
-    if cfg.mode != "runs":
-        raise cli.UserError(f"mode={cfg.mode}: choose runs (tables of runs from MLflow) or people (agents against "
-                            "people, played on the same tasks and seeds)")
     if not cfg.runs and not cfg.experiments:
         raise cli.UserError("give what to compare: runs=[<MLflow run id | run folder | sweep folder>,...] "
                             "or experiments=[<experiment name>]")

@@ -4,7 +4,7 @@
         --enable-lora --max-lora-rank 16 --logprobs-mode processed_logprobs --port 8000 &
     python -m agent_trainer.commands.served_sampler_check http://127.0.0.1:8000/v1 <agent folder> [out folder]
 
-Builds the agent policy (``AgentPolicy`` with ``PolicyConfig()``: the folder's model + a LoRA r16 on all
+Builds the agent policy (``AgentPolicy`` with ``OuterConfig()``: the folder's model + a LoRA r16 on all
 linear layers) with its ``lora_B`` drawn from N(0, 0.02) (a fresh LoRA equals the base model), pushes it with
 ``ServedSampler.push_adapter``, samples one turn (temperature 0.7, 48 tokens), and scores the sampled tokens
 with the policy (teacher forcing at the same temperature) with and without its LoRA; then pushes a second
@@ -25,11 +25,12 @@ def main(base_url: str, model_dir: str, out: str = "/tmp/served_sampler_check") 
     import torch
 
     from agent_trainer.outer_loop.agents.served_sampler import ServedSampler
-    from agent_trainer.outer_loop.rl.policy import AgentPolicy, PolicyConfig, token_logprobs
+    from agent_trainer.config import OuterConfig
+    from agent_trainer.outer_loop.rl.policy import AgentPolicy, token_logprobs
     from agent_trainer.outer_loop.episode.tools import SCHEMAS
 
     sampler = ServedSampler(base_url=base_url, model_path=model_dir)
-    policy = AgentPolicy.from_pretrained(model_dir, PolicyConfig())
+    policy = AgentPolicy.from_pretrained(model_dir, OuterConfig())
     lora_b = [p for n, p in policy.model.named_parameters() if "lora_B" in n]
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():

@@ -9,7 +9,7 @@
 and the task's compute budget), never measured seconds: the same job earns the same speed on any machine
 under any load. A job the wall-clock safety cap killed (``infra_timeout``) is the machine's fault: its reward
 is ``excluded`` (zero, and marked so that an update can leave the episode out).
-All weights live in ``RewardWeights`` (set from the config's ``outer.reward``). Each stage's formula and why:
+All weights are the config's ``outer.reward`` (``agent_trainer.config.RewardConfig``). Each stage's formula and why:
 docs/outer_loop.md, "Staged reward".
 """
 
@@ -17,30 +17,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from agent_trainer.config import RewardConfig, check_reward
+from agent_trainer.config import RewardConfig
 
 
 REFUSED = ("invalid", "over_budget")   # job statuses of a submission the harness did not run
-
-
-@dataclass(frozen=True)
-class RewardWeights:
-    """Weights of the stages and of quality's two parts; validation decays by ``validation_decay`` per retry. The
-    defaults and rules are the schema's (``agent_trainer.config.RewardConfig``, ``check_reward``)."""
-
-    validation: float = RewardConfig.validation
-    success: float = RewardConfig.success
-    quality: float = RewardConfig.quality
-    speed: float = RewardConfig.speed
-    post: float = RewardConfig.post
-    uplift: float = RewardConfig.uplift
-    validation_decay: float = RewardConfig.validation_decay
-    timeout_quality_factor: float = RewardConfig.timeout_quality_factor
-    validation_without_job: float = RewardConfig.validation_without_job   # share of validation kept with no job
-    invalid_job: float = RewardConfig.invalid_job    # subtracted when the judged job was refused (REFUSED)
-
-    def __post_init__(self) -> None:
-        check_reward(self, "RewardWeights")
 
 
 @dataclass(frozen=True)
@@ -71,7 +51,7 @@ class StagedReward:
     normalized_uplift: float | None = None
     flagged: bool = False
     excluded: bool = False    # an infrastructure fault (infra_timeout): not the agent's doing, leave it out
-    weights: RewardWeights = field(default_factory=RewardWeights)
+    weights: RewardConfig = field(default_factory=RewardConfig)
 
     def to_dict(self) -> dict:
         """Flat dict for MLflow metrics and trajectory files (weights under ``w_``)."""
@@ -101,9 +81,9 @@ def normalized_uplift(post: float, baseline: float) -> float:
 
 
 def staged_reward(validation_failures: int | None, job: JobOutcome | None,
-                  weights: RewardWeights | None = None) -> StagedReward:
+                  weights: RewardConfig | None = None) -> StagedReward:
     """The staged reward of one episode; ``job`` None when nothing was submitted (or none ran)."""
-    w = weights or RewardWeights()
+    w = weights or RewardConfig()
     if job is not None and job.status == "infra_timeout":
         return StagedReward(validation=0.0, job_success=0.0, quality=0.0, speed=0.0, total=0.0, excluded=True,
                             weights=w)

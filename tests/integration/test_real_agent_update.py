@@ -9,8 +9,9 @@ from dataclasses import replace
 import pytest
 import torch
 from helpers.logprobs import full_logprobs, loss_and_grads
+from helpers.updates import plain_update
 
-from agent_trainer.outer_loop.rl.policy import AgentPolicy, PolicyConfig, TurnSample, collate, token_logprobs
+from agent_trainer.outer_loop.rl.policy import AgentPolicy, TurnSample, collate, token_logprobs
 
 pytestmark = pytest.mark.slow
 
@@ -19,7 +20,7 @@ def test_selective_logprobs_on_smollm2_give_the_same_loss_and_gradients(smollm2,
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        policy = AgentPolicy.from_pretrained(smollm2, PolicyConfig(lora_r=4, lora_alpha=8, kl_beta=0.05,
+        policy = AgentPolicy.from_pretrained(smollm2, plain_update(lora_r=4, lora_alpha=8, kl_beta=0.05,
                                                                    gradient_checkpointing=True), seed=0)
         for name, p in policy.model.named_parameters():   # a LoRA that does something (B starts at 0)
             if "lora_B" in name:

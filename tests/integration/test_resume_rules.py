@@ -131,10 +131,12 @@ def test_a_run_saved_by_an_older_version_resumes_with_its_newer_settings_reporte
 
 
 def test_a_checkpoint_survives_a_leftover_tmp_and_an_earlier_copy_of_its_step(tmp_path, built_agent):
-    from agent_trainer.outer_loop.rl.policy import AgentPolicy, PolicyConfig
+    from helpers.updates import plain_update
+
+    from agent_trainer.outer_loop.rl.policy import AgentPolicy
     from agent_trainer.outer_loop.rl.checkpoints import CKPT_DIR, StepState, last_complete_step, save_step
 
-    policy = AgentPolicy.from_pretrained(built_agent, PolicyConfig(), seed=0)
+    policy = AgentPolicy.from_pretrained(built_agent, plain_update(), seed=0)
     (tmp_path / "run.json").write_text("{}")
     leftover = tmp_path / CKPT_DIR / "step_0000.tmp"
     (leftover / "adapter").mkdir(parents=True)

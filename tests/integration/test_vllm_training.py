@@ -92,9 +92,11 @@ def test_the_vllm_sampler_follows_the_policys_updates(agent_hd32):
     import torch
 
     from agent_trainer.outer_loop.agents.vllm_backend import VLLMBackend
-    from agent_trainer.outer_loop.rl.policy import AgentPolicy, PolicyConfig
+    from helpers.updates import plain_update
 
-    policy = AgentPolicy.from_pretrained(agent_hd32, PolicyConfig(), seed=0)
+    from agent_trainer.outer_loop.rl.policy import AgentPolicy
+
+    policy = AgentPolicy.from_pretrained(agent_hd32, plain_update(), seed=0)
     policy.model.eval()
     with torch.no_grad():   # an update's worth of change (a fresh adapter's B is zero: no change at all)
         for name, p in policy.model.named_parameters():

@@ -61,14 +61,16 @@ def test_the_update_reports_forward_and_backward_of_each_micro_batch_and_one_opt
     from peft import LoraConfig, get_peft_model
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from agent_trainer.outer_loop.rl.policy import AgentPolicy, PolicyConfig, TurnSample
+    from helpers.updates import plain_update
+
+    from agent_trainer.outer_loop.rl.policy import AgentPolicy, TurnSample
 
     torch.manual_seed(0)
     cfg = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                       num_key_value_heads=2, head_dim=8, tie_word_embeddings=True)
     model = get_peft_model(Qwen3ForCausalLM(cfg), LoraConfig(r=4, lora_alpha=8, target_modules="all-linear",
                                                              task_type="CAUSAL_LM"))
-    policy = AgentPolicy(model, types.SimpleNamespace(pad_token_id=0), PolicyConfig(micro_batch_size=2))
+    policy = AgentPolicy(model, types.SimpleNamespace(pad_token_id=0), plain_update(micro_batch_size=2))
     probe = M.make_phase_callback(policy.model, policy.module.configure_optimizers)
     policy.trainer_kwargs["callbacks"] = [probe]
     samples = [TurnSample([1, 2, 3 + i], [10 + i, 20, 30], [-1.0] * 3, 1.0 - i) for i in range(3)]

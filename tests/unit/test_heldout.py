@@ -217,12 +217,14 @@ def test_training_gain_reads_the_episodes_of_the_first_and_last_steps(tmp_path):
 def test_the_plan_names_every_fixed_seed_evaluation():
     """at-train dry_run=true: which evaluations a run will play, how big, and when."""
     from agent_trainer.outer_loop.rl.run_config import evaluations
+    from agent_trainer.config import OuterConfig
     from agent_trainer.outer_loop.rl.train import TrainSettings
 
-    both = TrainSettings(steps=6, heldout_every=2, heldout_episodes=4, heldout_tasks=["a"], train_tasks=["x", "y"],
-                         train_eval_episodes=3)
+    both = TrainSettings(OuterConfig(steps=6, heldout_every=2, heldout_episodes=4, train_eval_episodes=3),
+                         heldout_tasks=["a"], train_tasks=["x", "y"])
     assert evaluations(both) == "held-out 1 task x 4 (start, step 2, step 4, end); training 2 tasks x 3 (start, end)"
-    late = TrainSettings(steps=6, heldout_every=2, heldout_episodes=4, heldout_at_start=False,
+    late = TrainSettings(OuterConfig(steps=6, heldout_every=2, heldout_episodes=4, heldout_at_start=False),
                          heldout_tasks=["a", "b"], train_tasks=["x"])
     assert evaluations(late) == "held-out 2 tasks x 4 (step 2, step 4, end)"
-    assert evaluations(TrainSettings(steps=6, heldout_every=0, heldout_tasks=["a"], train_tasks=["x"])) == "none"
+    assert evaluations(TrainSettings(OuterConfig(steps=6, heldout_every=0), heldout_tasks=["a"],
+                                     train_tasks=["x"])) == "none"

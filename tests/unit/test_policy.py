@@ -7,9 +7,11 @@ import types
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
+from helpers.updates import plain_update
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from agent_trainer.outer_loop.rl.policy import (AgentPolicy, PolicyConfig, TurnSample, collate, group_advantages,
+from agent_trainer.config import OuterConfig
+from agent_trainer.outer_loop.rl.policy import (AgentPolicy, TurnSample, collate, group_advantages,
                                                 merge_turns, token_logprobs)
 
 
@@ -19,7 +21,7 @@ def tiny_policy(lr: float = 1e-2, **kw) -> AgentPolicy:
                       num_key_value_heads=2, head_dim=8, tie_word_embeddings=True)
     model = get_peft_model(Qwen3ForCausalLM(cfg), LoraConfig(r=4, lora_alpha=8, target_modules="all-linear",
                                                              task_type="CAUSAL_LM"))
-    return AgentPolicy(model, types.SimpleNamespace(pad_token_id=0), PolicyConfig(lr=lr, micro_batch_size=4, **kw))
+    return AgentPolicy(model, types.SimpleNamespace(pad_token_id=0), plain_update(lr=lr, micro_batch_size=4, **kw))
 
 
 def on_policy_samples(policy: AgentPolicy, advantages: list[float]) -> list[TurnSample]:
@@ -146,7 +148,7 @@ def test_episode_aggregation_weighs_each_episode_once_whatever_its_length():
         loss = policy.module.training_step(collate([long, short], 0), 0).item()
         assert loss == pytest.approx(27 / 33 if agg == "token" else 0.0, abs=1e-4), (agg, loss)
     with pytest.raises(ValueError, match="loss_aggregation"):
-        PolicyConfig(loss_aggregation="sequence-ish")
+        OuterConfig(loss_aggregation="sequence-ish")
 
 
 def test_replay_keeps_rollouts_at_most_max_steps_off_policy_old():
@@ -232,7 +234,7 @@ def test_focus_keeps_the_highest_entropy_tokens_and_weighs_each_episode_once():
         mine = [f for f in focused if f.episode_id == ep]
         assert sum(f.pg_weight * f.n_focus for f in mine) == pytest.approx(1.0)
     with pytest.raises(ValueError, match="focus_top_frac"):
-        PolicyConfig(focus_top_frac=0.0)
+        OuterConfig(focus_top_frac=0.0)
 
 
 def test_unfocused_tokens_carry_no_policy_gradient():
@@ -280,22 +282,22 @@ def test_reference_focus_ranks_tokens_by_the_warm_start_not_by_the_drifted_polic
     assert results["policy"][0] == pytest.approx(results["policy"][2])
     assert results["reference"][1] != pytest.approx(results["reference"][2])   # the two rankings differ here
     with pytest.raises(ValueError, match="focus_entropy_of"):
-        PolicyConfig(focus_entropy_of="base")
+        OuterConfig(focus_entropy_of="base")
 
 
 def test_a_fresh_adapter_is_drawn_from_the_seed(built_agent):
     """Two trainings of one seed start from the same adapter (and the global RNG is left alone)."""
     import torch
 
-    from agent_trainer.outer_loop.rl.policy import AgentPolicy, PolicyConfig
+    from agent_trainer.outer_loop.rl.policy import AgentPolicy
 
     torch.manual_seed(123)
     before = torch.rand(1)
     torch.manual_seed(123)
-    a = AgentPolicy.from_pretrained(built_agent, PolicyConfig(lora_r=4), seed=7).trainable_state()
+    a = AgentPolicy.from_pretrained(built_agent, plain_update(lora_r=4), seed=7).trainable_state()
     assert torch.equal(torch.rand(1), before), "the global RNG is untouched"
-    b = AgentPolicy.from_pretrained(built_agent, PolicyConfig(lora_r=4), seed=7).trainable_state()
-    c = AgentPolicy.from_pretrained(built_agent, PolicyConfig(lora_r=4), seed=8).trainable_state()
+    b = AgentPolicy.from_pretrained(built_agent, plain_update(lora_r=4), seed=7).trainable_state()
+    c = AgentPolicy.from_pretrained(built_agent, plain_update(lora_r=4), seed=8).trainable_state()
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert any(not torch.equal(a[k], c[k]) for k in a if "lora_A" in k)
 
@@ -312,7 +314,7 @@ def test_the_policy_is_updated_on_its_device_and_stays_there(device):
     model = get_peft_model(Qwen3ForCausalLM(cfg), LoraConfig(r=4, lora_alpha=8, target_modules="all-linear",
                                                              task_type="CAUSAL_LM"))
     pol = AgentPolicy(model, types.SimpleNamespace(pad_token_id=0),
-                      PolicyConfig(lr=1e-2, micro_batch_size=4, focus_top_frac=0.5),
+                      plain_update(lr=1e-2, micro_batch_size=4, focus_top_frac=0.5),
                       trainer_kwargs=device_kwargs(device))
     assert next(pol.model.parameters()).device.type == device
     samples = []

@@ -11,9 +11,10 @@ import types
 import pytest
 import torch
 from helpers.logprobs import full_logprobs, loss_and_grads
+from helpers.updates import plain_update
 
 from agent_trainer.outer_loop.rl.policy import (
-    AgentPolicy, PolicyConfig, TurnSample, collate, micro_batches, shared_length, token_entropies, token_logprobs,
+    AgentPolicy, TurnSample, collate, micro_batches, shared_length, token_entropies, token_logprobs,
 )
 
 
@@ -34,7 +35,7 @@ def _wrap(model, kw) -> AgentPolicy:
     for name, p in peft.named_parameters():   # LoRA B starts at 0: make the adapter do something
         if "lora_B" in name:
             torch.nn.init.normal_(p, std=0.05)
-    return AgentPolicy(peft, types.SimpleNamespace(pad_token_id=0), PolicyConfig(lr=1e-2, **kw))
+    return AgentPolicy(peft, types.SimpleNamespace(pad_token_id=0), plain_update(lr=1e-2, **kw))
 
 
 def samples(n=5, seed=1) -> list[TurnSample]:

@@ -10,6 +10,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from hydra.errors import HydraException
 from omegaconf import OmegaConf
 
 from agent_trainer.config import ConfigError, compose_config, validate
@@ -197,10 +198,11 @@ def agent_cfg(**kw):
 def test_the_config_picks_the_served_sampler_and_says_what_is_missing(smollm2):
     # The rules are the agent group's (agent_trainer.config): one line before any run folder is written.
     for overrides, message in ((["agent.base_url=null"], "needs agent.base_url"),
-                               (["agent.backend=vllm"], "agent.backend=vllm has its own sampler"),
-                               (["agent.sampler=engine"], "auto or served, got 'engine'")):
+                               (["agent.backend=vllm"], "agent.backend=vllm has its own sampler")):
         with pytest.raises(ConfigError, match=message):
             validate(compose_config(["experiment=smoke", "agent=smollm2_served", *overrides], "train"))
+    with pytest.raises(HydraException, match="agent.sampler=engine"):   # a choice: checked when composed
+        compose_config(["experiment=smoke", "agent=smollm2_served", "agent.sampler=engine"], "train")
     validate(compose_config(["experiment=smoke", "agent=smollm2_served"], "train"))
     with fake.serve(root=str(smollm2)) as server:
         s = served_sampler(agent_cfg(base_url=server.base_url), smollm2)

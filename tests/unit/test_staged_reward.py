@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from agent_trainer.config import RewardConfig
 from agent_trainer.evaluation.staged_reward import (
-    JobOutcome, RewardWeights, normalized_uplift, staged_reward, validation_score,
+    JobOutcome, normalized_uplift, staged_reward, validation_score,
 )
 
 
@@ -23,7 +24,7 @@ def test_validating_without_submitting_earns_nothing():
     """A valid job that was never submitted achieved nothing: no validation credit (it would pay 0.35
     for stopping early, more than a submitted job that lowers the score)."""
     assert staged_reward(0, None).total == 0.0
-    assert staged_reward(0, None, RewardWeights(validation_without_job=1.0)).validation == 1.0
+    assert staged_reward(0, None, RewardConfig(validation_without_job=1.0)).validation == 1.0
     crashed = staged_reward(0, JobOutcome(status="crashed", train_seconds=1, budget_seconds=90))
     assert crashed.validation == 1.0    # submitted and valid: the stage counts
 
@@ -32,7 +33,7 @@ def test_a_share_of_validation_without_a_job_ranks_stopping_after_valid_between_
     """With ``validation_without_job`` = 0.25 and ``invalid_job`` = 0.2 (experiment=smollm2_cpu) the four ends
     of an episode rank: a valid job that ran > a valid file not submitted > nothing valid, nothing submitted >
     a refused submission; the kept share also halves per retry."""
-    w = RewardWeights(validation_without_job=0.25, invalid_job=0.2)
+    w = RewardConfig(validation_without_job=0.25, invalid_job=0.2)
     ran = staged_reward(0, ok_job(), w).total
     valid_kept = staged_reward(0, None, w)
     assert valid_kept.validation == 0.25 and valid_kept.total == pytest.approx(0.35 * 0.25)
@@ -44,7 +45,7 @@ def test_a_share_of_validation_without_a_job_ranks_stopping_after_valid_between_
 
 def test_validation_without_job_is_a_share():
     with pytest.raises(ValueError, match="validation_without_job must be in"):
-        RewardWeights(validation_without_job=1.5)
+        RewardConfig(validation_without_job=1.5)
 
 
 @pytest.mark.parametrize("status", ["invalid", "over_budget"])
@@ -52,7 +53,7 @@ def test_invalid_job_ranks_below_no_job(status):
     """With ``invalid_job`` > 0 an episode that submits a job the harness refuses ends below one that submits
     nothing, and both below a valid job that ran; at 0 (the default) the first two tie."""
     refused = JobOutcome(status=status)
-    w = RewardWeights(invalid_job=0.2)
+    w = RewardConfig(invalid_job=0.2)
     assert staged_reward(None, refused).total == staged_reward(None, None).total == 0.0
     assert staged_reward(None, refused, w).total == pytest.approx(-0.2)
     assert staged_reward(None, None, w).total == 0.0
@@ -80,10 +81,10 @@ def test_default_total_is_the_papers_mix():
 
 
 def test_weights_are_configurable():
-    w = RewardWeights(validation=0.0, success=1.0, quality=0.0, speed=0.0)
+    w = RewardConfig(validation=0.0, success=1.0, quality=0.0, speed=0.0)
     assert staged_reward(0, ok_job(), w).total == 1.0
     with pytest.raises(ValueError, match="must be >= 0"):
-        RewardWeights(speed=-1)
+        RewardConfig(speed=-1)
 
 
 def test_a_flagged_job_scores_as_its_baseline_and_earns_what_a_refused_one_does():
@@ -96,7 +97,7 @@ def test_a_flagged_job_scores_as_its_baseline_and_earns_what_a_refused_one_does(
     idle = staged_reward(0, ok_job(post=0.2, base=0.2))
     refused = staged_reward(0, JobOutcome(status="invalid", train_seconds=0, budget_seconds=90))
     assert clean.total > idle.total > flagged.total == pytest.approx(refused.total)
-    w = RewardWeights(invalid_job=0.2)
+    w = RewardConfig(invalid_job=0.2)
     assert staged_reward(0, ok_job(post=0.9, base=0.2, flagged=True), w).total == pytest.approx(
         staged_reward(0, JobOutcome(status="invalid", train_seconds=0, budget_seconds=90), w).total)
 

@@ -62,7 +62,7 @@ def test_params_metrics_children_artifacts_read_back(cfg, runs, tmp_path):
     client = MlflowClient(tracking_uri=uri)
     run = client.get_run(tr.run_id)
     params = run.data.params
-    assert params["outer.lr"] == "0.0001" and params["agent.backend"] == "openai"
+    assert params["outer.lr"] == str(cfg.outer.lr) == "0.002" and params["agent.backend"] == "openai"
     assert params["agent.model"] == cfg.agent.model and params == logged
     assert not any("api_key" in k for k in params), "the name of the key variable must not be logged"
     assert len(run.data.metrics) == 1201 and run.data.metrics["loss/1199"] == pytest.approx(119.9)

@@ -26,6 +26,7 @@ from typing import Callable
 
 import torch
 
+from agent_trainer.config import BaseModelEntry
 from agent_trainer.paths import cache_dir as default_cache_dir
 from agent_trainer.registry import BASE_MODELS_ENV, Registry
 from agent_trainer.inner_loop.run.job_env import usable_cores
@@ -48,11 +49,11 @@ class BaseModel:
 
     name: str
     kind: str  # "built": made by this project; "imported": converted from a wheel's GGUF; "local": a folder
-    stands_for: str = ""
+    stands_for: str = BaseModelEntry.stands_for
     hf_folder: str = ""
     build: ModelBuildConfig | None = None
     path: str | None = None  # "local": this folder (from configuration) instead of the hf/ search
-    dtype: str = "float32"  # how the harness loads it (evaluation, the dry run)
+    dtype: str = BaseModelEntry.dtype.value  # how the harness loads it (evaluation, the dry run)
     cost_factor: float | None = None  # seconds per step relative to tiny-s on this machine
                                       # (agent_trainer.inner_loop.spec.cost)
 

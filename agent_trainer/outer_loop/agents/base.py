@@ -19,6 +19,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
+from agent_trainer.config import AgentConfig
 from agent_trainer.outer_loop.agents.toolcalls import AUTO, TOOL_CALL_FORMATS, ParsedCalls, resolve_format
 
 
@@ -71,8 +72,8 @@ class SampleRequest:
 
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]] | None = None
-    temperature: float = 1.0
-    max_new_tokens: int = 512
+    temperature: float = AgentConfig.temperature
+    max_new_tokens: int = AgentConfig.max_new_tokens
     seed: int | None = None
 
 
@@ -93,8 +94,8 @@ class AgentBackend(ABC):
         messages: list[dict[str, Any]],
         tools: list[dict[str, Any]] | None = None,
         *,
-        temperature: float = 1.0,
-        max_new_tokens: int = 512,
+        temperature: float = AgentConfig.temperature,
+        max_new_tokens: int = AgentConfig.max_new_tokens,
         seed: int | None = None,
     ) -> Generation:
         """Sample one assistant turn; ``temperature`` 0 means greedy."""

@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 import torch
 
+from agent_trainer.config import AgentConfig
 from agent_trainer.outer_loop.agents.base import AUTO, AgentBackend, BackendError, Generation, SampleRequest
 from agent_trainer.outer_loop.agents.chat_prompt import render_prompt, template_support
 from agent_trainer.outer_loop.agents.prefix_cache import (
@@ -111,7 +112,8 @@ class LocalBackend(AgentBackend):
         if self.event_log is not None:
             self.event_log({"event": "backend_warning", "kind": "template_drops_tools", "message": message})
 
-    def generate(self, messages, tools=None, *, temperature=1.0, max_new_tokens=512, seed=None) -> Generation:
+    def generate(self, messages, tools=None, *, temperature=AgentConfig.temperature,
+                 max_new_tokens=AgentConfig.max_new_tokens, seed=None) -> Generation:
         result = self.generate_batch([SampleRequest(messages, tools, temperature, max_new_tokens, seed)])[0]
         if isinstance(result, BackendError):
             raise result

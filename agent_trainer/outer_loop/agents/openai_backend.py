@@ -17,7 +17,7 @@ import logging
 import time
 from typing import Any, Callable
 
-from agent_trainer.config import AgentConfig
+from agent_trainer.config import AgentConfig, ToolChoice
 from agent_trainer.outer_loop.agents.base import (
     AgentBackend, BackendError, Generation, card_context, error_text, model_cards, quote_body,
     read_api_key, redact_keys,
@@ -30,7 +30,7 @@ from agent_trainer.outer_loop.agents.context import (
 )
 
 log = logging.getLogger(__name__)
-TOOL_CHOICES = ("auto", "required", "none")
+TOOL_CHOICES = tuple(c.value for c in ToolChoice)
 CONNECT_TIMEOUT_S = 10.0       # a server that takes longer to accept a connection is not there
 MODELS_TIMEOUT_S = 10.0        # GET /v1/models, asked once for the context length
 MAX_BACKOFF_S = 30.0
@@ -46,9 +46,9 @@ class OpenAIBackend(AgentBackend):
     def __init__(self, *, model: str, base_url: str | None = None, api_key_env: str | None = "OPENAI_API_KEY",
                  timeout_s: float = AgentConfig.timeout_s, max_retries: int = AgentConfig.max_retries,
                  retry_backoff_s: float = AgentConfig.retry_backoff_s, context_tokens: int | None = None,
-                 tool_choice: str = AgentConfig.tool_choice, parallel_tool_calls: bool | None = None,
+                 tool_choice: str = AgentConfig.tool_choice.value, parallel_tool_calls: bool | None = None,
                  legacy_max_tokens: bool = False, logprobs: bool = False, extra_body: dict[str, Any] | None = None,
-                 tool_format: str = "auto"):
+                 tool_format: str = AgentConfig.tool_format):
         import httpx2
         import openai
 
@@ -86,7 +86,8 @@ class OpenAIBackend(AgentBackend):
         self.client.close()
 
     # --- one turn ------------------------------------------------------------------------------
-    def generate(self, messages, tools=None, *, temperature=1.0, max_new_tokens=512, seed=None) -> Generation:
+    def generate(self, messages, tools=None, *, temperature=AgentConfig.temperature,
+                 max_new_tokens=AgentConfig.max_new_tokens, seed=None) -> Generation:
         """One chat completion; every failure (transport, HTTP status, a body that is no chat completion)
         is a one-line ``BackendError``, also kept in ``last_error``."""
         try:

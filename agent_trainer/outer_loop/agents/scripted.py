@@ -18,6 +18,7 @@ from __future__ import annotations
 import random
 from typing import Any, Callable, Generator, Mapping, Sequence
 
+from agent_trainer.config import AgentConfig
 from agent_trainer.outer_loop.agents.base import AgentBackend, BackendError, Generation
 
 Script = Callable[[Any, random.Random], Generator[dict, Any, None]]
@@ -53,8 +54,8 @@ class ScriptedPolicy(AgentBackend):
         self.script, self.model_name = script, model_name
         self.tasks = {task_message(t): t for t in tasks}
 
-    def generate(self, messages: list[dict[str, Any]], tools=None, *, temperature: float = 1.0,
-                 max_new_tokens: int = 512, seed: int | None = None) -> Generation:
+    def generate(self, messages: list[dict[str, Any]], tools=None, *, temperature: float = AgentConfig.temperature,
+                 max_new_tokens: int = AgentConfig.max_new_tokens, seed: int | None = None) -> Generation:
         from agent_trainer.outer_loop.episode.episode import TURN_SEED_STRIDE
 
         task = next((self.tasks[m["content"]] for m in messages if m.get("role") == "user"

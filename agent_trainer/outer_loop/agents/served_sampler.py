@@ -23,6 +23,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from agent_trainer.config import AgentConfig
 from agent_trainer.outer_loop.agents.base import (
     AgentBackend, BackendError, Generation, card_context, error_text, model_cards, quote_body, read_api_key,
     redact_keys,
@@ -56,9 +57,10 @@ class ServedSampler(AgentBackend):
     concurrent_requests = 16
 
     def __init__(self, *, base_url: str, model_path: str | Path, model_name: str | None = None,
-                 api_key_env: str | None = None, timeout_s: float = 300.0, max_retries: int = 2,
-                 retry_backoff_s: float = 1.0, lora_prefix: str | None = None,
-                 chat_template_kwargs: dict[str, Any] | None = None, tool_format: str = "auto"):
+                 api_key_env: str | None = None, timeout_s: float = AgentConfig.timeout_s,
+                 max_retries: int = AgentConfig.max_retries, retry_backoff_s: float = AgentConfig.retry_backoff_s,
+                 lora_prefix: str | None = None,
+                 chat_template_kwargs: dict[str, Any] | None = None, tool_format: str = AgentConfig.tool_format):
         from transformers import AutoTokenizer
 
         key = read_api_key(api_key_env, base_url, ServedSamplerError)
@@ -194,7 +196,8 @@ class ServedSampler(AgentBackend):
             self._warned = True
             log.warning(message)
 
-    def generate(self, messages, tools=None, *, temperature=1.0, max_new_tokens=512, seed=None) -> Generation:
+    def generate(self, messages, tools=None, *, temperature=AgentConfig.temperature,
+                 max_new_tokens=AgentConfig.max_new_tokens, seed=None) -> Generation:
         if self.adapter is None:
             raise ServedSamplerError("no LoRA pushed to the server yet: push_adapter(policy, run_dir) first")
         text = render_prompt(self.tokenizer, messages, tools, support=self.template_support,

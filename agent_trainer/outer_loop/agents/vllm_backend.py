@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from agent_trainer.config import AgentConfig
 from agent_trainer.outer_loop.agents.base import AgentBackend, BackendError, Generation
 from agent_trainer.outer_loop.agents.chat_prompt import render_prompt, template_support
 
@@ -102,7 +103,8 @@ class VLLMBackend(AgentBackend):
             self._warned = True
             logging.getLogger(__name__).warning(message)
 
-    def generate(self, messages, tools=None, *, temperature=1.0, max_new_tokens=512, seed=None) -> Generation:
+    def generate(self, messages, tools=None, *, temperature=AgentConfig.temperature,
+                 max_new_tokens=AgentConfig.max_new_tokens, seed=None) -> Generation:
         text = render_prompt(self.tokenizer, messages, tools, support=self.template_support,
                              tool_format=self.tool_format, chat_template_kwargs=self.chat_template_kwargs,
                              warn=self._warn_once)

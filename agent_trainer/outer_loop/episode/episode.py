@@ -20,9 +20,9 @@ from typing import Any
 
 import yaml
 
-from agent_trainer.config import AgentConfig, BudgetConfig, StrategyConfig
+from agent_trainer.config import AgentConfig, BudgetConfig, RewardConfig, StrategyConfig
 from agent_trainer.outer_loop.agents.base import BackendError, SampleRequest
-from agent_trainer.evaluation.staged_reward import RewardWeights, staged_reward
+from agent_trainer.evaluation.staged_reward import staged_reward
 from agent_trainer.inner_loop.run.request import JobRequest, JobSettings
 from agent_trainer.outer_loop.episode.tools import PendingJob, ToolBox, ToolLimits
 from agent_trainer.outer_loop.episode.workspace import Workspace
@@ -52,8 +52,8 @@ class EpisodeSettings:
     # "full" tool schemas (descriptions included), "compact" ones (names and argument types), or
     # "names": no schemas, one line in the system prompt. A tiny agent's context is short (full schemas
     # cost it ~1,900 tokens per turn); a frontier model or a server with native tool calls wants "full".
-    tool_schemas: str = AgentConfig.tool_schemas
-    reward: RewardWeights = field(default_factory=RewardWeights)
+    tool_schemas: str = AgentConfig.tool_schemas.value
+    reward: RewardConfig = field(default_factory=RewardConfig)   # the outer group's reward weights
     reward_pick: str = StrategyConfig.episode_reward.value   # which job's outcome the reward uses: last | best
     submit_at_turn_limit: bool = AgentConfig.submit_at_turn_limit
 

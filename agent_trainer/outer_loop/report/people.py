@@ -25,6 +25,8 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from agent_trainer.config import PeopleTableConfig
+
 ROWS = ("base", "handwritten", "teacher", "warm_start", "trained")
 # Episode folders s<n>-heldout-...: numbers no run's policy uses (those are its step + 1).
 FOLDER_STEPS = {"teacher": 9001, "handwritten": 9002}
@@ -90,7 +92,7 @@ def cells_of(records: Sequence[dict[str, Any]], families: Sequence[str], heldout
 
 
 def people_table(runs: Sequence[str | Path], out: Path, rows: Sequence[str] = ROWS, families: str = "all",
-                 episodes: int = 4, jobs: dict[str, str] | None = None, candidates: Sequence[str] = (),
+                 episodes: int = PeopleTableConfig.episodes, jobs: dict[str, str] | None = None, candidates: Sequence[str] = (),
                  note: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Play every row asked for (``ROWS``) on ``families`` of the runs (``all``, ``train``, ``heldout`` or names)
     and write the table into ``out``; returns what ``people.json`` holds. ``jobs``: family -> the hand-written job

@@ -5,7 +5,7 @@ Each update maximises a clipped, importance-weighted objective over the agent's 
 token or episode aggregation; optionally only the high-entropy tokens). The formula and every setting:
 docs/outer_loop.md, "The update, precisely".
 
-    policy = AgentPolicy.from_pretrained(model_dir, PolicyConfig(lora_r=16))
+    policy = AgentPolicy.from_pretrained(model_dir, OuterConfig(lora_r=16))   # the outer group's settings
     stats = policy.update(samples)          # one outer step over a list of TurnSample
     policy.save(step_dir); policy.load(step_dir)
 """
@@ -25,40 +25,15 @@ from lightning.pytorch.plugins.environments import LightningEnvironment
 import torch
 from torch.utils.data import DataLoader
 
-from agent_trainer.config import OuterConfig, check_update
+from agent_trainer.config import OuterConfig
 
 ADAPTER_DIR = "adapter"
 OPTIMIZER_FILE = "optimizer.pt"
 
 
-@dataclass
-class PolicyConfig:
-    """Settings of the outer update: the ``outer`` group's fields of the same names, with the schema's
-    defaults and rules (``agent_trainer.config.OuterConfig``), plus two that no config sets."""
-
-    lr: float = OuterConfig.lr
-    lr_warmup_steps: int = OuterConfig.lr_warmup_steps
-    lora_r: int = OuterConfig.lora_r
-    lora_alpha: float = OuterConfig.lora_alpha
-    lora_target_modules: str | list[str] = OuterConfig.lora_target_modules
-    clip_eps: float = OuterConfig.clip_eps
-    clip_eps_high: float | None = OuterConfig.clip_eps_high   # None = clip_eps
-    kl_beta: float = OuterConfig.kl_beta
-    scale_by_std: bool = OuterConfig.scale_by_std
-    epochs: int = OuterConfig.epochs
-    micro_batch_size: int = OuterConfig.micro_batch_size
-    micro_batch_tokens: int = OuterConfig.micro_batch_tokens
-    gradient_checkpointing: bool = OuterConfig.gradient_checkpointing
-    share_prefix: bool = OuterConfig.share_prefix
-    max_grad_norm: float = OuterConfig.max_grad_norm
-    loss_aggregation: str = OuterConfig.loss_aggregation
-    focus_top_frac: float = OuterConfig.focus_top_frac
-    focus_entropy_of: str = OuterConfig.focus_entropy_of
-    lora_dropout: float = 0.0
-    weight_decay: float = 0.0
-
-    def __post_init__(self) -> None:
-        check_update(self, "PolicyConfig")
+# The adapter's dropout and the optimizer's weight decay: none (the update is a few steps of a small LoRA).
+LORA_DROPOUT = 0.0
+WEIGHT_DECAY = 0.0
 
 
 @dataclass
@@ -434,7 +409,7 @@ def _quiet_lightning() -> None:
 class PolicyModule(L.LightningModule):
     """Lightning module for the clipped, group-relative policy-gradient step (docs/outer_loop.md: "The update")."""
 
-    def __init__(self, model, config: PolicyConfig):
+    def __init__(self, model, config: OuterConfig):
         super().__init__()
         self.model = model
         self.config = config
@@ -450,7 +425,7 @@ class PolicyModule(L.LightningModule):
         # moments carry over from step to step (and are checkpointed with the adapter).
         if self._optimizer is None:
             params = [p for p in self.model.parameters() if p.requires_grad]
-            self._optimizer = torch.optim.AdamW(params, lr=self.config.lr, weight_decay=self.config.weight_decay)
+            self._optimizer = torch.optim.AdamW(params, lr=self.config.lr, weight_decay=WEIGHT_DECAY)
         return self._optimizer
 
     def on_before_optimizer_step(self, optimizer):
@@ -539,7 +514,7 @@ class AgentPolicy:
     ``trainer_kwargs`` go to Lightning's ``Trainer`` (``device_kwargs``); with a GPU accelerator the model
     lives on the GPU between updates too, where the local backend samples from it."""
 
-    def __init__(self, model, tokenizer, config: PolicyConfig, trainer_kwargs: dict | None = None):
+    def __init__(self, model, tokenizer, config: OuterConfig, trainer_kwargs: dict | None = None):
         self.model = model
         self.tokenizer = tokenizer
         self.config = config
@@ -560,7 +535,7 @@ class AgentPolicy:
         self.version = 0  # number of updates applied
 
     @classmethod
-    def from_pretrained(cls, model_dir: str | Path, config: PolicyConfig, adapter_dir: str | Path | None = None,
+    def from_pretrained(cls, model_dir: str | Path, config: OuterConfig, adapter_dir: str | Path | None = None,
                         trainer_kwargs: dict | None = None, seed: int = 0) -> "AgentPolicy":
         """Load the base agent from ``model_dir`` and add a fresh (or saved) LoRA adapter.
 
@@ -577,7 +552,7 @@ class AgentPolicy:
         if adapter_dir is not None:
             model = PeftModel.from_pretrained(base, str(adapter_dir), is_trainable=True)
         else:
-            lora = LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
+            lora = LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=LORA_DROPOUT,
                               target_modules=config.lora_target_modules, task_type="CAUSAL_LM")
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(seed)

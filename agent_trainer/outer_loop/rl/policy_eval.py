@@ -268,7 +268,7 @@ class RunEvaluator:
         self.trainer.close()
 
 
-def evaluate_runs(runs: Sequence[str | Path], families: str = "train", episodes: int = 4,
+def evaluate_runs(runs: Sequence[str | Path], families: str, episodes: int,
                   steps: Sequence[str | int] = (START, LAST), progress: bool = True) -> dict[str, Any]:
     """Each run's policies at ``steps`` played on the family set, each run's paired gain of its last listed step
     over its first, and (several runs) the mean gain with its t interval, runs as the unit. Each run's results

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from agent_trainer.config import OuterConfig
 from agent_trainer.inner_loop.run.request import JobRequest, JobSettings
 from agent_trainer.outer_loop.episode.episode import Episode, EpisodeSettings
 from agent_trainer.outer_loop.rl import heldout
@@ -117,7 +118,8 @@ class Rollouts:
     time changes. ``steering``: a callable giving each episode its strategy layer."""
 
     def __init__(self, backend, run_dir: Path, settings: EpisodeSettings, jobs: JobRunner, *, ledger=None,
-                 model_name: str | None = None, steering: Callable | None = None, overlap_jobs: bool = True):
+                 model_name: str | None = None, steering: Callable | None = None,
+                 overlap_jobs: bool = OuterConfig.overlap_jobs):
         self.backend, self.run_dir, self.settings, self.jobs = backend, Path(run_dir), settings, jobs
         self.ledger, self.model_name, self.steering, self.overlap_jobs = ledger, model_name, steering, overlap_jobs
 

@@ -12,12 +12,10 @@ from typing import Any
 from omegaconf import DictConfig
 
 from agent_trainer.config import Config, settings_from, typed
-from agent_trainer.evaluation.staged_reward import RewardWeights
 from agent_trainer.inner_loop.run.job_env import usable_cores
 from agent_trainer.inner_loop.run.request import JobRequest, JobSettings
 from agent_trainer.outer_loop.episode.episode import EpisodeSettings
 from agent_trainer.outer_loop.rl import heldout
-from agent_trainer.outer_loop.rl.policy import PolicyConfig
 from agent_trainer.outer_loop.rl.train import TrainSettings, Trainer
 
 Conf = Config | DictConfig
@@ -42,7 +40,7 @@ def episode_settings(cfg: Conf) -> EpisodeSettings:
     """``EpisodeSettings`` from the agent, budget and strategy groups."""
     c = typed(cfg)
     return settings_from(EpisodeSettings, c.agent, max_jobs_per_episode=c.budget.max_jobs_per_episode,
-                         reward=settings_from(RewardWeights, c.outer.reward), reward_pick=c.strategy.episode_reward)
+                         reward=c.outer.reward, reward_pick=c.strategy.episode_reward)
 
 
 def job_settings(cfg: Conf) -> JobSettings:
@@ -70,7 +68,7 @@ def train_settings(cfg: Conf) -> TrainSettings:
         from agent_trainer.evaluation.tasks import load_task
 
         families = [load_task(c.task.spec_path).family]
-    return settings_from(TrainSettings, c.outer, seed=c.seed, policy=settings_from(PolicyConfig, c.outer),
+    return TrainSettings(outer=c.outer, seed=c.seed,
                          train_tasks=spec_paths(c, families), heldout_tasks=spec_paths(c, c.task.held_out_families),
                          episode=episode_settings(c), job=job_settings(c).replace(progress=False))
 
@@ -140,13 +138,13 @@ def execution_plan(cfg: Conf) -> dict[str, Any]:
     settings = train_settings(c)
     executor = make_executor(c)
     task = load_task(resolve_path(settings.train_tasks[0]))
-    n_jobs = settings.tasks_per_step * settings.group_size * c.budget.max_jobs_per_episode
+    n_jobs = c.outer.tasks_per_step * c.outer.group_size * c.budget.max_jobs_per_episode
     batch = [JobRequest(Path(f"<episode {i}>/job"), task, settings=settings.job) for i in range(n_jobs)]
     h = c.hardware
     return {"device": h.device.value, "gpus_per_job": h.gpus_per_job, "inner_vllm": h.inner_vllm,
             "agent": f"{c.agent.backend} on {h.agent_device}", "agent_model": c.agent.model_path or c.agent.model,
             "agent_sampler": c.agent.sampler,
-            "episodes_per_step": f"{settings.tasks_per_step} tasks x {settings.group_size}, sampled together",
+            "episodes_per_step": f"{c.outer.tasks_per_step} tasks x {c.outer.group_size}, sampled together",
             "update": (f"LoRA r{c.outer.lora_r}, micro-batches of <= {c.outer.micro_batch_size} rows"
                        + (f" and <= {c.outer.micro_batch_tokens} tokens" if c.outer.micro_batch_tokens else "")
                        + (", gradient checkpointing" if c.outer.gradient_checkpointing else "")
@@ -161,14 +159,14 @@ def evaluations(settings: TrainSettings) -> str:
     def tasks(n: int) -> str:
         return f"{n} task{'s' if n != 1 else ''}"
 
-    out = []
-    held_before = [s for s in range(settings.steps)
-                   if heldout.schedule(s, settings.steps, settings.heldout_every, settings.heldout_at_start)[0]]
-    if settings.heldout_tasks and settings.heldout_episodes > 0 and settings.heldout_every > 0:
+    out, outer = [], settings.outer
+    held_before = [s for s in range(outer.steps)
+                   if heldout.schedule(s, outer.steps, outer.heldout_every, outer.heldout_at_start)[0]]
+    if settings.heldout_tasks and outer.heldout_episodes > 0 and outer.heldout_every > 0:
         when = (["start"] if 0 in held_before else []) + [f"step {s}" for s in held_before if s] + ["end"]
-        out.append(f"held-out {tasks(len(settings.heldout_tasks))} x {settings.heldout_episodes} ({', '.join(when)})")
-    if settings.train_eval_episodes > 0:
-        out.append(f"training {tasks(len(settings.train_tasks))} x {settings.train_eval_episodes} (start, end)")
+        out.append(f"held-out {tasks(len(settings.heldout_tasks))} x {outer.heldout_episodes} ({', '.join(when)})")
+    if outer.train_eval_episodes > 0:
+        out.append(f"training {tasks(len(settings.train_tasks))} x {outer.train_eval_episodes} (start, end)")
     return "; ".join(out) or "none"
 
 

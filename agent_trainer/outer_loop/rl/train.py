@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent_trainer.config import Config, OuterConfig
+from agent_trainer.config import AgentConfig, Config, HardwareConfig, OuterConfig
 from agent_trainer.inner_loop.run.request import JobSettings
 from agent_trainer.outer_loop.episode.episode import EpisodeResult, EpisodeSettings
 from agent_trainer.outer_loop.rl import heldout
@@ -33,7 +33,7 @@ from agent_trainer.outer_loop.rl.checkpoints import (
 )
 from agent_trainer.outer_loop.rl.metrics import step_metrics, summarize, training_gain
 from agent_trainer.outer_loop.rl.policy import (
-    AgentPolicy, PolicyConfig, TurnSample, device_kwargs, group_advantages, merge_turns,
+    AgentPolicy, TurnSample, device_kwargs, group_advantages, merge_turns,
 )
 from agent_trainer.outer_loop.rl.rollouts import JobRunner, Rollouts, evaluate_fixed, step_tasks
 from agent_trainer.outer_loop.rl.tracker_sync import sync_tracker
@@ -42,22 +42,13 @@ from agent_trainer.outer_loop.strategy.strategy import run_metrics
 
 @dataclass
 class TrainSettings:
-    """What ``at-train`` does per step: the ``outer`` group's fields of the same names and ``seed``, with the
-    schema's defaults (``agent_trainer.config``), and the objects built from the other groups."""
+    """What ``at-train`` does per step: the ``outer`` group itself (steps, groups, held-out evaluation, the update:
+    ``agent_trainer.config.OuterConfig``), ``seed``, and what is built from the other groups."""
 
-    steps: int = OuterConfig.steps
-    tasks_per_step: int = OuterConfig.tasks_per_step
-    group_size: int = OuterConfig.group_size
+    outer: OuterConfig = field(default_factory=OuterConfig)
+    seed: int = Config.seed
     train_tasks: list[str] = field(default_factory=list)     # task spec paths
     heldout_tasks: list[str] = field(default_factory=list)
-    heldout_every: int = OuterConfig.heldout_every          # 0: no held-out evaluation at all
-    heldout_episodes: int = OuterConfig.heldout_episodes    # per held-out task and evaluation
-    heldout_at_start: bool = OuterConfig.heldout_at_start
-    train_eval_episodes: int = OuterConfig.train_eval_episodes   # per training task, at the start and the end
-    max_steps_off_policy: int = OuterConfig.max_steps_off_policy
-    seed: int = Config.seed
-    overlap_jobs: bool = OuterConfig.overlap_jobs   # start an episode's last job while the next ones are sampled
-    policy: PolicyConfig = field(default_factory=PolicyConfig)
     episode: EpisodeSettings = field(default_factory=EpisodeSettings)
     job: JobSettings = field(default_factory=JobSettings)      # how each inner job runs
                                                                # (agent_trainer.inner_loop.run.request)
@@ -71,7 +62,7 @@ def load_tasks(paths: list[str]):
     return [load_task(resolve_path(p)) for p in paths]
 
 
-def turn_samples(results: list[EpisodeResult], tasks: list, policy: PolicyConfig, version: int) -> list[TurnSample]:
+def turn_samples(results: list[EpisodeResult], tasks: list, policy: OuterConfig, version: int) -> list[TurnSample]:
     """The update's samples of a step's episodes, with group-relative advantages (one group per task); each
     episode's turns merged into as few sequences as its contexts allow. An episode whose job the machine failed
     (``reward["excluded"]``: the wall-clock safety cap) is left out of its group and of the update."""
@@ -104,8 +95,8 @@ class Trainer:
 
     def __init__(self, settings: TrainSettings, run_dir: str | Path, agent_dir: str | Path, *, ledger=None,
                  tracker=None, executor=None, state: StepState | None = None, progress: bool = True,
-                 model_name: str | None = None, steering=None, sampler=None, agent_device: str = "cpu",
-                 tool_format: str = "auto"):
+                 model_name: str | None = None, steering=None, sampler=None,
+                 agent_device: str = HardwareConfig.agent_device.value, tool_format: str = AgentConfig.tool_format):
         """``state``: from ``checkpoints.prepare_resume`` to continue a run (open the ledger after that call);
         ``model_name``: the agent's name in the ledger's price table (default: the folder's name);
         ``steering``: a callable giving each episode its strategy layer
@@ -128,19 +119,20 @@ class Trainer:
         ckpt = last_complete_step(self.run_dir) if state is not None else None
         device_kw = device_kwargs(agent_device)
         if ckpt is not None:
-            self.policy = AgentPolicy.from_pretrained(agent_dir, settings.policy, adapter_dir=ckpt / "adapter",
+            self.policy = AgentPolicy.from_pretrained(agent_dir, settings.outer, adapter_dir=ckpt / "adapter",
                                                       trainer_kwargs=device_kw)
             self.policy.load_state(ckpt)
             self.replay = [TurnSample(**d) for d in load_replay(ckpt)]
         else:
-            self.policy = AgentPolicy.from_pretrained(agent_dir, settings.policy, seed=settings.seed,
+            self.policy = AgentPolicy.from_pretrained(agent_dir, settings.outer, seed=settings.seed,
                                                       trainer_kwargs=device_kw)
         self.model_name = model_name or Path(agent_dir).name.split("-seed")[0]
         self.backend = sampler or LocalBackend(self.policy.model, self.policy.tokenizer, device=agent_device,
                                                model_name=self.model_name, tool_format=tool_format)
         self.jobs = JobRunner(executor, settings.job)
         self.rollouts = Rollouts(self.backend, self.run_dir, settings.episode, self.jobs, ledger=ledger,
-                                 model_name=self.model_name, steering=steering, overlap_jobs=settings.overlap_jobs)
+                                 model_name=self.model_name, steering=steering,
+                                 overlap_jobs=settings.outer.overlap_jobs)
         self.sync_sampler()
 
     def close(self) -> None:
@@ -161,16 +153,16 @@ class Trainer:
     # --- one step --------------------------------------------------------------------------
     def play(self, tasks: list, step: int) -> list:
         """Step ``step``'s training episodes (``group_size`` per task), played to their end, jobs run."""
-        return self.rollouts.play(tasks, self.settings.group_size, step, "train", seed_base=(self.settings.seed, step))
+        return self.rollouts.play(tasks, self.settings.outer.group_size, step, "train",
+                                  seed_base=(self.settings.seed, step))
 
     def step(self, step: int) -> dict[str, float]:
         t0 = time.time()
         self.jobs.reset()
-        settings = self.settings
-        held_before, held_after = heldout.schedule(step, settings.steps, settings.heldout_every,
-                                                   settings.heldout_at_start,
-                                                   enabled=bool(self.heldout_tasks) and settings.heldout_episodes > 0)
-        tasks = step_tasks(self.train_tasks, self.settings.seed, self.settings.tasks_per_step, step)
+        outer = self.settings.outer
+        held_before, held_after = heldout.schedule(step, outer.steps, outer.heldout_every, outer.heldout_at_start,
+                                                   enabled=bool(self.heldout_tasks) and outer.heldout_episodes > 0)
+        tasks = step_tasks(self.train_tasks, self.settings.seed, outer.tasks_per_step, step)
         episodes = self.play(tasks, step)
         t2 = time.time()
         jobs_s = self.jobs.waited
@@ -179,7 +171,8 @@ class Trainer:
         held = self.evaluate(heldout.HELDOUT, step, heldout.PREFIX) if held_before else {}
         trained = self.evaluate(heldout.TRAIN, step, heldout.TRAIN.prefix) if self.train_eval and step == 0 else {}
         fresh = self.samples(results, tasks)
-        samples, self.replay = mix_replay(self.replay, fresh, self.policy.version, self.settings.max_steps_off_policy)
+        samples, self.replay = mix_replay(self.replay, fresh, self.policy.version,
+                                          self.settings.outer.max_steps_off_policy)
         update = self.policy.update(samples) if fresh else {"skipped": 1.0}
         if fresh:
             self.sync_sampler()
@@ -196,17 +189,17 @@ class Trainer:
         metrics.update(trained)
         if held_after:   # the last step: the policy the run leaves
             metrics.update(self.end_of_run(heldout.HELDOUT, step, metrics))
-        if self.train_eval and step == self.settings.steps - 1:
+        if self.train_eval and step == self.settings.outer.steps - 1:
             metrics.update(self.end_of_run(heldout.TRAIN, step, metrics))
-        if step == self.settings.steps - 1:   # the last step: the training gain's interval, over the episodes
-            metrics.update(training_gain(self.run_dir, self.settings.steps))
+        if step == self.settings.outer.steps - 1:   # the last step: the training gain's interval, over the episodes
+            metrics.update(training_gain(self.run_dir, self.settings.outer.steps))
         metrics["seconds_step"] = time.time() - t0
         return metrics
 
     @property
     def train_eval(self) -> bool:
         """Whether the training families are played on fixed seeds at the start and the end."""
-        return self.settings.train_eval_episodes > 0
+        return self.settings.outer.train_eval_episodes > 0
 
     def evaluate(self, evaluation: heldout.Evaluation, step: int, prefix: str) -> dict[str, Any]:
         """The current policy on a fixed-seed evaluation's tasks (``rollouts.evaluate_fixed``): the held-out
@@ -218,8 +211,8 @@ class Trainer:
     def fixed_tasks(self, evaluation: heldout.Evaluation) -> tuple[list, int]:
         """``(tasks, episodes per task)`` of a fixed-seed evaluation."""
         if evaluation is heldout.TRAIN:
-            return self.train_tasks, self.settings.train_eval_episodes
-        return self.heldout_tasks, self.settings.heldout_episodes
+            return self.train_tasks, self.settings.outer.train_eval_episodes
+        return self.heldout_tasks, self.settings.outer.heldout_episodes
 
     def end_of_run(self, evaluation: heldout.Evaluation, step: int, metrics: dict[str, Any]) -> dict[str, Any]:
         """An evaluation after the last update and its paired gain over the start (``heldout.paired``; none when
@@ -235,7 +228,7 @@ class Trainer:
 
     def samples(self, results: list[EpisodeResult], tasks: list) -> list[TurnSample]:
         """``turn_samples`` at the policy's current version."""
-        return turn_samples(results, tasks, self.settings.policy, self.policy.version)
+        return turn_samples(results, tasks, self.settings.outer, self.policy.version)
 
     # --- the loop --------------------------------------------------------------------------
     def checkpoint(self, step: int, metrics: dict[str, float]) -> None:
@@ -251,7 +244,8 @@ class Trainer:
         from tqdm.auto import tqdm
 
         self.sync_tracker()
-        bar = tqdm(range(self.state.step, self.settings.steps), initial=self.state.step, total=self.settings.steps,
+        steps = self.settings.outer.steps
+        bar = tqdm(range(self.state.step, steps), initial=self.state.step, total=steps,
                    desc="outer steps", disable=not self.progress)
         for step in bar:
             metrics = self.step(step)

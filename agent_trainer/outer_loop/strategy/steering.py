@@ -167,7 +167,7 @@ class Steering:
     """The strategy layer of one episode (see the module docstring)."""
 
     def __init__(self, settings: SteeringSettings, *, evaluator=None, run_dir=None, cache_dir=None):
-        self.s, self.evaluator = settings, evaluator
+        self.settings, self.evaluator = settings, evaluator
         self.run_dir = Path(run_dir) if run_dir else None
         self.cache_dir = cache_dir
         self.records: list[JobRecord] = []
@@ -184,35 +184,35 @@ class Steering:
     # --- set-up ---------------------------------------------------------------------------
     @property
     def needs_dev(self) -> bool:
-        return self.s.dev_size > 0 and (self.s.mode == "check" or self.evaluator is not None)
+        return self.settings.dev_size > 0 and (self.settings.mode == "check" or self.evaluator is not None)
 
     def attach(self, ep) -> None:
         """Register the enabled tools on the episode's ToolBox."""
         from agent_trainer.outer_loop.strategy.journal import Journal, SkillLibrary, journal_tools, skill_tools
 
         self._ep = ep
-        if self.s.mode == "check":
+        if self.settings.mode == "check":
             ep.box.register(protocol.DECIDE_SCHEMA, self._decide_out_of_turn)
-        if self.s.journal:
-            path = Path(self.s.journal_path) if self.s.journal_path else ep.dir / "journal.jsonl"
+        if self.settings.journal:
+            path = Path(self.settings.journal_path) if self.settings.journal_path else ep.dir / "journal.jsonl"
             if not path.is_absolute():
                 path = (self.run_dir or ep.dir) / path
             self.journal = Journal(path, episode=ep.id)
             for schema, impl in journal_tools(self.journal, lambda: len(ep.box.state.jobs)):
                 ep.box.register(schema, impl)
-        if self.s.skills:
-            for schema, impl in skill_tools(SkillLibrary(self.s.skills_dir)):
+        if self.settings.skills:
+            for schema, impl in skill_tools(SkillLibrary(self.settings.skills_dir)):
                 ep.box.register(schema, impl)
 
     def system_note(self) -> str:
         """Sentences added to the system prompt for the enabled features ("" when none)."""
         notes = []
-        if self.s.mode == "check":
+        if self.settings.mode == "check":
             notes.append("After each job result answer the check with decide (CONTINUE or SWITCH).")
-        if self.s.journal:
+        if self.settings.journal:
             notes.append("Keep an experiment journal: journal_write a plan (hypothesis, success and abort "
                          "criteria) before each job and a lesson after it; journal_read shows past entries.")
-        if self.s.skills:
+        if self.settings.skills:
             notes.append("list_skills and read_skill give short notes on what works.")
         return " ".join(notes)
 
@@ -238,10 +238,10 @@ class Steering:
             if not model.is_dir() and getattr(result, "cached_from", None):
                 model = Path(result.cached_from) / "model"
             fmt = for_task(ep.task)
-            rec.dev_score = dev_score(model, ep.task.family, self.s.dev_size, fmt)
+            rec.dev_score = dev_score(model, ep.task.family, self.settings.dev_size, fmt)
             if self.base_dev is None and getattr(result, "base_model", None):
-                self.base_dev = base_dev_score(result.base_model, ep.task.family, self.s.dev_size, self.cache_dir,
-                                               fmt)
+                self.base_dev = base_dev_score(result.base_model, ep.task.family, self.settings.dev_size,
+                                               self.cache_dir, fmt)
         self._resolve(ep, rec)
         self.records.append(rec)
         ep.log({"event": "strategy_job", **rec.brief(), "ran": ran, "base_dev": self.base_dev})
@@ -251,12 +251,12 @@ class Steering:
         msgs = []
         if self.evaluator is not None:
             msgs += self._evaluate(ep, rec)
-        for iv in self.s.interventions:
+        for iv in self.settings.interventions:
             if int(iv["after_job"]) == k:
                 self.interventions.append({"after_job": k, "message": iv["message"]})
                 ep.log({"event": "intervention", "after_job": k, "message": iv["message"]})
                 msgs.append({"role": "user", "content": iv["message"]})
-        if self.s.mode == "check":
+        if self.settings.mode == "check":
             msgs.append({"role": "user", "content": self._open_check(ep, rec, jobs_left)})
         return msgs
 
@@ -301,7 +301,7 @@ class Steering:
             self.journal.write("eval_result", ev.evaluation or "-", author=f"evaluator:{ev.source}", job=rec.job)
             if ev.analysis:
                 self.journal.write("eval_analysis", ev.analysis, author=f"evaluator:{ev.source}", job=rec.job)
-        return [{"role": "user", "content": ev.text()}] if self.s.show_evaluation else []
+        return [{"role": "user", "content": ev.text()}] if self.settings.show_evaluation else []
 
     # --- the check -------------------------------------------------------------------------
     def dev_series(self) -> list[tuple[int, float]]:
@@ -311,11 +311,13 @@ class Steering:
     def _open_check(self, ep, rec: JobRecord, jobs_left: int) -> str:
         series = self.dev_series()
         last_exec = next((r for r in reversed(self.records) if r.label is not None), None)
-        hint = protocol.switch_hint([s for _, s in series], self.base_dev, self.s.rule_window, self.s.rule_min_gain)
+        hint = protocol.switch_hint([s for _, s in series], self.base_dev, self.settings.rule_window,
+                                    self.settings.rule_min_gain)
         self._open = _Open(job=rec.job, shown=series[-3:], current=protocol.current_of(last_exec.ran if last_exec
                                                                                           else None), hint=hint)
         label = str(last_exec.label) if last_exec else "no job has trained yet"
-        text = protocol.check_message(rec.job, label, series[-3:], self.base_dev, hint, self.s.dev_size, jobs_left)
+        text = protocol.check_message(rec.job, label, series[-3:], self.base_dev, hint, self.settings.dev_size,
+                                      jobs_left)
         ep.log({"event": "check", "after_job": rec.job, "hint": bool(hint), "shown": series[-3:]})
         return text
 
@@ -343,7 +345,7 @@ class Steering:
         if decision is None:
             o.problems.append(problem)
             ep.log({"event": "decision_attempt", "after_job": o.job, "attempt": o.attempts, "problem": problem})
-            if o.attempts <= self.s.max_reasks:
+            if o.attempts <= self.settings.max_reasks:
                 ep._add_message({"role": "user", "content": f"Your answer to the check is malformed: {problem}. "
                                  "Answer again with one decide call."})
                 return True
@@ -370,7 +372,7 @@ class Steering:
         """Decision, adoption and evaluator metrics (only those that have a value)."""
         m: dict[str, float] = {}
         d = self.decisions
-        if self.s.mode == "check":
+        if self.settings.mode == "check":
             m["decisions"] = len(d)
             for kind in ("CONTINUE", "SWITCH", "MALFORMED"):
                 m[f"decisions_{kind.lower()}"] = sum(x["decision"] == kind for x in d)
@@ -395,6 +397,6 @@ class Steering:
             errs = [e["prediction_error"] for e in self.evaluations if e.get("prediction_error") is not None]
             if errs:
                 m["evaluator_prediction_mae"] = sum(errs) / len(errs)
-        if self.s.interventions:
+        if self.settings.interventions:
             m["interventions"] = len(self.interventions)
         return {k: float(v) for k, v in m.items()}
