@@ -4,8 +4,10 @@ the tests that waited most, i.e. where the suite's wall time is not work:
 
     .venv/bin/pytest -n 2 --cpu-report /tmp/cpu.jsonl tests
 
-CPU that a test causes outside its process tree (a SLURM task under slurmd, a task on a Ray node, a server the
-test talks to) is not counted; such tests read as waiting."""
+CPU that a test causes outside the processes it waits for is not counted, and such tests read as waiting: a
+SLURM task under slurmd, a task on a Ray node, a server the test talks to, and the inner jobs of the executors'
+forkserver (its processes are reaped by the forkserver, not by the test). The share is a floor, not a measure of
+idle cores."""
 
 from __future__ import annotations
 
@@ -45,7 +47,8 @@ def summary(path: Path, top: int = 15) -> list[str]:
     wall = sum(r["wall_s"] for r in rows)
     cpu = sum(r["cpu_s"] + r["children_cpu_s"] for r in rows)
     lines = [f"cpu report: {len(rows)} tests, {wall:.0f} s of test wall time, {cpu:.0f} s of CPU in the tests' "
-             f"processes ({cpu / max(wall, 1e-9):.0%}); waiting most (wall - CPU):"]
+             f"processes ({cpu / max(wall, 1e-9):.0%}, a floor: forkserver jobs and cluster tasks are not counted); waiting most "
+             f"(wall - CPU):"]
     rows.sort(key=lambda r: r["cpu_s"] + r["children_cpu_s"] - r["wall_s"])
     for r in rows[:top]:
         used = r["cpu_s"] + r["children_cpu_s"]

@@ -312,12 +312,18 @@ def test_prices_come_from_the_table_by_model_and_a_remote_unknown_model_is_refus
 @pytest.mark.parametrize("overrides,text", [
     (["agent.base_url=127.0.0.1:8000/v1"], "agent.base_url must be an http(s) URL"),
     (["agent.base_url=http://"], "agent.base_url must be an http(s) URL"),
-    (["agent.tool_choice=always"], "agent.tool_choice"),
     (["agent.timeout_s=0"], "agent.timeout_s"),
 ])
 def test_served_agent_settings_are_checked(tmp_path, overrides, text):
     with pytest.raises(ConfigError, match=re.escape(text)):
         validate(compose_config([f"runs_dir={tmp_path}", "agent=openai", *overrides], "episode"))
+
+
+def test_a_tool_choice_outside_its_choices_fails_when_composed(tmp_path):
+    from hydra.errors import HydraException
+
+    with pytest.raises(HydraException, match=re.escape("agent.tool_choice=always")):
+        compose_config([f"runs_dir={tmp_path}", "agent=openai", "agent.tool_choice=always"], "episode")
 
 
 def test_at_train_refuses_a_served_agent_in_validation(tmp_path):
