@@ -5,6 +5,7 @@
     >>> diff_ci(first_steps_rewards, last_steps_rewards)   # different episodes: each side resampled alone
     >>> t_interval(gains_of_three_seeds)               # Student's t, seeds as the unit
     >>> ratio_ci([1, 0, 2], [2, 1, 2])                  # pooled 3/5, episodes (with their pairs) resampled
+    >>> ci_text(0.1, 0.05, 0.2, signed=True)            # '+0.100 [+0.050, +0.200]', as the tables print it
 
 Percentile bootstrap: resample the values (for a paired difference: the episode indices, so each
 episode's start and end stay together) with replacement ``resamples`` times with a seeded numpy
@@ -79,6 +80,15 @@ def ratio_ci(numerators: Sequence[float], denominators: Sequence[float], resampl
         return rate, rate, rate
     idx = np.random.default_rng(seed).integers(0, num.size, size=(resamples, num.size))
     return (rate, *_bounds(num[idx].sum(axis=1) / den[idx].sum(axis=1), level))
+
+
+def ci_text(mean: float | None, lo: float | None, hi: float | None, signed: bool = False, digits: int = 3) -> str:
+    """``0.123 [0.100, 0.150]`` for tables (``+`` signs with ``signed``): ``-`` without a mean, the mean alone
+    without bounds."""
+    if mean is None:
+        return "-"
+    f = "{:" + ("+" if signed else "") + f".{digits}f}}"
+    return f.format(mean) + ("" if lo is None or hi is None else f" [{f.format(lo)}, {f.format(hi)}]")
 
 
 def episodes_for(sd_diff: float, change: float, z: float = 1.96) -> int:

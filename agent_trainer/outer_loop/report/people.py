@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from agent_trainer.config import PeopleTableConfig
+from agent_trainer.outer_loop.report.bootstrap import ci_text
 
 ROWS = ("base", "handwritten", "teacher", "warm_start", "trained")
 # Episode folders s<n>-heldout-...: numbers no run's policy uses (those are its step + 1).
@@ -253,9 +254,7 @@ def _add_seed_means(table: dict[str, Any]) -> None:
 
 
 def _ci(c: dict | None) -> str:
-    if c is None:
-        return "-"
-    return f"{c['uplift']:+.3f} [{c['lo']:+.3f}, {c['hi']:+.3f}]"
+    return "-" if c is None else ci_text(c["uplift"], c["lo"], c["hi"], signed=True)
 
 
 def _share(c: dict | None) -> str:

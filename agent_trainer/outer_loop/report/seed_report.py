@@ -14,7 +14,7 @@ import statistics
 from pathlib import Path
 from typing import Any, Sequence
 
-from agent_trainer.outer_loop.report.bootstrap import t_interval
+from agent_trainer.outer_loop.report.bootstrap import ci_text, t_interval
 from agent_trainer.outer_loop.report.compare import RunData, differing_keys, short_names
 
 K = 3            # first / last steps, as at-train's summary
@@ -135,12 +135,6 @@ def _num(v: Any, signed: bool = False) -> str:
     return "-" if v is None else (f"{v:+.3f}" if signed else f"{v:.3f}")
 
 
-def _ci(mean: Any, lo: Any, hi: Any, signed: bool = False) -> str:
-    if mean is None:
-        return "-"
-    return _num(mean, signed) + ("" if lo is None or hi is None else f" [{_num(lo, signed)}, {_num(hi, signed)}]")
-
-
 def _arrow(a: Any, b: Any) -> str:
     return "-" if a is None and b is None else f"{_num(a)} -> {_num(b)}"
 
@@ -150,8 +144,8 @@ def _pm(s: dict, key: str, signed: bool = False) -> str:
     return "-" if mean is None else _num(mean, signed) + ("" if sd is None else f" ± {sd:.3f}")
 
 
-def _mean_ci(s: dict, key: str) -> str:
-    return _ci(s[f"{key}_mean"], s[f"{key}_mean_lo"], s[f"{key}_mean_hi"], True)
+def _meanci_text(s: dict, key: str) -> str:
+    return ci_text(s[f"{key}_mean"], s[f"{key}_mean_lo"], s[f"{key}_mean_hi"], True)
 
 
 MD_HEADER = ("seed", "reward first3 -> last3", "training gain", "held-out start [95% CI]", "held-out end [95% CI]",
@@ -171,10 +165,10 @@ def markdown(groups: Sequence[tuple[str, list[dict], dict]]) -> str:
         lines += ["| " + " | ".join(MD_HEADER) + " |", "|" + "---|" * len(MD_HEADER)]
         for r in rows:
             cells = (str(r["seed"]), _arrow(r["reward_first3"], r["reward_last3"]),
-                     _ci(r["reward_gain"], r["reward_gain_lo"], r["reward_gain_hi"], True),
-                     _ci(r["heldout_start"], r["heldout_start_lo"], r["heldout_start_hi"]),
-                     _ci(r["heldout_end"], r["heldout_end_lo"], r["heldout_end_hi"]),
-                     _ci(r["heldout_gain"], r["heldout_gain_lo"], r["heldout_gain_hi"], True),
+                     ci_text(r["reward_gain"], r["reward_gain_lo"], r["reward_gain_hi"], True),
+                     ci_text(r["heldout_start"], r["heldout_start_lo"], r["heldout_start_hi"]),
+                     ci_text(r["heldout_end"], r["heldout_end_lo"], r["heldout_end_hi"]),
+                     ci_text(r["heldout_gain"], r["heldout_gain_lo"], r["heldout_gain_hi"], True),
                      _arrow(r["share_algorithm_sft_first3"], r["share_algorithm_sft_last3"]),
                      _arrow(r["valid_first_try_first3"], r["valid_first_try_last3"]), str(r["run"]).replace("|", "/"))
             lines.append("| " + " | ".join(cells) + " |")
@@ -188,8 +182,8 @@ def markdown(groups: Sequence[tuple[str, list[dict], dict]]) -> str:
                   f"whose training gain interval lies above 0: **{s['gain_above_0']} of {s['seeds']}**. "
                   f"Seeds whose held-out gain interval lies above 0: **{s['heldout_gain_above_0']} of "
                   f"{s['heldout_gain_known']}** with a held-out gain. Mean over seeds, 95% t interval (seeds as "
-                  f"the unit): training gain **{_mean_ci(s, 'reward_gain')}**, held-out gain "
-                  f"**{_mean_ci(s, 'heldout_gain')}**.", ""]
+                  f"the unit): training gain **{_meanci_text(s, 'reward_gain')}**, held-out gain "
+                  f"**{_meanci_text(s, 'heldout_gain')}**.", ""]
         if s["runs"] > s["seeds"]:
             lines += [f"{s['runs']} runs of {s['seeds']} seeds: a seed run more than once counts once, as the "
                       "mean of its runs.", ""]
@@ -209,13 +203,13 @@ def paired_table(rows: Sequence[dict], s: dict) -> list[str]:
              "| seed | warm start | last policy | gain, paired [95% CI] | episodes a family |", "|---|---|---|---|---|"]
     for r in done:
         lines.append(f"| {r['seed']} | {_num(r['paired_train_start'])} | {_num(r['paired_train_end'])} | "
-                     f"{_ci(r['paired_train_gain'], r['paired_train_gain_lo'], r['paired_train_gain_hi'], True)} | "
+                     f"{ci_text(r['paired_train_gain'], r['paired_train_gain_lo'], r['paired_train_gain_hi'], True)} | "
                      f"{'-' if r.get('paired_train_episodes') is None else int(r['paired_train_episodes'])} |")
     lines += [f"| **mean ± sd ({s['paired_train_gain_known']} seeds)** | **{_pm(s, 'paired_train_start')}** | "
               f"**{_pm(s, 'paired_train_end')}** | **{_pm(s, 'paired_train_gain', True)}** | |", "",
               f"Seeds whose paired training gain interval lies above 0: **{s['paired_train_gain_above_0']} of "
               f"{s['paired_train_gain_known']}**. Mean over seeds, 95% t interval: "
-              f"**{_mean_ci(s, 'paired_train_gain')}**.", ""]
+              f"**{_meanci_text(s, 'paired_train_gain')}**.", ""]
     return lines
 
 

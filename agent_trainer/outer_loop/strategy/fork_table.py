@@ -20,7 +20,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Sequence
 
-from agent_trainer.outer_loop.report.bootstrap import mean_ci, paired_diff_ci
+from agent_trainer.outer_loop.report.bootstrap import ci_text, mean_ci, paired_diff_ci
 from agent_trainer.outer_loop.strategy.switch_rates import PAPER, rates_markdown
 
 REFERENCE = "continue"
@@ -78,8 +78,7 @@ def summarize(rows: Sequence[dict[str, Any]], reference: str = REFERENCE) -> dic
 
 
 def _ci(m: tuple[float, float, float] | list[float], signed: bool = False) -> str:
-    f = "{:+.4f}" if signed else "{:.4f}"
-    return f"{f.format(m[0])} [{f.format(m[1])}, {f.format(m[2])}]"
+    return ci_text(*m, signed=signed, digits=4)
 
 
 def _dict(d: dict[str, int]) -> str:
