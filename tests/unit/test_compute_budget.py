@@ -48,6 +48,21 @@ def test_the_budget_guard_counts_compute_and_ignores_the_clock():
     assert not control.should_training_stop and free.stop_reason is None
 
 
+def test_stages_share_the_compute_left_by_their_shares_and_pay_their_sampling_from_it():
+    from agent_trainer.inner_loop.train.stages import JobBudget
+
+    budget = JobBudget(max_steps=100, max_compute=90.0, stage_costs=[(0.5, 10.0), (1.0, 0.0)])
+    first = budget.stage(0, shares=[2.0, 1.0])
+    assert (first.steps, first.compute) == (100, 50.0), "2/3 of 90, less its 10 s of sampling"
+    assert budget.planned_steps(later_steps=80, running=40) == 100, "the later stages get what steps are left"
+    budget.spend(first, steps=40)                # 10 s sampling + 40 x 0.5
+    second = budget.stage(1, shares=[2.0, 1.0])
+    assert (second.steps, second.compute, second.step_compute) == (60, 60.0, 1.0), "all of the 60 s left"
+    budget.spend(second, steps=60)
+    assert budget.stage(1, shares=[2.0, 1.0]).steps == 0 and budget.planned_steps(later_steps=5) == 100
+    assert JobBudget(max_steps=10).stage(0, shares=[1.0]).compute is None, "no compute cap: steps only"
+
+
 def test_the_safety_cap_is_a_multiple_plus_a_floor_well_above_the_estimate():
     assert safety_cap(30.0) == KILL_FACTOR * 30.0 + KILL_MARGIN_S
     assert safety_cap(30.0) >= 4 * 30.0 and safety_cap(0.0) >= 120.0

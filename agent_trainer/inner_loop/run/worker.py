@@ -70,7 +70,7 @@ def run(job_dir: Path, model: Path, family: str, output_dir: Path, max_steps: in
     """Train the job in this process; returns (and writes) the final status. Never raises for a job's fault.
 
     ``max_compute`` and ``stage_costs``: the compute budget of the training and each stage's compute a step
-    and of its sampling (``agent_trainer.inner_loop.train.stages.run_stages``; None: steps only).
+    and of its sampling (``agent_trainer.inner_loop.train.stages.JobBudget``; None: steps only).
     ``spec``: the harness's parsed ``JobSpec`` (a ``JobSpec`` or the path of its JSON, ``SPEC_FILE``);
     None reads ``job.yaml`` from ``job_dir``.
     ``reward_fd``: a socket to the job's reward host (``agent_trainer.inner_loop.isolation.reward_proxy``); the job's
@@ -102,7 +102,7 @@ def run(job_dir: Path, model: Path, family: str, output_dir: Path, max_steps: in
             install(reward_fd, timeout_s=reward_timeout_s, limit_s=agent_time_limit(max_compute))
         from agent_trainer.inner_loop.spec.jobspec import load_job
         from agent_trainer.inner_loop.train.config import resolve_device
-        from agent_trainer.inner_loop.train.stages import run_stages
+        from agent_trainer.inner_loop.train.stages import JobBudget, JobContext, run_stages
 
         def running(update: dict) -> None:
             status["planned_steps"] = update["planned_steps"]
@@ -115,9 +115,9 @@ def run(job_dir: Path, model: Path, family: str, output_dir: Path, max_steps: in
 
             spec = spec_from_json(Path(spec).read_text(), family)
         status["device"] = device = resolve_device(device)
-        status.update(run_stages(spec, job_dir, model, family, output_dir, max_steps=max_steps,
-                                 max_compute=max_compute, stage_costs=stage_costs, ran=status["ran"],
-                                 on_update=running, device=device, vllm=vllm, fmt=fmt))
+        job = JobContext(Path(job_dir), family, output_dir, device=device, vllm=vllm, fmt=fmt)
+        budget = JobBudget(max_steps, max_compute, list(stage_costs or []))
+        status.update(run_stages(spec, model, job, budget, ran=status["ran"], on_update=running))
     except Exception as e:  # the job's fault (bad reward, bad data) or ours: the harness reports it as crashed
         status["detail"] = f"{type(e).__name__}: {e}"[:500]
         status["error"] = error_text(e, job_dir)
