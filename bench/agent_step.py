@@ -99,7 +99,7 @@ def sampling_side(conf, folder: Path, group: int) -> tuple[dict, list[dict]]:
     out["tokens_out"] = sum(ep.tokens_out for ep in together)
     out["tokens_in"] = sum(ep.tokens_in for ep in together)
     rows = [{"episode_id": ep.id, "turns": [[t.prompt_ids, t.completion_ids, t.logprobs] for t in ep.turns],
-             "temperature": ep.settings.temperature} for ep in together]
+             "temperature": ep.settings.agent.temperature} for ep in together]
     for ep in alone + together:
         ep.finish()
     return out, rows

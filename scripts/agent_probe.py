@@ -180,12 +180,14 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
+    from agent_trainer.config import AgentConfig, BudgetConfig, ToolSchemas
     from agent_trainer.outer_loop.episode.episode import EpisodeSettings
 
     torch.set_num_threads(args.threads)
-    settings = EpisodeSettings(max_turns=args.max_turns, max_jobs_per_episode=1, temperature=args.temperature,
-                               max_new_tokens=args.max_new_tokens, validate_dry_run=False,
-                               tool_schemas=args.tool_schemas, submit_at_turn_limit=True)
+    agent = AgentConfig(max_turns=args.max_turns, temperature=args.temperature, max_new_tokens=args.max_new_tokens,
+                        tool_schemas=ToolSchemas(args.tool_schemas), validate_dry_run=False,
+                        submit_at_turn_limit=True)
+    settings = EpisodeSettings(agent=agent, budget=BudgetConfig(max_jobs_per_episode=1))
     work = Path(tempfile.mkdtemp(prefix="agent-probe-"))
     rows: dict[str, list[dict[str, Any]]] = {}
     try:

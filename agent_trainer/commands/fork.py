@@ -19,6 +19,7 @@ the rates table only. docs/strategy.md, "The fork experiment".
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import re
 from pathlib import Path
@@ -27,7 +28,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from agent_trainer import cli
-from agent_trainer.config import CONFIG_DIR
+from agent_trainer.config import CONFIG_DIR, Intervention
 from agent_trainer.paths import resolve_path
 from agent_trainer.commands._errors import user_errors
 
@@ -107,12 +108,11 @@ def play_branch(conf, b, src, folder: Path, ep_id: str, *, backend, task, ledger
     from agent_trainer.outer_loop.episode.episode import Episode
     from agent_trainer.outer_loop.rl.run_config import episode_settings, job_settings, policy_device
     from agent_trainer.outer_loop.strategy import fork
-    from agent_trainer.outer_loop.strategy.steering import Steering, make_evaluator, settings_from_config
+    from agent_trainer.outer_loop.strategy.steering import Steering, make_evaluator
 
-    settings = settings_from_config(conf.strategy)
-    settings.journal_path = None     # each branch its own journal: branches must not see each other
-    if b.message:
-        settings.interventions.append({"after_job": src.at, "message": b.message})
+    # each branch its own journal (journal_path None): branches must not see each other
+    settings = dataclasses.replace(conf.strategy, journal_path=None, interventions=[
+        *conf.strategy.interventions, *([Intervention(after_job=src.at, message=b.message)] if b.message else [])])
     evaluator = make_evaluator(conf.strategy.evaluator, min_gain=conf.strategy.rule_min_gain,
                                device=policy_device(conf), ledger=ledger, cache_dir=conf.cache_dir)
     steering = Steering(settings, evaluator=evaluator, run_dir=folder, cache_dir=conf.cache_dir)

@@ -102,10 +102,12 @@ def test_episodes_played_together_are_the_episodes_played_alone(backend, plain, 
     from pathlib import Path
 
     from agent_trainer.evaluation.tasks import load_task
+    from agent_trainer.config import AgentConfig, ToolSchemas
     from agent_trainer.outer_loop.episode.episode import Episode, EpisodeSettings, play_together
 
     task = load_task(Path(__file__).resolve().parents[2] / "examples/tasks/calc_chain_v1_tiny.json")
-    settings = [EpisodeSettings(max_turns=t, max_new_tokens=n, temperature=1.0, tool_schemas="names")
+    settings = [EpisodeSettings(AgentConfig(max_turns=t, max_new_tokens=n, temperature=1.0,
+                                            tool_schemas=ToolSchemas.names))
                 for t, n in ((2, 12), (3, 6), (1, 20))]
 
     def episodes(folder, agent):

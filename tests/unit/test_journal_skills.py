@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 
 from agent_trainer.evaluation.tasks import load_task
+from agent_trainer.config import AgentConfig, Intervention, StrategyConfig, StrategyMode, ToolSchemas
 from agent_trainer.outer_loop.episode.episode import Episode, EpisodeSettings
 from agent_trainer.outer_loop.strategy.journal import KINDS, Journal, SkillLibrary
-from agent_trainer.outer_loop.strategy.steering import Steering, SteeringSettings
+from agent_trainer.outer_loop.strategy.steering import Steering
 from agent_trainer.outer_loop.episode.tools import SCHEMAS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -19,9 +20,9 @@ PLAN = {"kind": "plan", "text": "sft 100 steps lr 3e-3", "hypothesis": "curated 
         "success_criteria": "dev +0.05", "abort_criteria": "loss flat after 30 steps"}
 
 
-def episode(tmp_path, name, steering=None, **settings):
+def episode(tmp_path, name, steering=None):
     return Episode(backend=None, task=TASK, episode_dir=tmp_path / "episodes" / name, steering=steering,
-                   settings=EpisodeSettings(tool_schemas="names", **settings))
+                   settings=EpisodeSettings(agent=AgentConfig(tool_schemas=ToolSchemas.names)))
 
 
 def names(ep):
@@ -32,12 +33,12 @@ def test_default_tool_set_is_unchanged(tmp_path):
     ep = episode(tmp_path, "0")
     assert names(ep) == [s["function"]["name"] for s in SCHEMAS]
     # a steering layer with nothing enabled adds no tool and no sentence
-    ep2 = episode(tmp_path, "1", Steering(SteeringSettings(interventions=[{"after_job": 1, "message": "x"}])))
+    ep2 = episode(tmp_path, "1", Steering(StrategyConfig(interventions=[Intervention(1, "x")])))
     assert names(ep2) == names(ep) and ep2.messages[0]["content"] == ep.messages[0]["content"]
 
 
 def test_tools_appear_when_enabled_and_are_listed_for_the_agent(tmp_path):
-    ep = episode(tmp_path, "0", Steering(SteeringSettings(mode="check", journal=True, skills=True)))
+    ep = episode(tmp_path, "0", Steering(StrategyConfig(mode=StrategyMode.check, journal=True, skills=True)))
     assert names(ep)[-5:] == ["decide", "journal_write", "journal_read", "list_skills", "read_skill"]
     system = ep.messages[0]["content"]
     assert "journal_write(kind, text, hypothesis, success_criteria, abort_criteria)" in system
@@ -48,7 +49,7 @@ def test_tools_appear_when_enabled_and_are_listed_for_the_agent(tmp_path):
 
 
 def test_journal_tool_validates_and_appends(tmp_path):
-    ep = episode(tmp_path, "0", Steering(SteeringSettings(journal=True)))
+    ep = episode(tmp_path, "0", Steering(StrategyConfig(journal=True)))
     bad = ep.box.call("journal_write", {"kind": "plan", "text": "try sft"})
     assert not bad.ok and "hypothesis, success_criteria, abort_criteria" in bad.text
     assert not ep.box.call("journal_write", {"kind": "diary", "text": "x"}).ok
@@ -64,7 +65,7 @@ def test_journal_tool_validates_and_appends(tmp_path):
 
 def test_a_run_level_journal_persists_across_episodes(tmp_path):
     run = tmp_path / "run"
-    s = SteeringSettings(journal=True, journal_path="journal.jsonl")
+    s = StrategyConfig(journal=True, journal_path="journal.jsonl")
     first = episode(run, "0", Steering(s, run_dir=run))
     first.box.call("journal_write", PLAN)
     second = episode(run, "1", Steering(s, run_dir=run))
@@ -78,7 +79,7 @@ def test_a_run_level_journal_persists_across_episodes(tmp_path):
 def test_skill_library(tmp_path):
     lib = SkillLibrary()
     assert {"grpo_vs_sft", "learning_rate", "lora_vs_full", "when_to_switch"} <= set(lib.names())
-    ep = episode(tmp_path, "0", Steering(SteeringSettings(skills=True)))
+    ep = episode(tmp_path, "0", Steering(StrategyConfig(skills=True)))
     listed = ep.box.call("list_skills", {})
     assert listed.ok and "learning_rate: How to pick a learning rate" in listed.text
     text = ep.box.call("read_skill", {"name": "when_to_switch"})

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+from agent_trainer.config import AgentConfig, BudgetConfig
 from agent_trainer.evaluation.tasks import load_task
 from agent_trainer.outer_loop.episode.episode import Episode, EpisodeSettings, play_all
 from agent_trainer.inner_loop.run.request import JobSettings
@@ -38,7 +39,8 @@ def _result_seen_before_next_turn(backend, marker: str) -> None:
 
 def test_in_turn_jobs(tmp_path):
     backend = script()
-    ep = Episode(backend, TASK, tmp_path / "ep", settings=EpisodeSettings(max_jobs_per_episode=2, max_turns=6),
+    settings = EpisodeSettings(AgentConfig(max_turns=6), BudgetConfig(max_jobs_per_episode=2))
+    ep = Episode(backend, TASK, tmp_path / "ep", settings=settings,
                  job_settings=JobSettings(dry_run=False, cache=False))
     assert ep.play() == "max_jobs"
     _result_seen_before_next_turn(backend, "job status: invalid")
@@ -49,7 +51,8 @@ def test_in_turn_jobs(tmp_path):
 
 def test_deferred_jobs_pause_until_their_result(tmp_path):
     backend = script()
-    ep = Episode(backend, TASK, tmp_path / "ep", settings=EpisodeSettings(max_jobs_per_episode=2, max_turns=6),
+    settings = EpisodeSettings(AgentConfig(max_turns=6), BudgetConfig(max_jobs_per_episode=2))
+    ep = Episode(backend, TASK, tmp_path / "ep", settings=settings,
                  defer_jobs=True, job_settings=JobSettings(dry_run=False, cache=False))
     assert ep.play() == "running" and ep.waiting and len(ep.pending) == 1
     assert "its result follows" in ep.messages[-1]["content"]
@@ -70,7 +73,8 @@ def test_deferred_jobs_pause_until_their_result(tmp_path):
 
 def test_one_job_episodes_are_unchanged(tmp_path):
     backend = script()
-    ep = Episode(backend, TASK, tmp_path / "ep", settings=EpisodeSettings(max_jobs_per_episode=1, max_turns=6),
+    settings = EpisodeSettings(AgentConfig(max_turns=6), BudgetConfig(max_jobs_per_episode=1))
+    ep = Episode(backend, TASK, tmp_path / "ep", settings=settings,
                  defer_jobs=True, job_settings=JobSettings(dry_run=False, cache=False))
     assert ep.play() == "max_jobs" and not ep.waiting
     assert ep.messages[-1]["content"].endswith("it runs when this episode's turns are over")
@@ -82,5 +86,5 @@ def test_episode_reward_pick_comes_from_the_strategy_group():
     from agent_trainer.config import compose_config
     from agent_trainer.outer_loop.rl.run_config import episode_settings
 
-    assert episode_settings(compose_config([])).reward_pick == "last"
-    assert episode_settings(compose_config(["strategy.episode_reward=best"])).reward_pick == "best"
+    assert episode_settings(compose_config([])).strategy.episode_reward == "last"
+    assert episode_settings(compose_config(["strategy.episode_reward=best"])).strategy.episode_reward == "best"

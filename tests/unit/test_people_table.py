@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from agent_trainer.config import AgentConfig, BudgetConfig
 from agent_trainer.evaluation.tasks import load_task
 from agent_trainer.outer_loop.agents.handwritten import adapt_job
 from agent_trainer.outer_loop.agents.scripted import ScriptedPolicy, job_script, novice_script
@@ -88,7 +89,8 @@ def test_an_example_job_is_copied_onto_another_family_within_its_budget():
 
 def _episode(tmp_path: Path, policy, name: str, seed: int) -> Episode:
     return Episode(policy, TINY["calc_chain"], tmp_path / name, seed=seed, defer_jobs=True,
-                   settings=EpisodeSettings(max_turns=8, max_jobs_per_episode=1, validate_dry_run=False),
+                   settings=EpisodeSettings(agent=AgentConfig(max_turns=8, validate_dry_run=False),
+                                            budget=BudgetConfig(max_jobs_per_episode=1)),
                    job_settings=JobSettings(dry_run=False, cache=False))
 
 

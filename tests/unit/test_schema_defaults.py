@@ -31,7 +31,8 @@ from agent_trainer.config import COMMAND_SCHEMAS, CONFIG_DIR, GROUP_SCHEMAS, Con
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "agent_trainer"
 
-# Classes whose fields share schema names but are other settings, each with why (a test fails when one is gone).
+# Classes (``path:Class``) or fields (``path:Class.field``) that share schema names but are other settings, each with
+# why (a test fails when one is gone).
 OWN_SETTINGS = {
     "agent_trainer/inner_loop/models/build.py:ModelBuildConfig":
         "the tiny base models' build recipe (steps, lr of their pretraining): part of the built model's identity",
@@ -40,8 +41,8 @@ OWN_SETTINGS = {
     "agent_trainer/outer_loop/agents/agent_warm_start.py:WarmStart":
         "a warm start's SFT recipe (its LoRA, epochs, lr, tool format): part of the cached model's identity, so it "
         "must not follow the outer loop's settings",
-    "agent_trainer/inner_loop/run/request.py:JobSettings":
-        "dry_run there is the harness's probe before a job (always on), not the command's dry_run",
+    "agent_trainer/inner_loop/run/request.py:JobSettings.dry_run":
+        "the harness's probe before a job (always on), not the job command's dry_run",
 }
 # Function arguments of these names are library parameters, not the settings: the root's run-wide values (seed,
 # cache_dir, ...), torch's `device` and `dtype` (the config picks the ones passed) and `enabled` (an on-switch of
@@ -99,6 +100,7 @@ def restated_in_code(source: str, rel: str, defaults: dict[type, dict[str, Any]]
             own = {s.target.id: s for s in node.body if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)}
             if f"{rel}:{node.name}" in OWN_SETTINGS:
                 continue
+            own = {name: s for name, s in own.items() if f"{rel}:{node.name}.{name}" not in OWN_SETTINGS}
             mirrors: dict[str, list[str]] = {}   # field -> the schema defaults it mirrors
             for cls, values in defaults.items():
                 mirrored = set(own) & {f.name for f in fields(cls)}
@@ -149,8 +151,11 @@ def test_the_code_check_finds_a_restated_default():
 def test_every_exemption_names_a_class_that_exists():
     for entry in OWN_SETTINGS:
         path, name = entry.split(":")
-        classes = {n.name for n in ast.walk(ast.parse((ROOT / path).read_text())) if isinstance(n, ast.ClassDef)}
+        name, _, field = name.partition(".")
+        classes = {n.name: n for n in ast.walk(ast.parse((ROOT / path).read_text())) if isinstance(n, ast.ClassDef)}
         assert name in classes, f"OWN_SETTINGS: {entry} is gone; remove it"
+        assert not field or field in {s.target.id for s in classes[name].body if isinstance(s, ast.AnnAssign)}, \
+            f"OWN_SETTINGS: {entry} is gone; remove it"
 
 
 # --- configs --------------------------------------------------------------------------------------

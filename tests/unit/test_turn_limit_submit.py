@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from agent_trainer.config import AgentConfig, BudgetConfig
 from agent_trainer.evaluation.tasks import load_task
 from agent_trainer.inner_loop.run.request import JobSettings
 from agent_trainer.outer_loop.episode.episode import Episode, EpisodeSettings, play_all
@@ -28,7 +29,8 @@ BROKEN = GOOD.replace("learning_rate", "learning_rte")
 
 
 def _episode(tmp_path, turns, *, on=True, defer=True, max_turns=4):
-    settings = EpisodeSettings(max_turns=max_turns, max_jobs_per_episode=1, submit_at_turn_limit=on)
+    settings = EpisodeSettings(AgentConfig(max_turns=max_turns, submit_at_turn_limit=on),
+                               BudgetConfig(max_jobs_per_episode=1))
     return Episode(scripted.ScriptedBackend(turns), TASK, tmp_path / "ep", settings=settings, defer_jobs=defer,
                    job_settings=JobSettings(dry_run=False, cache=False, progress=False, hidden_n=16))
 

@@ -174,7 +174,7 @@ def test_unknown_base_model_and_unsafe_jobs_dir(box, ws, task):
     res = box.call("lookup_baseline", {"model": "gpt-99"})
     assert not res.ok and "tiny-s, tiny-m" in res.text
     with pytest.raises(ValueError, match="inside the workspace"):
-        ToolBox(ws, task, jobs_dir=ws.root / "jobs")
+        ToolBox(ws, task, limits=ToolLimits(max_turns=3, max_jobs_per_episode=1), jobs_dir=ws.root / "jobs")
 
 
 def test_schemas_are_openai_functions():
@@ -193,8 +193,8 @@ def test_validate_job_prices_a_job_as_submit_job_will(tmp_path, price, verdict):
     ws = Workspace.create(tmp_path / "episode" / "workspace", task)
     ws.write("job.yaml", (ROOT / "examples/jobs/grpo_lora/job.yaml").read_text())
     settings = JobSettings(dry_run=False, progress=False, cache=False, price_per_hour=price)
-    box = ToolBox(ws, task, jobs_dir=tmp_path / "episode" / "jobs", validate_kwargs={"dry_run": False},
-                  job_settings=settings)
+    box = ToolBox(ws, task, limits=ToolLimits(max_turns=3, max_jobs_per_episode=1),
+                  jobs_dir=tmp_path / "episode" / "jobs", validate_kwargs={"dry_run": False}, job_settings=settings)
     result = box.call("validate_job", {"path": "job.yaml"})
     assert result.ok is verdict, result.text
     submitted = validate_job(ws.root, task, dry_run=False, cost_model=settings.cost())

@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from agent_trainer.config import AgentConfig, BudgetConfig, RewardConfig, StrategyConfig
+from agent_trainer.config import AgentConfig, BudgetConfig, Config, RewardConfig, StrategyConfig
 from agent_trainer.outer_loop.agents.base import BackendError, SampleRequest
 from agent_trainer.evaluation.staged_reward import staged_reward
 from agent_trainer.inner_loop.run.request import JobRequest, JobSettings
@@ -41,21 +41,20 @@ NO_TOOL_CALL = "No tool call was found in your answer. Answer with one tool call
 
 @dataclass
 class EpisodeSettings:
-    """How an episode runs: the ``agent`` group's fields of the same names, ``budget.max_jobs_per_episode`` and
-    ``strategy.episode_reward``, with the schema's defaults (``agent_trainer.config``)."""
+    """What an episode reads: the schema's groups themselves (``agent_trainer.config``), as they come from the
+    config. ``agent``: its turns, sampling, ``tool_schemas``, ``validate_dry_run`` and ``submit_at_turn_limit``;
+    ``budget``: ``max_jobs_per_episode``; ``strategy``: ``episode_reward`` (which job's outcome the reward uses);
+    ``reward``: the outer group's reward weights."""
 
-    max_turns: int = AgentConfig.max_turns
-    max_jobs_per_episode: int = BudgetConfig.max_jobs_per_episode
-    temperature: float = AgentConfig.temperature
-    max_new_tokens: int = AgentConfig.max_new_tokens
-    validate_dry_run: bool = AgentConfig.validate_dry_run   # the dry run costs seconds per validate_job
-    # "full" tool schemas (descriptions included), "compact" ones (names and argument types), or
-    # "names": no schemas, one line in the system prompt. A tiny agent's context is short (full schemas
-    # cost it ~1,900 tokens per turn); a frontier model or a server with native tool calls wants "full".
-    tool_schemas: str = AgentConfig.tool_schemas.value
-    reward: RewardConfig = field(default_factory=RewardConfig)   # the outer group's reward weights
-    reward_pick: str = StrategyConfig.episode_reward.value   # which job's outcome the reward uses: last | best
-    submit_at_turn_limit: bool = AgentConfig.submit_at_turn_limit
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    budget: BudgetConfig = field(default_factory=BudgetConfig)
+    strategy: StrategyConfig = field(default_factory=StrategyConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+
+    @classmethod
+    def from_config(cls, c: Config) -> "EpisodeSettings":
+        """The settings of a validated config (``agent_trainer.config.validate``): its groups, not copies."""
+        return cls(agent=c.agent, budget=c.budget, strategy=c.strategy, reward=c.outer.reward)
 
 
 def tool_schemas_for(schemas: list[dict[str, Any]], style: str) -> list[dict[str, Any]] | None:
@@ -155,15 +154,16 @@ class Episode:
         self.ledger, self.seed, self.model_name = ledger, seed, model_name
         self.dir.mkdir(parents=True, exist_ok=True)
         self.ws = Workspace.create(self.dir / "workspace", task)
-        self.box = ToolBox(self.ws, task, limits=ToolLimits(max_turns=self.settings.max_turns,
-                                                             max_jobs_per_episode=self.settings.max_jobs_per_episode),
-                           jobs_dir=self.dir / "jobs", ledger=ledger, episode=self.id, defer_jobs=defer_jobs,
-                           job_settings=job_settings, validate_kwargs={"dry_run": self.settings.validate_dry_run})
+        agent = self.settings.agent
+        limits = ToolLimits(max_turns=agent.max_turns, max_jobs_per_episode=self.settings.budget.max_jobs_per_episode)
+        self.box = ToolBox(self.ws, task, limits=limits, jobs_dir=self.dir / "jobs", ledger=ledger, episode=self.id,
+                           defer_jobs=defer_jobs, job_settings=job_settings,
+                           validate_kwargs={"dry_run": agent.validate_dry_run})
         self.steering = steering
         if steering is not None:
             steering.attach(self)
         self.messages: list[dict[str, Any]] = opening_messages(
-            task, self.settings.tool_schemas, self.box.schemas(), steering.system_note() if steering else "")
+            task, agent.tool_schemas, self.box.schemas(), steering.system_note() if steering else "")
         self.turns: list[TurnRecord] = []
         self.status = "running"
         self.tokens_in = self.tokens_out = 0
@@ -194,18 +194,18 @@ class Episode:
 
         if self.status != "running" or self.box.done or self.waiting:
             return None
-        s = self.settings
+        agent = self.settings.agent
         if self.ledger is not None:
             try:
                 self.ledger.check("llm", self.ledger.estimate_llm(self.model_name, self._last_prompt + 512,
-                                                                    s.max_new_tokens), episode=self.id)
+                                                                    agent.max_new_tokens), episode=self.id)
             except BudgetExhausted as e:
                 self.status = "budget_exhausted"
                 self.log({"event": "budget_exhausted", "message": str(e)})
                 return None
         if not self.box.next_turn():
             return None
-        return SampleRequest(self.messages, self.tool_schemas(), s.temperature, s.max_new_tokens,
+        return SampleRequest(self.messages, self.tool_schemas(), agent.temperature, agent.max_new_tokens,
                            self.seed * TURN_SEED_STRIDE + self.box.state.turns)
 
     def fail_turn(self, error: Exception) -> None:
@@ -215,7 +215,6 @@ class Episode:
 
     def take_turn(self, gen) -> None:
         """Record a sampled turn and run its tool calls."""
-        s = self.settings
         self._last_prompt = gen.prompt_tokens
         self.tokens_in += gen.prompt_tokens
         self.tokens_out += gen.completion_tokens
@@ -224,7 +223,7 @@ class Episode:
                                    tokens_out=gen.completion_tokens)
         if gen.token_ids and gen.logprobs is not None and gen.prompt_ids is not None:
             self.turns.append(TurnRecord(list(gen.prompt_ids), list(gen.token_ids), list(gen.logprobs),
-                                         s.temperature))
+                                         self.settings.agent.temperature))
         msg = gen.as_message()
         self.messages.append(msg)
         self.log({"event": "message", **msg, "prompt_tokens": gen.prompt_tokens,
@@ -254,7 +253,7 @@ class Episode:
             st = self.box.state
             at_limit = st.submitted >= self.box.limits.max_jobs_per_episode
             self.status = "finished" if st.finished else "max_jobs" if at_limit else "max_turns"
-            if self.status == "max_turns" and self.settings.submit_at_turn_limit and not st.submitted:
+            if self.status == "max_turns" and self.settings.agent.submit_at_turn_limit and not st.submitted:
                 self._submit_at_turn_limit()
         return self.status
 
@@ -274,7 +273,7 @@ class Episode:
         """The tool schemas given to the backend: full, compact, or None ("names": listed in the system prompt)."""
         if getattr(self.backend, "native_tools", False):
             return self.box.schemas()  # a server with native function calling always gets the full schemas
-        return tool_schemas_for(self.box.schemas(), self.settings.tool_schemas)
+        return tool_schemas_for(self.box.schemas(), self.settings.agent.tool_schemas)
 
     @property
     def waiting(self) -> bool:
@@ -321,7 +320,7 @@ class Episode:
     def finish(self) -> EpisodeResult:
         """Compute the staged reward, write summary.json, close the trajectory."""
         st = self.box.state
-        stages = staged_reward(st.validation_failures(), st.outcome(self.task, self.settings.reward_pick),
+        stages = staged_reward(st.validation_failures(), st.outcome(self.task, self.settings.strategy.episode_reward),
                                self.settings.reward)
         jobs = [_job_summary(r) for r in st.jobs]
         usd = self.ledger.episode_totals(self.id).usd if self.ledger is not None else 0.0

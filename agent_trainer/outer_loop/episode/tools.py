@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from agent_trainer.config import AgentConfig, BudgetConfig
 from agent_trainer.inner_loop.run.cache import folder_digest
 from agent_trainer.inner_loop.run.request import JobRequest, JobSettings
 from agent_trainer.outer_loop.episode.workspace import Workspace, WorkspaceError
@@ -37,10 +36,12 @@ class ToolResult:
 
 @dataclass
 class ToolLimits:
-    """Per-episode limits (``agent.max_turns``, ``budget.max_jobs_per_episode``; the schema's defaults)."""
+    """One tool box's limits: its turns and jobs (an episode gives its ``agent.max_turns`` and
+    ``budget.max_jobs_per_episode``; a tool box also runs without an episode: the tiny agent's demonstrations,
+    tests), and the characters a read and a tool result show the agent."""
 
-    max_turns: int = AgentConfig.max_turns
-    max_jobs_per_episode: int = BudgetConfig.max_jobs_per_episode
+    max_turns: int
+    max_jobs_per_episode: int
     max_read_chars: int = 8000
     max_result_chars: int = 6000
 
@@ -171,12 +172,12 @@ def _utf8(text: str) -> bool:
 class ToolBox:
     """The tools of one episode, bound to its workspace, task, ledger and limits."""
 
-    def __init__(self, workspace: Workspace, task, *, limits: ToolLimits | None = None, jobs_dir: str | Path,
+    def __init__(self, workspace: Workspace, task, *, limits: ToolLimits, jobs_dir: str | Path,
                  ledger=None, episode: str = "0", device: str | None = None, job_settings: JobSettings | None = None,
                  validate_kwargs: dict[str, Any] | None = None, compute_missing_baselines: bool = True,
                  defer_jobs: bool = False):
         self.ws, self.task = workspace, task
-        self.limits = limits or ToolLimits()
+        self.limits = limits
         self.jobs_dir = Path(jobs_dir).resolve()
         if self.jobs_dir == self.ws.root or self.ws.root in self.jobs_dir.parents:
             raise ValueError(f"jobs_dir {self.jobs_dir} is inside the workspace; the agent could read hidden "

@@ -11,7 +11,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from agent_trainer.config import Config, settings_from, typed
+from agent_trainer.config import Config, typed
 from agent_trainer.inner_loop.run.job_env import usable_cores
 from agent_trainer.inner_loop.run.request import JobRequest, JobSettings
 from agent_trainer.outer_loop.episode.episode import EpisodeSettings
@@ -37,10 +37,8 @@ def spec_paths(cfg: Conf, families) -> list[str]:
 
 
 def episode_settings(cfg: Conf) -> EpisodeSettings:
-    """``EpisodeSettings`` from the agent, budget and strategy groups."""
-    c = typed(cfg)
-    return settings_from(EpisodeSettings, c.agent, max_jobs_per_episode=c.budget.max_jobs_per_episode,
-                         reward=c.outer.reward, reward_pick=c.strategy.episode_reward)
+    """``EpisodeSettings`` from the agent, budget and strategy groups and the outer group's reward."""
+    return EpisodeSettings.from_config(typed(cfg))
 
 
 def job_settings(cfg: Conf) -> JobSettings:

@@ -18,9 +18,7 @@ from typing import Any
 
 import yaml
 
-from agent_trainer.config import (
-    EvaluatorConfig, EvaluatorKind, StrategyConfig, StrategyMode, settings_from,
-)
+from agent_trainer.config import EvaluatorConfig, EvaluatorKind, StrategyConfig, StrategyMode
 from agent_trainer.evaluation.prompts import for_task
 from agent_trainer.outer_loop.strategy import protocol, strategy
 from agent_trainer.outer_loop.strategy.evaluator import Evaluation, JobRecord, adopted
@@ -29,29 +27,6 @@ from agent_trainer.outer_loop.episode.tools import ToolResult
 DEV_SEED = 999_999  # the last agent seed (agent_trainer.evaluation.families.MAX_AGENT_SEED - 1): public, disjoint
                     # from hidden
 _DEV_CACHE: dict[tuple[str, str, int], float] = {}
-
-
-@dataclass
-class SteeringSettings:
-    """What the ``strategy`` group turns on: its fields of the same names (plain values) and
-    ``evaluator.show_to_agent``, with the schema's defaults (``agent_trainer.config.StrategyConfig``)."""
-
-    mode: str = StrategyConfig.mode.value
-    dev_size: int = StrategyConfig.dev_size
-    rule_window: int = StrategyConfig.rule_window
-    rule_min_gain: float = StrategyConfig.rule_min_gain
-    max_reasks: int = StrategyConfig.max_reasks
-    interventions: list[dict[str, Any]] = field(default_factory=list)   # {"after_job": int, "message": str}
-    journal: bool = StrategyConfig.journal
-    journal_path: str | None = StrategyConfig.journal_path
-    skills: bool = StrategyConfig.skills
-    skills_dir: str | None = StrategyConfig.skills_dir
-    show_evaluation: bool = EvaluatorConfig.show_to_agent
-
-
-def settings_from_config(s: StrategyConfig) -> SteeringSettings:
-    """``SteeringSettings`` from the ``strategy`` group (``agent_trainer.config.StrategyConfig``)."""
-    return settings_from(SteeringSettings, s, show_evaluation=s.evaluator.show_to_agent)
 
 
 def wanted(s: StrategyConfig) -> bool:
@@ -88,16 +63,14 @@ def make_evaluator(e: EvaluatorConfig, *, min_gain: float, device: str, ledger=N
                         ledger=ledger)
 
 
-def make_steering(s: StrategyConfig, *, device: str, run_dir=None, ledger=None, cache_dir=None,
-                  extra_interventions=()) -> "Steering | None":
+def make_steering(s: StrategyConfig, *, device: str, run_dir=None, ledger=None, cache_dir=None
+                  ) -> "Steering | None":
     """A fresh ``Steering`` for one episode from the ``strategy`` group, or None when nothing is on."""
-    if not wanted(s) and not extra_interventions:
+    if not wanted(s):
         return None
-    settings = settings_from_config(s)
-    settings.interventions += list(extra_interventions)
     evaluator = make_evaluator(s.evaluator, min_gain=s.rule_min_gain, device=device, ledger=ledger,
                                cache_dir=cache_dir)
-    return Steering(settings, evaluator=evaluator, run_dir=run_dir, cache_dir=cache_dir)
+    return Steering(s, evaluator=evaluator, run_dir=run_dir, cache_dir=cache_dir)
 
 
 # --- dev scores -------------------------------------------------------------------------------
@@ -164,9 +137,10 @@ class _Open:
 
 
 class Steering:
-    """The strategy layer of one episode (see the module docstring)."""
+    """The strategy layer of one episode (see the module docstring); ``settings``: the ``strategy`` group
+    (``agent_trainer.config.StrategyConfig``)."""
 
-    def __init__(self, settings: SteeringSettings, *, evaluator=None, run_dir=None, cache_dir=None):
+    def __init__(self, settings: StrategyConfig, *, evaluator=None, run_dir=None, cache_dir=None):
         self.settings, self.evaluator = settings, evaluator
         self.run_dir = Path(run_dir) if run_dir else None
         self.cache_dir = cache_dir
@@ -252,10 +226,10 @@ class Steering:
         if self.evaluator is not None:
             msgs += self._evaluate(ep, rec)
         for iv in self.settings.interventions:
-            if int(iv["after_job"]) == k:
-                self.interventions.append({"after_job": k, "message": iv["message"]})
-                ep.log({"event": "intervention", "after_job": k, "message": iv["message"]})
-                msgs.append({"role": "user", "content": iv["message"]})
+            if iv.after_job == k:
+                self.interventions.append({"after_job": k, "message": iv.message})
+                ep.log({"event": "intervention", "after_job": k, "message": iv.message})
+                msgs.append({"role": "user", "content": iv.message})
         if self.settings.mode == "check":
             msgs.append({"role": "user", "content": self._open_check(ep, rec, jobs_left)})
         return msgs
@@ -301,7 +275,7 @@ class Steering:
             self.journal.write("eval_result", ev.evaluation or "-", author=f"evaluator:{ev.source}", job=rec.job)
             if ev.analysis:
                 self.journal.write("eval_analysis", ev.analysis, author=f"evaluator:{ev.source}", job=rec.job)
-        return [{"role": "user", "content": ev.text()}] if self.settings.show_evaluation else []
+        return [{"role": "user", "content": ev.text()}] if self.settings.evaluator.show_to_agent else []
 
     # --- the check -------------------------------------------------------------------------
     def dev_series(self) -> list[tuple[int, float]]:
