@@ -6,7 +6,7 @@ config), and ``main()`` as ``cli.main(_hydra_main, "<config name>")``.
 ``main`` turns ``task=``, ``model=``, ``rerun=`` and a positional argument into Hydra overrides
 (``agent_trainer.cli_args``) and checks the config before Hydra starts, so a user mistake is one line on stderr
 and exit code 2. ``call`` records each run's outcome and keeps its folder whole (docs/sweeps.md).
-The rules and a whole script: docs/sweeps.md, "The command line of every at-* command".
+The rules and a whole script: docs/architecture.md, "The command line of every at-* command".
 """
 
 from __future__ import annotations

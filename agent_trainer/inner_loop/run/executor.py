@@ -6,7 +6,7 @@
 
 Kinds: ``sequential``, ``local_parallel`` (threads waiting on the jobs' own processes; on GPUs each
 running job holds ``gpus_per_job`` of them), ``submitit_local``, ``slurm``, ``ray``
-(``agent_trainer.inner_loop.run.launchers``). Results come back in request order. docs/inner_loop.md, "Executors".
+(``agent_trainer.inner_loop.run.launchers``). Results come back in request order. docs/scale_out.md, "Executors: the Python side".
 """
 
 from __future__ import annotations

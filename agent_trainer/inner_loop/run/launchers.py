@@ -5,7 +5,7 @@
     results = ex.run(requests)           # one array job, 8 tasks at a time; JobResults in request order
 
 Same interface as ``agent_trainer.inner_loop.run.executor``; every job still runs through ``run_job`` on the remote
-side. Why the engines and not Hydra's launcher plugins: docs/inner_loop.md, "Executors".
+side. Why the engines and not Hydra's launcher plugins: docs/scale_out.md, "Executors: the Python side".
 """
 
 from __future__ import annotations

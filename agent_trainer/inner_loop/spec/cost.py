@@ -9,8 +9,8 @@ sampling; ``estimate_job`` prices a multi-stage job. Its unit is the compute sec
 reference machine (the project's 2-core CPU box) under the package's coefficients and reference
 profile (``CostModel.profile``). A job's compute is the same on every machine and under any load:
 budgets, admission and the staged reward's speed stage read it. ``wall=True`` applies this machine's
-measured factors (``CostModel.machine``) instead, for the wall-clock safety cap only. The formula and
-its calibration points: docs/inner_loop.md, "Cost model".
+measured factors (``CostModel.machine``) instead, for the wall-clock safety cap only. The formula:
+docs/inner_loop.md, "Cost model"; its calibration points: docs/results/2026-12-06-cost-model-coefficients.md.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@ and at-train's ``agent=vllm`` sampler, whose engine gets the policy's weights th
 
 :func:`prepare` makes vLLM's CPU linear layers read their live weights, so TRL's weight copies reach the
 kernels; :func:`check_model` refuses head sizes its attention lacks (below 32) before any engine starts.
-Why, and the check that the copies arrive: docs/inner_loop.md, "Runners".
+Why, and the check that the copies arrive: docs/inner_loop.md, "Runners", and
+docs/results/2026-12-02-inner-vllm-cpu.md.
 """
 
 from __future__ import annotations
