@@ -91,10 +91,10 @@ def task_message(task) -> str:
 
     The facts are written as job.yaml writes them (``family: calc_chain``, ``base_model: tiny-s``): a tiny
     agent copies them into its job far more reliably when the surrounding tokens match."""
-    b = task.budget
+    budget = task.budget
     return (
         f"{task.instruction}\nfamily: {task.family}\nbase_model: {' or '.join(task.allowed_base_models)}\n"
-        f"budget per job: max_steps {b.max_steps}, {b.max_seconds:g} s, ${b.max_usd:g}\n"
+        f"budget per job: max_steps {budget.max_steps}, {budget.max_seconds:g} s, ${budget.max_usd:g}\n"
         f"Workspace: task.json, GUIDE.md (job.yaml schema, reward library)."
     )
 

@@ -76,9 +76,9 @@ def make_ledger(cfg: Conf, run_dir: Path):
     from agent_trainer.outer_loop.episode.ledger import Ledger, Prices
 
     c = typed(cfg)
-    a = c.agent
-    agent_prices = (a.usd_per_1m_tokens_in, a.usd_per_1m_tokens_out)
-    prices = Prices(llm={a.model: agent_prices}, default_llm=agent_prices,
+    agent = c.agent
+    agent_prices = (agent.usd_per_1m_tokens_in, agent.usd_per_1m_tokens_out)
+    prices = Prices(llm={agent.model: agent_prices}, default_llm=agent_prices,
                     default_job_usd_per_hour=c.hardware.usd_per_hour)
     return Ledger.open(run_dir, budget=c.budget, prices=prices)
 
@@ -108,11 +108,11 @@ def make_executor(cfg: Conf):
     """The inner-job executor of the hardware group."""
     from agent_trainer.inner_loop.run.executor import make_executor as make
 
-    h = typed(cfg).hardware
-    return make(h.executor, max_parallel=h.max_parallel_jobs, threads=h.threads_per_job,
-                folder=h.launcher_dir, partition=h.slurm_partition, gpus_per_job=h.gpus_per_job,
-                cpus_per_job=h.cpus_per_job, mem_gb=h.mem_gb, time_limit_min=h.time_limit_min,
-                additional=h.slurm_additional, address=h.ray_address)
+    hardware = typed(cfg).hardware
+    return make(hardware.executor, max_parallel=hardware.max_parallel_jobs, threads=hardware.threads_per_job,
+                folder=hardware.launcher_dir, partition=hardware.slurm_partition, gpus_per_job=hardware.gpus_per_job,
+                cpus_per_job=hardware.cpus_per_job, mem_gb=hardware.mem_gb, time_limit_min=hardware.time_limit_min,
+                additional=hardware.slurm_additional, address=hardware.ray_address)
 
 
 def check_executor(cfg: Conf) -> None:
