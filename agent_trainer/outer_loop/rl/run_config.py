@@ -114,7 +114,7 @@ def make_executor(cfg: Conf):
     return make(h.executor, max_parallel=h.max_parallel_jobs, threads=h.threads_per_job,
                 folder=h.launcher_dir, partition=h.slurm_partition, gpus_per_job=h.gpus_per_job,
                 cpus_per_job=h.cpus_per_job, mem_gb=h.mem_gb, time_limit_min=h.time_limit_min,
-                additional=h.slurm_additional, address=h.ray_address)
+                additional=h.slurm_additional, jobs_per_task=h.jobs_per_task, address=h.ray_address)
 
 
 def check_executor(cfg: Conf) -> None:
