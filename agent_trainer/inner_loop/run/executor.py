@@ -145,8 +145,8 @@ def make_executor(kind: str = "sequential", max_parallel: int = 1, **options: An
 
     ``options``: ``threads`` (torch threads per job) for all; for ``submitit_local``/``slurm``:
     ``folder``, ``partition``, ``gpus_per_job``, ``cpus_per_job``, ``mem_gb``, ``time_limit_min``,
-    ``additional`` (extra sbatch options), ``jobs_per_task``; for ``ray``: ``address``, ``gpus_per_job``, ``cpus_per_job``,
-    ``init_kwargs`` (``ray.init`` keywords). Options an executor does not take are ignored."""
+    ``additional`` (extra sbatch options), ``jobs_per_task``, ``poll_s``; for ``ray``: ``address``,
+    ``gpus_per_job``, ``cpus_per_job``, ``init_kwargs`` (``ray.init`` keywords). Options an executor does not take are ignored."""
     import inspect
 
     cls, options = EXECUTORS[kind](**options)
