@@ -122,7 +122,10 @@ class EngineStop(BaseException):
 
 
 def _engine_stops_as_base_exception() -> None:
-    """Under submitit, wrap its handler of the time-limit signal: what it raises comes as ``EngineStop``."""
+    """Under submitit, wrap its handler of the time-limit signal: what it raises comes as ``EngineStop``. SLURM's
+    SIGTERM (the task cancelled, or at its limit; submitit only logs it) ends the task as ``EngineStop`` too: the
+    job's training process gets the same signal, and its death must not be taken for the job's own crash (the
+    harness gives the job SLURM's state instead)."""
     import signal
 
     try:
@@ -140,7 +143,12 @@ def _engine_stops_as_base_exception() -> None:
         except Exception as e:
             raise EngineStop(str(e)) from e
 
+    def terminated(signum, frame):
+        why = "SIGTERM from SLURM: the task was cancelled, reached its time limit or lost its node"
+        raise EngineStop(why) from RuntimeError(why)
+
     signal.signal(sig, stop)
+    signal.signal(signal.SIGTERM, terminated)
 
 
 def placement_here() -> dict[str, Any]:
