@@ -261,9 +261,13 @@ class HardwareConfig:
     cpus_per_job: Optional[int] = doc(None, "CPUs reserved per job (slurm: cpus-per-task, ray: num_cpus); "
                                             "null = threads_per_job or 1")
     mem_gb: Optional[int] = doc(None, "memory per job in GB (slurm); null = the partition's default")
-    time_limit_min: Optional[int] = doc(None, "time limit per job in minutes (slurm, submitit_local); "
-                                              "null = the task's hard deadline + 10 min")
+    time_limit_min: Optional[int] = doc(None, "time limit per job in minutes (slurm, submitit_local; a task of "
+                                              "several jobs gets theirs summed); null = the task's hard "
+                                              "deadline + 10 min")
     slurm_additional: dict[str, Any] = doc({}, "extra sbatch options, e.g. {account: my_account, qos: high}")
+    jobs_per_task: Optional[int] = doc(None, "inner jobs one SLURM array task runs one after another in one process "
+                                             "(slurm, submitit_local: its imports paid once); null = a step's jobs "
+                                             "spread over max_parallel_jobs tasks; 1 = a task per job")
     launcher_dir: str = doc("${abspath:${runs_dir}}/submitit",
                             "submitit's job scripts and logs (slurm, submitit_local)")
     ray_address: Optional[str] = doc(None, "ray: null = a local Ray on this machine; auto or ray://host:10001 = "
@@ -724,7 +728,7 @@ def validate(cfg: DictConfig) -> Config:
            "hardware.threads_per_job must be >= 1 or null")
     _check(hardware.agent_threads is None or hardware.agent_threads >= 1,
            "hardware.agent_threads must be >= 1 or null")
-    for key in ("cpus_per_job", "mem_gb", "time_limit_min"):
+    for key in ("cpus_per_job", "mem_gb", "time_limit_min", "jobs_per_task"):
         _check(getattr(hardware, key) is None or getattr(hardware, key) >= 1, f"hardware.{key} must be >= 1 or null")
     _check(outer.group_size >= 2,
            "outer.group_size must be >= 2: group-relative advantages compare episodes of one task")

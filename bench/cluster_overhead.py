@@ -3,7 +3,8 @@
 The same N SFT jobs (seeds 0..N-1, tiny-s, calc_chain, ~30 s each on one thread) run 2 at a time, one torch
 thread per job, through ``agent_trainer.inner_loop.run.executor``: ``local_parallel`` (warm workers, as
 ``hardware=cpu_parallel``), ``slurm`` (a job array on the cluster of ``scripts/cluster.sh slurm``, array
-parallelism 2) and ``ray`` (tasks of one CPU on the two-node cluster of ``scripts/cluster.sh ray``: one job on
+parallelism 2: two tasks, each running its share of the jobs one after another in one process; with
+``--engines slurm_per_job`` also one task per job, ``hardware.jobs_per_task=1``) and ``ray`` (tasks of one CPU on the two-node cluster of ``scripts/cluster.sh ray``: one job on
 each node). local_parallel runs first and last; the ratios are against the mean of its two runs, so a drift of the
 machine's load shows as the gap between them. Every engine must give the same scores.
 
@@ -30,7 +31,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=150)
     p.add_argument("--hidden-n", type=int, default=200)
     p.add_argument("--ray-address", default=os.environ.get("RAY_ADDRESS", "127.0.0.1:6389"))
-    p.add_argument("--engines", default="slurm,ray", help="which of slurm,ray to measure")
+    p.add_argument("--engines", default="slurm,ray", help="which of slurm,slurm_per_job,ray to measure")
     a = p.parse_args()
     C.one_thread()
     os.environ.setdefault("SLURM_CONF", str(CLUSTER_DIR / "slurm" / "slurm.conf"))
@@ -52,6 +53,8 @@ def main() -> None:
     executors = {
         "local_parallel": lambda: make_executor("local_parallel", max_parallel=2),
         "slurm": lambda: make_executor("slurm", max_parallel=2, folder=wd / "submitit", threads=1),
+        "slurm_per_job": lambda: make_executor("slurm", max_parallel=2, folder=wd / "submitit", threads=1,
+                                               jobs_per_task=1),
         "ray": lambda: make_executor("ray", max_parallel=2, address=a.ray_address, threads=1, cpus_per_job=1),
     }
     engines = [e for e in a.engines.split(",") if e]

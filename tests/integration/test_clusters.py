@@ -6,8 +6,9 @@ the command that starts it. Jobs are tiny (a random-init Qwen3, a few steps) so 
 
 - a batch as a SLURM job array gives the numbers the jobs give in this process, in request order; each result
   says where it ran (array task, node, submitit's log files) and ``sacct`` has the tasks COMPLETED;
-- one array meets three faults: a task cancelled (``scancel``), one past its time limit, and slurmd stopped under
-  the third (the node DOWN after SlurmdTimeout): each comes back ``crashed`` with the reason, slurmd is restored;
+- one array of three tasks of two jobs meets three faults: a task cancelled (``scancel``) after its first job
+  ended, one past its time limit, and slurmd stopped under the third (the node set DOWN): the finished job keeps
+  its result, every other job comes back ``crashed`` with the reason, slurmd is restored;
 - at-train stopped by SIGTERM while its array runs cancels the tasks (none left running); ``resume=`` plays the
   step again as a new array, each job completed once;
 - ``at-train -m ... hydra/launcher=submitit_slurm``: the runs are SLURM jobs logging at once to one MLflow server
@@ -221,40 +222,61 @@ def _none_left(folder: Path, timeout: float = 30.0) -> list[int]:
 
 @pytest.mark.slurm
 def test_cancelled_timed_out_and_lost_node_tasks_come_back_crashed_with_slurms_state(base_dir, slurm, tmp_path):
-    """One array of three long jobs, two at a time: the first is cancelled (scancel), the second runs past its
-    time limit (cut to one minute), then the node's slurmd stops under the third (a lost node: slurmctld marks it
-    DOWN after SlurmdTimeout). Each comes back ``crashed`` with SLURM's state; slurmd started again, no process of
-    the lost task is left."""
-    jobs = _jobs(tmp_path / "jobs", {name: {"batch_size": 8, "max_steps": 100_000} for name in "abc"})
-    ex = make_executor("slurm", max_parallel=2, folder=tmp_path / "submitit", threads=1, time_limit_min=10)
+    """One array of three tasks of two jobs each, two tasks at a time. The first task's short job ends, then the
+    task is cancelled (``scancel``) during its long one; the second task runs past its time limit (cut to one
+    minute); then the node's slurmd stops under the third and the node is set DOWN (a lost node, as slurmctld
+    marks it after SlurmdTimeout; set at once here). The finished job keeps its result; every other job comes back
+    ``crashed`` with SLURM's state, the ones a task never reached too. slurmd started again, no process of the lost
+    task is left."""
+    from agent_trainer.inner_loop.run.launchers import finished_path
+
+    long = {"batch_size": 8, "max_steps": 100_000}
+    jobs = _jobs(tmp_path / "jobs", {"done": SHORT["sft_a"], **{name: long for name in (
+        "cancelled", "timed_out", "never_ran", "lost", "lost_later")}})
+    requests = _requests(jobs, base_dir, tmp_path / "out", LONG_TASK)
+    requests[0] = _requests({"done": jobs["done"]}, base_dir, tmp_path / "out")[0]
+    launched = tmp_path / "submitit"
+    # 5 min a job, 10 a task: short enough that submitit takes the early signal of the cut limit for a time limit
+    # (with a limit over 10 min it would take it for a preemption and try to requeue)
+    ex = make_executor("slurm", max_parallel=2, folder=launched, threads=1, time_limit_min=5, jobs_per_task=2,
+                       poll_s=1)
     box: dict = {}
-    runner = threading.Thread(target=lambda: box.update(results=ex.run(
-        _requests(jobs, base_dir, tmp_path / "out", LONG_TASK))))
+    runner = threading.Thread(target=lambda: box.update(results=ex.run(requests)))
     runner.start()
     try:
-        first, second = _wait_running(tmp_path / "submitit", 2)
+        first, second = _wait_running(launched, 2)
         _slurm("scontrol", "update", f"jobid={second}", "timelimit=1")
+        deadline = time.time() + 300
+        while not finished_path(launched / first, first, 0).is_file():   # the first task's short job has ended
+            assert time.time() < deadline and runner.is_alive(), "the first task's short job did not end"
+            time.sleep(1)
         _slurm("scancel", first)
-        # the third starts in the first's place (the second may already have met its limit: it ran before it)
-        (third,) = _wait_running(tmp_path / "submitit", 1, besides=(first, second))
+        # the third starts in the place of the first or of the second (whichever ended first)
+        (third,) = _wait_running(launched, 1, besides=(first, second))
         deadline = time.time() + 150   # a minute's limit, enforced within slurmctld's 30 s timer
-        while second in _tasks(tmp_path / "submitit") and time.time() < deadline:
-            time.sleep(2)
-        assert second not in _tasks(tmp_path / "submitit"), f"{second} outlived its time limit"
+        while second in _tasks(launched) and time.time() < deadline:
+            time.sleep(1)
+        assert second not in _tasks(launched), f"{second} outlived its time limit"
         assert _cluster_sh("slurm", "stop-slurmd").returncode == 0
-        runner.join(timeout=180)
+        _slurm("scontrol", "update", f"nodename={slurm}", "state=down", "reason=lost-node-test")
+        runner.join(timeout=120)
         assert not runner.is_alive(), "the executor did not return after its tasks were lost"
     finally:   # slurmd back, for the tests and users after (the node returns to service as it registers)
         again = _cluster_sh("slurm", "start")
     assert again.returncode == 0, again.stdout + again.stderr
-    cancelled, timed_out, lost = box["results"]
-    assert [r.placement["job_id"] for r in box["results"]] == [first, second, third]
+    done, cancelled, timed_out, never_ran, lost, lost_later = box["results"]
+    assert [r.placement["job_id"] for r in box["results"]] == [first, first, second, second, third, third]
+    assert done.status == "ok" and done.steps == 3 and done.placement["task_job"] == "1 of 2", done.detail
     assert cancelled.status == "crashed" and "SLURM state CANCELLED" in cancelled.detail, cancelled.detail
     # submitit's signal comes before the limit and ends the task (sacct: FAILED); the result names the limit.
-    assert timed_out.status == "crashed" and "SLURM time limit: the task was timed-out and not checkpointable" \
-        in timed_out.detail, timed_out.detail
-    assert lost.status == "crashed" and "SLURM state NODE_FAIL" in lost.detail, lost.detail
-    assert not _tasks(tmp_path / "submitit"), "no task may stay queued or running"
+    for r in (timed_out, never_ran):
+        assert r.status == "crashed" and "SLURM time limit: the task was timed-out and not checkpointable" \
+            in r.detail, r.detail
+    for r in (lost, lost_later):
+        assert r.status == "crashed" and "SLURM state NODE_FAIL" in r.detail, r.detail
+    assert all(json.loads(Path(r.output_dir, "result.json").read_text())["status"] == r.status
+               for r in box["results"]), "result.json says otherwise"
+    assert not _tasks(launched), "no task may stay queued or running"
     # The lost task's processes outlived its slurmd (slurmstepd runs on); the slurmd that comes back ends them.
     assert not _none_left(tmp_path / "out", timeout=60), "a process of a lost task is still running"
 

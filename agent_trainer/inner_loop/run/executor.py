@@ -95,10 +95,12 @@ class LocalParallelExecutor:
     def run(self, requests: list[JobRequest]) -> list:
         from agent_trainer.inner_loop.run.job import run_request
         from agent_trainer.inner_loop.run.request import with_threads
+        from agent_trainer.inner_loop.run.worker import stop_jobs_on_error
 
         reqs = with_threads(requests, self.threads or max(1, usable_cores() // self.max_parallel))
         if not (self.gpus_per_job > 0 and self._on_gpu(reqs)):
-            with ThreadPoolExecutor(max_workers=self.max_parallel, thread_name_prefix="inner-job") as pool:
+            with ThreadPoolExecutor(max_workers=self.max_parallel, thread_name_prefix="inner-job") as pool, \
+                    stop_jobs_on_error(pool):
                 return list(pool.map(run_request, reqs))
         free: queue.Queue[str] = queue.Queue()
         slots = gpu_slots(self.gpus_per_job, self.max_parallel)
@@ -114,7 +116,8 @@ class LocalParallelExecutor:
             finally:
                 free.put(slot)
 
-        with ThreadPoolExecutor(max_workers=len(slots), thread_name_prefix="inner-job") as pool:
+        with ThreadPoolExecutor(max_workers=len(slots), thread_name_prefix="inner-job") as pool, \
+                stop_jobs_on_error(pool):
             return list(pool.map(on_gpus, reqs))
 
 
@@ -145,8 +148,8 @@ def make_executor(kind: str = "sequential", max_parallel: int = 1, **options: An
 
     ``options``: ``threads`` (torch threads per job) for all; for ``submitit_local``/``slurm``:
     ``folder``, ``partition``, ``gpus_per_job``, ``cpus_per_job``, ``mem_gb``, ``time_limit_min``,
-    ``additional`` (extra sbatch options); for ``ray``: ``address``, ``gpus_per_job``, ``cpus_per_job``,
-    ``init_kwargs`` (``ray.init`` keywords). Options an executor does not take are ignored."""
+    ``additional`` (extra sbatch options), ``jobs_per_task``, ``poll_s``; for ``ray``: ``address``,
+    ``gpus_per_job``, ``cpus_per_job``, ``init_kwargs`` (``ray.init`` keywords). Options an executor does not take are ignored."""
     import inspect
 
     cls, options = EXECUTORS[kind](**options)

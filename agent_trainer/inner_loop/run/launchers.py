@@ -2,7 +2,12 @@
 
     ex = SubmititExecutor("slurm", max_parallel=8, partition="gpu", gpus_per_job=1)
     ex.plan(requests)["sbatch"]          # the sbatch script submitit would write
-    results = ex.run(requests)           # one array job, 8 tasks at a time; JobResults in request order
+    results = ex.run(requests)           # one job array, 8 tasks at a time; JobResults in request order
+
+A SLURM (or submitit-local) batch of N jobs is ``max_parallel`` array tasks (``jobs_per_task`` sets it), each
+running its share of the jobs one after another in one process, as a ``local_parallel`` slot does: a task's
+interpreter start, its imports of torch/transformers/TRL and its warm worker are paid once per task, not once
+per job (bench/RESULTS.md, "Schedulers").
 
 Same interface as ``agent_trainer.inner_loop.run.executor``; every job still runs through ``run_job`` on the remote
 side. Why the engines and not Hydra's launcher plugins: docs/scale_out.md, "Executors: the Python side".
@@ -24,6 +29,11 @@ UNKNOWN_LOSS = "node failure, time limit or cancelled?"
 TIMED_OUT = "timed-out and not checkpointable"
 # Time a job needs beyond its training deadline: interpreter start, imports, hidden evaluation.
 EVAL_MARGIN_S = 600.0
+# How often the harness asks SLURM's accounting about a task that has not written its result (submitit's own
+# watcher backs off to once per 10 minutes, so a lost task would be noticed that late).
+SACCT_POLL_S = 10.0
+# SLURM states in which a task ended without writing a result: no wait for its result file to appear.
+NO_RESULT_STATES = ("CANCELLED", "NODE_FAIL", "TIMEOUT", "PREEMPTED", "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY")
 
 
 def run_request(request: JobRequest, registry_env: dict[str, str] | None = None):
@@ -48,6 +58,63 @@ def run_request(request: JobRequest, registry_env: dict[str, str] | None = None)
     return res
 
 
+def run_requests(requests: list[JobRequest], registry_env: dict[str, str] | None = None) -> list:
+    """Several requests one after another in this process (one array task: its imports and warm worker serve them
+    all). Each finished job's result is also pickled at once beside the task's submitit files
+    (``finished_path``), so that the harness keeps the jobs a task finished before the engine ended it
+    (cancelled, time limit, lost node); the others come back ``crashed`` with the engine's reason."""
+    import pickle
+
+    folder = _task_folder()
+    out = []
+    for i, request in enumerate(requests):
+        res = run_request(request, registry_env)
+        if folder is not None:
+            path = finished_path(*folder, i)
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_bytes(pickle.dumps(res))
+            os.replace(tmp, path)
+        out.append(res)
+    return out
+
+
+def finished_path(folder: Path, job_id: str, index: int) -> Path:
+    """Where an array task keeps the result of its ``index``-th job once it has finished."""
+    return Path(folder) / f"{job_id}_job{index}_result.pkl"
+
+
+def _task_folder() -> tuple[Path, str] | None:
+    """``(folder, job_id)`` of the submitit task this process is, or None outside submitit."""
+    if "SUBMITIT_FOLDER" not in os.environ:
+        return None
+    from submitit import JobEnvironment
+
+    env = JobEnvironment()
+    return env.paths.folder, env.job_id
+
+
+def _finished(folder: Path, job_id: str, index: int):
+    """The result an ended task pickled for its ``index``-th job, or None when that job had not finished."""
+    import pickle
+
+    try:
+        return pickle.loads(finished_path(folder, job_id, index).read_bytes())
+    except (OSError, EOFError, pickle.UnpicklingError):
+        return None
+
+
+def packed(requests: list, tasks: int) -> list[list]:
+    """``requests`` in ``tasks`` consecutive groups whose sizes differ by at most one (request order kept)."""
+    tasks = max(1, min(tasks, len(requests)))
+    size, extra = divmod(len(requests), tasks)
+    groups, start = [], 0
+    for t in range(tasks):
+        end = start + size + (t < extra)
+        groups.append(requests[start:end])
+        start = end
+    return groups
+
+
 class EngineStop(BaseException):
     """The engine ends the task (submitit's handler of the signal before a SLURM time limit raised): a
     ``BaseException``, so that no ``except Exception`` of the job's stages (validation reports what it catches as
@@ -55,7 +122,10 @@ class EngineStop(BaseException):
 
 
 def _engine_stops_as_base_exception() -> None:
-    """Under submitit, wrap its handler of the time-limit signal: what it raises comes as ``EngineStop``."""
+    """Under submitit, wrap its handler of the time-limit signal: what it raises comes as ``EngineStop``. SLURM's
+    SIGTERM (the task cancelled, or at its limit; submitit only logs it) ends the task as ``EngineStop`` too: the
+    job's training process gets the same signal, and its death must not be taken for the job's own crash (the
+    harness gives the job SLURM's state instead)."""
     import signal
 
     try:
@@ -73,7 +143,12 @@ def _engine_stops_as_base_exception() -> None:
         except Exception as e:
             raise EngineStop(str(e)) from e
 
+    def terminated(signum, frame):
+        why = "SIGTERM from SLURM: the task was cancelled, reached its time limit or lost its node"
+        raise EngineStop(why) from RuntimeError(why)
+
     signal.signal(sig, stop)
+    signal.signal(signal.SIGTERM, terminated)
 
 
 def placement_here() -> dict[str, Any]:
@@ -140,30 +215,45 @@ def _installed(module: str) -> bool:
 
 
 class SubmititExecutor:
-    """Inner jobs as submitit jobs: a SLURM array (``cluster="slurm"``) or local processes (``"local"``)."""
+    """Inner jobs as submitit jobs: a SLURM array (``cluster="slurm"``) or local processes (``"local"``).
+
+    ``jobs_per_task``: how many jobs one task runs, one after another (None: the batch spread evenly over
+    ``max_parallel`` tasks; 1: a task per job, so a lost task loses one job only)."""
 
     def __init__(self, cluster: str = "slurm", max_parallel: int = 1, folder: str | Path = "runs/submitit",
                  partition: str | None = None, gpus_per_job: int = 0, cpus_per_job: int | None = None,
                  mem_gb: int | None = None, time_limit_min: int | None = None,
-                 additional: dict[str, Any] | None = None, threads: int | None = None):
+                 additional: dict[str, Any] | None = None, threads: int | None = None,
+                 jobs_per_task: int | None = None, poll_s: float = SACCT_POLL_S):
         if cluster not in ("slurm", "local"):
             raise ValueError(f"submitit cluster must be slurm or local, got {cluster!r}")
         if max_parallel < 1:
             raise ValueError(f"max_parallel must be >= 1, got {max_parallel}")
+        if jobs_per_task is not None and jobs_per_task < 1:
+            raise ValueError(f"jobs_per_task must be >= 1 or None, got {jobs_per_task}")
         self.cluster, self.max_parallel, self.folder = cluster, max_parallel, Path(folder)
         self.partition, self.gpus_per_job, self.cpus_per_job = partition, gpus_per_job, cpus_per_job
         self.mem_gb, self.time_limit_min, self.additional = mem_gb, time_limit_min, dict(additional or {})
-        self.threads = threads
+        self.threads, self.jobs_per_task, self.poll_s = threads, jobs_per_task, poll_s
 
     @property
     def kind(self) -> str:
         return "slurm" if self.cluster == "slurm" else "submitit_local"
 
+    def groups(self, requests: list) -> list[list]:
+        """The batch as array tasks: each group is one task's jobs."""
+        if not requests:
+            return []
+        tasks = math.ceil(len(requests) / self.jobs_per_task) if self.jobs_per_task else self.max_parallel
+        return packed(list(requests), tasks)
+
     def timeout_min(self, requests: list[JobRequest]) -> int:
-        """The per-job time limit: ``time_limit_min``, else the longest job deadline plus the eval margin."""
+        """A task's time limit (one for the whole array): per job ``time_limit_min``, else the longest job
+        deadline plus the eval margin, times the jobs of the fullest task (they run one after another)."""
+        per_task = max((len(g) for g in self.groups(requests)), default=1)
         if self.time_limit_min:
-            return int(self.time_limit_min)
-        return max(1, math.ceil((deadline_s(requests) + EVAL_MARGIN_S) / 60)) if requests else 60
+            return int(self.time_limit_min) * per_task
+        return max(1, math.ceil(per_task * (deadline_s(requests) + EVAL_MARGIN_S) / 60)) if requests else 60
 
     def parameters(self, requests: list[JobRequest]) -> dict[str, Any]:
         """``AutoExecutor.update_parameters`` keywords (hydra-submitit-launcher's names, submitit's prefixes)."""
@@ -196,13 +286,14 @@ class SubmititExecutor:
             folder=self.folder.resolve() / "%j", job_name=p["name"], partition=p.get("slurm_partition"),
             time=p["timeout_min"], nodes=1, cpus_per_task=p["cpus_per_task"], gpus_per_node=p.get("gpus_per_node"),
             mem=f"{p['mem_gb']}GB" if p.get("mem_gb") else None, array_parallelism=self.max_parallel,
-            map_count=max(1, len(requests)), additional_parameters=p.get("slurm_additional_parameters"),
+            map_count=max(1, len(self.groups(requests))), additional_parameters=p.get("slurm_additional_parameters"),
             signal_delay_s=p.get("slurm_signal_delay_s", 90))
 
     def plan(self, requests: list[JobRequest] = ()) -> dict[str, Any]:
         """What ``run`` would submit, without submitting."""
         requests = list(requests)
         out: dict[str, Any] = {"executor": self.kind, "engine": "submitit", "max_parallel": self.max_parallel,
+                               "jobs_per_task": [len(g) for g in self.groups(requests)],
                                "folder": str(self.folder), "parameters": self.parameters(requests),
                                "engine_installed": _installed("submitit")}
         if not out["engine_installed"]:
@@ -246,38 +337,61 @@ class SubmititExecutor:
         self.folder.mkdir(parents=True, exist_ok=True)
         ex = submitit.AutoExecutor(folder=self.folder / "%j", cluster=self.cluster)
         ex.update_parameters(**self.parameters(reqs))
-        # SLURM throttles the array itself; local processes all start at once, so go max_parallel at a time.
-        size = len(reqs) if self.cluster == "slurm" else self.max_parallel
+        # At most max_parallel groups run at once: SLURM throttles the array; local processes start together.
+        groups = self.groups(reqs)
+        jobs = ex.map_array(run_requests, groups, [configured_env()] * len(groups))
         results = []
-        for start in range(0, len(reqs), size):
-            chunk = reqs[start:start + size]
-            jobs = ex.map_array(run_request, chunk, [configured_env()] * len(chunk))
-            try:
-                results += [self._result(job, req) for job, req in zip(jobs, chunk)]
-            except BaseException:
-                # at-train stopped (SIGTERM, Ctrl-C) while the tasks run: cancel them, leave no orphan behind.
-                for job in jobs:
-                    if not job.done():
-                        job.cancel(check=False)
-                raise
+        try:
+            for job, group in zip(jobs, groups):
+                results += self._results(job, group)
+        except BaseException:
+            # at-train stopped (SIGTERM, Ctrl-C) while the tasks run: cancel them, leave no orphan behind.
+            for job in jobs:
+                if not job.done():
+                    job.cancel(check=False)
+            raise
         return results
 
-    def _result(self, job, req: JobRequest):
-        """The job's result, or a ``crashed`` one with the engine's state; either way with where it ran."""
+    def _wait(self, job) -> None:
+        """Until the task has ended: its result file checked every second, SLURM's accounting every ``poll_s``.
+        A task that ended without a result (cancelled, lost node) is not waited for again by ``result``."""
+        import time
+
+        if self.cluster != "slurm":
+            job.wait()
+            return
+        asked = -math.inf
+        while not job.paths.result_pickle.exists():
+            if time.monotonic() - asked >= self.poll_s:
+                asked = time.monotonic()
+                if job.watcher.is_done(job.job_id, mode="force"):
+                    if job.state.split()[0] in NO_RESULT_STATES:
+                        job._results_timeout_s = 0   # submitit would wait 15 s (twice) for a file never written
+                    return
+            time.sleep(1)
+
+    def _results(self, job, group: list[JobRequest]) -> list:
+        """The task's results: its jobs' own, or for those it had not finished when it ended, a ``crashed`` one
+        with the engine's state; either way with where they ran."""
         paths = job.paths
+        self._wait(job)
         try:
-            res = job.result()
+            results = job.result()
         except Exception as e:  # noqa: BLE001 - whatever the engine raises, the batch goes on
             state = _final_state(job) if self.cluster == "slurm" else ""
             reason = f"SLURM state {state}" if state else type(e).__name__
             if TIMED_OUT in str(e):
                 # submitit's signal, sent before the time limit, ended the task: SLURM records FAILED, not TIMEOUT.
                 reason = f"SLURM time limit: the task was {TIMED_OUT} ({reason})"
-            res = lost(req, f"{type(e).__name__}: {e}", reason)
+            results = [_finished(paths.folder, job.job_id, i) or lost(req, f"{type(e).__name__}: {e}", reason)
+                       for i, req in enumerate(group)]
         if self.cluster != "slurm":
-            return res
-        return record_placement(req, res, engine="slurm", job_id=job.job_id, stdout=str(paths.stdout),
-                                stderr=str(paths.stderr), state=_final_state(job))
+            return results
+        state = _final_state(job)
+        return [record_placement(req, res, engine="slurm", job_id=job.job_id, stdout=str(paths.stdout),
+                                 stderr=str(paths.stderr), state=state,
+                                 task_job=f"{i + 1} of {len(group)}" if len(group) > 1 else None)
+                for i, (req, res) in enumerate(zip(group, results))]
 
 
 def _final_state(job, wait_s: float = 30.0) -> str:
@@ -295,7 +409,7 @@ def _final_state(job, wait_s: float = 30.0) -> str:
             return "UNKNOWN"
         if state not in ("PENDING", "RUNNING", "REQUEUED", "COMPLETING", "UNKNOWN") or time.time() > deadline:
             return state
-        time.sleep(2)
+        time.sleep(0.5)
 
 
 class RayExecutor:

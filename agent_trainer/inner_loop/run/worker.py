@@ -13,11 +13,13 @@ its sandboxed reward host (``agent_trainer.inner_loop.isolation.reward_proxy``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from dataclasses import dataclass
@@ -31,6 +33,33 @@ STATUS_FILE = "train_status.json"
 SPEC_FILE = "job_spec.json"   # the harness's parsed job.yaml, handed to the training process
 WORKER_LOG = "worker.log"
 ERROR_TAIL_CHARS = 3000
+
+
+class JobsStopped(BaseException):
+    """The harness is stopping (at-train's SIGTERM or Ctrl-C reached a thread that waits on jobs): this job's
+    training process was killed, or not started. A ``BaseException``: no job stage takes it for its own error."""
+
+
+_STOPPING = threading.Event()   # set while a pool of job threads is being stopped (``stop_jobs_on_error``)
+
+
+@contextlib.contextmanager
+def stop_jobs_on_error(pool):
+    """Around the use of ``pool`` (a ``ThreadPoolExecutor`` whose threads run jobs): when the block raises (an
+    interrupt lands in the thread that waits on the pool), every training process of this process is killed
+    within a poll and none starts, the pool's queued jobs are dropped and its threads joined; then the error goes
+    on. Without it the pool's exit would wait for every running and queued job to end."""
+    try:
+        yield pool
+    except BaseException:
+        first = not _STOPPING.is_set()
+        _STOPPING.set()
+        try:
+            pool.shutdown(wait=True, cancel_futures=True)
+        finally:
+            if first:   # the stop this block began is over: later runs in this process start jobs again
+                _STOPPING.clear()
+        raise
 
 
 def write_status(output_dir: Path, status: dict) -> None:
@@ -284,6 +313,8 @@ def start(t: Training, home: Path, log, *, warm: bool = False, wrap: Callable[[l
     talks to it through an inherited socket; the caller closes it."""
     if warm and (wrap is not None or reward_host is not None):
         raise ValueError("a sandboxed job or one with a reward host cannot run in a warm worker; use warm=False")
+    if _STOPPING.is_set():
+        raise JobsStopped("the harness is stopping: the job was not started")
     env = child_env(home, t.threads, job_gpus(t.device, t.gpus))
     # The job's process works in its own home folder, never in the job folder
     # (agent_trainer.inner_loop.isolation.launcher).
@@ -307,10 +338,12 @@ def start(t: Training, home: Path, log, *, warm: bool = False, wrap: Callable[[l
 
 def watch(proc, deadline_s: float, on_poll: Callable[[], None] = lambda: None, poll_s: float = 0.1) -> bool:
     """Wait for ``proc``; kill its process group at ``deadline_s`` seconds (True then) or when this process is
-    interrupted (no orphan is left)."""
+    interrupted or stopping its jobs (``stop_jobs_on_error``; ``JobsStopped`` then): no orphan is left."""
     t0 = time.monotonic()
     try:
         while proc.poll() is None:
+            if _STOPPING.is_set():
+                raise JobsStopped("the harness is stopping: the job's training process was killed")
             if time.monotonic() - t0 > deadline_s:
                 # The whole group: TRL or agent code may have started processes of their own.
                 isolation.kill_group(proc.pid)

@@ -166,7 +166,11 @@ class Rollouts:
         # waits for mid-episode run batch-wise as before.
         from concurrent.futures import ThreadPoolExecutor
 
-        with ThreadPoolExecutor(max_workers=self.jobs.parallel, thread_name_prefix="job-feeder") as feeder:
+        from agent_trainer.inner_loop.run.worker import stop_jobs_on_error
+
+        # An interrupt here (at-train's SIGTERM) stops the fed jobs at once instead of waiting for them to end.
+        with ThreadPoolExecutor(max_workers=self.jobs.parallel, thread_name_prefix="job-feeder") as feeder, \
+                stop_jobs_on_error(feeder):
             futures = []
 
             def feed(ep: Episode) -> None:

@@ -112,7 +112,8 @@ def make_executor(cfg: Conf):
     return make(hardware.executor, max_parallel=hardware.max_parallel_jobs, threads=hardware.threads_per_job,
                 folder=hardware.launcher_dir, partition=hardware.slurm_partition, gpus_per_job=hardware.gpus_per_job,
                 cpus_per_job=hardware.cpus_per_job, mem_gb=hardware.mem_gb, time_limit_min=hardware.time_limit_min,
-                additional=hardware.slurm_additional, address=hardware.ray_address)
+                additional=hardware.slurm_additional, jobs_per_task=hardware.jobs_per_task,
+                address=hardware.ray_address)
 
 
 def check_executor(cfg: Conf) -> None:
