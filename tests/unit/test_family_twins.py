@@ -109,7 +109,8 @@ def test_no_reordering_of_a_hidden_item_is_a_training_item(name):
     assert len(twins) > 400 and not any(fam.in_training(t) for t in twins)
     keys = {fam.split_key(e.prompt) for e in hidden}
     assert all(fam.split_key(t) in keys for t in twins)
-    drawn = {e.prompt for seed in range(0, MAX_AGENT_SEED, MAX_AGENT_SEED // 5) for e in fam.training_examples(seed, 4000)}
+    seeds = range(0, MAX_AGENT_SEED, MAX_AGENT_SEED // 5)
+    drawn = {e.prompt for seed in seeds for e in fam.training_examples(seed, 4000)}
     assert not keys & {fam.split_key(p) for p in drawn}
     # The stream the shipped tokenizer and models were built from never holds a hidden item.
     stream = fam.pretraining_stream(0)
