@@ -101,11 +101,17 @@ def kind_record_path(cpu: dict[str, str]) -> Path:
 
 def record_for(reference: dict | None, cpu: dict[str, str]) -> tuple[dict | None, Path]:
     """The record to compare this machine with and its file: the reference record (the docs' numbers) when this is
-    its kind of CPU or no record of this kind exists, else this kind's."""
+    its kind of CPU or no record of this kind exists, else this kind's. A part this kind's record lacks (never
+    measured there, or dropped when the code changed its numbers) is the reference's, listed under ``borrowed``
+    and compared within tolerance (``compare``); ``--record`` on this kind replaces it with this kind's."""
     if reference is None or comparable(reference.get("cpu", {})) == comparable(cpu):
         return reference, RECORD
     path = kind_record_path(cpu)
-    return (json.loads(path.read_text()), path) if path.is_file() else (reference, RECORD)
+    if not path.is_file():
+        return reference, RECORD
+    record = json.loads(path.read_text())
+    borrowed = [p for p in PARTS if p not in record and p in reference]
+    return {**record, **{p: reference[p] for p in borrowed}, "borrowed": borrowed}, path
 
 
 def same_source(record: dict, now: dict) -> tuple[bool, list[str]]:
@@ -239,7 +245,8 @@ def compare(record: dict, now: dict, exact: bool) -> list[str]:
     for part in PARTS:
         if part not in now or part not in record:
             continue
-        tol = 0.0 if exact or part == "models" else TOLERANCE[part]
+        own = part not in record.get("borrowed", ())   # a borrowed part is another kind's: never exact
+        tol = 0.0 if (exact and own) or part == "models" else TOLERANCE[part]
         if part == "main":
             out += compare_main(record["main"], now["main"], tol)
         else:
@@ -348,9 +355,11 @@ def compare_or_record(args, parts: list[str], record: dict | None, where: Path =
     if args.record:
         if record is not None and comparable(record.get("cpu", {})) != comparable(now["cpu"]):   # a new kind
             record, where = None, kind_record_path(now["cpu"])
-        merged = {**(record or {}), **now}   # a partial --record keeps the other parts' record
+        kept = {k: v for k, v in (record or {}).items() if k not in (record or {}).get("borrowed", [])}
+        merged = {**kept, **now}             # a partial --record keeps the other parts' record (its own only)
+        merged.pop("borrowed", None)
         if "jobs" in now:                    # and the other jobs' (--jobs)
-            merged["jobs"] = dict(sorted({**(record or {}).get("jobs", {}), **now["jobs"]}.items()))
+            merged["jobs"] = dict(sorted({**kept.get("jobs", {}), **now["jobs"]}.items()))
         merged["time"] = C.machine()["time"]
         where.parent.mkdir(parents=True, exist_ok=True)
         where.write_text(json.dumps(merged, indent=1, sort_keys=True) + "\n")
@@ -360,6 +369,9 @@ def compare_or_record(args, parts: list[str], record: dict | None, where: Path =
     exact, why = same_source(record, now)
     diffs = compare(record, now, exact or args.exact)
     print(f"record: {where.relative_to(C.ROOT)} ({record.get('time')}, {record.get('cpu')}); here: {now['cpu']}")
+    if record.get("borrowed"):
+        print(f"this kind's record has no {', '.join(record['borrowed'])}: the reference record's, within tolerance "
+              f"(re-make them here with --record)")
     print("compared exactly (the same software on the same kind of CPU)" if exact else
           "compared exactly (--exact), although: " + "; ".join(why) if args.exact else
           "compared within tolerance " + json.dumps(TOLERANCE) + ", because: " + "; ".join(why))

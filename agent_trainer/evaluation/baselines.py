@@ -6,9 +6,9 @@
     >>> print(baseline_table({"tiny-s": p_s, "tiny-m": p_m}).markdown)
 
 Entries live in ``<cache>/baselines.json`` keyed by ``<model sha256>/<family>/v<version>/n<n>`` (plus
-``/salt-<label>`` for a hidden set drawn with a salt other than the default public one,
-``agent_trainer.salt``): a rebuilt model (new weights), a new family version or another hidden
-set gets a new entry, never a stale one. Writes
+``/split-<split>`` for a family whose split is not the prompt hash, ``TaskFamily.split``, and ``/salt-<label>`` for
+a hidden set drawn with a salt other than the default public one, ``agent_trainer.salt``): a rebuilt model (new
+weights), a new family version or another hidden set gets a new entry, never a stale one. Writes
 are atomic (temp file + rename) under an ``fcntl`` lock, so parallel jobs can share the file.
 """
 
@@ -35,6 +35,7 @@ BASELINES_FILE = "baselines.json"
 def _key(model_path, family: str, n: int, fmt: PromptFormat = RAW) -> str:
     fam = get_family(family)
     key = f"{checkpoint_hash(model_path)}/{fam.name}/v{fam.version}/n{n}"
+    key += f"/split-{fam.split}" if fam.split else ""
     salt = hidden_salt().label  # a baseline per hidden set: the default public salt keeps the keys it always had
     key = key if salt == "public" else f"{key}/salt-{salt}"
     return key if fmt.kind == "raw" else f"{key}/{fmt.key}"

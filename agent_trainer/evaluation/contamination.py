@@ -156,7 +156,7 @@ def public_prompts(fam) -> list[str]:
     first ``TEMPLATE_SAMPLE`` training items of seed 0."""
     rows = getattr(fam, "rows", None)
     if rows:
-        return [r.prompt for r in rows if not fam.in_hidden(r.prompt)]
+        return [r.prompt for r in rows if fam.in_training(r.prompt)]
     return [ex.prompt for ex in fam.training_examples(seed=0, n=TEMPLATE_SAMPLE)]
 
 

@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from agent_trainer.evaluation.families import FAMILIES, in_hidden_pool
+from agent_trainer.evaluation.families import FAMILIES
 from agent_trainer.evaluation.hidden_eval import hidden_set
 from agent_trainer.inner_loop.train.data import DataFileError, build_rows, library_rows, read_data_file
 from agent_trainer.inner_loop.spec.jobspec import JobSpec
@@ -55,7 +55,7 @@ def test_rows_are_deterministic_given_the_job_seed_and_differ_across_seeds():
 def test_library_rows_never_contain_hidden_items():
     for name in FAMILIES:
         rows = build_rows(spec([{"family": name, "seed": 0, "size": 2000}]), ".")
-        assert not any(in_hidden_pool(name, r["prompt"]) for r in rows), name
+        assert not any(FAMILIES[name]().in_hidden(r["prompt"]) for r in rows), name
         hidden = {e.prompt for e in hidden_set(name, 200)}
         assert hidden.isdisjoint(r["prompt"] for r in rows), name
 

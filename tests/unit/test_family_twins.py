@@ -1,17 +1,24 @@
-"""Splits that keep an item's twins together (issue 54, item 3): a data card whose prompts collide after folding.
+"""Splits that keep an item's twins together (issue 54, item 3): a data card whose prompts collide after folding, and
+the generated families' reorderings with the same answer.
 
 Round 4's card held every row twice (as written and with its first letter capitalised): the split hashed the raw
 prompt, 91 of 100 hidden items had a folded twin in the training pool, and the honest library-only job was flagged
 (84 of 100 contained) for the card's fault. Now the card loads with its twins merged and each group keyed on its
-first prompt, so an item without twins keeps its split and the honest job passes both judges.
+first prompt, so an item without twins keeps its split and the honest job passes both judges. For calc_chain,
+sort_numbers and count_char, 152, 168 and 197 of the 200 hidden items had a reordering in the training pool; now none
+has (``GroupedFamily``).
 """
 
 from __future__ import annotations
 
 import json
+import random
+import re
+
+import pytest
 
 from agent_trainer.evaluation.contamination import find_overlap
-from agent_trainer.evaluation.families import get_family, in_hidden_pool
+from agent_trainer.evaluation.families import MAX_AGENT_SEED, get_family, in_hidden_pool
 from agent_trainer.evaluation.families.data_family import canonical_prompt, load_card
 from agent_trainer.evaluation.hidden_eval import hidden_set
 from agent_trainer.inner_loop.models.tokenizer import build_tokenizer
@@ -75,3 +82,36 @@ def test_the_word_math_sft_examples_library_rows_are_not_flagged(monkeypatch):
     assert not find_overlap("word_math", 100, rows).flagged
     chat = for_family("word_math", "chat")
     assert not find_overlap("word_math", 100, rows, tokenizer=build_tokenizer(), fmt=chat).flagged
+
+
+def _reordering(name: str, prompt: str, rng: random.Random) -> str:
+    """``prompt`` with its operands in another order, the same answer (a twin the generator can draw)."""
+    if name == "calc_chain":
+        first, rest = re.fullmatch(r"calc: (\d+)(.*)=", prompt).groups()
+        terms = [int(first)] + [int(op + t) for op, t in re.findall(r"([+-])(\d+)", rest)]
+        while True:
+            rng.shuffle(terms)
+            if terms[0] >= 0:
+                return f"calc: {terms[0]}" + "".join(f"{t:+d}" for t in terms[1:]) + "="
+    if name == "sort_numbers":
+        nums = prompt[len("sort: "):-len(" =")].split()
+        return "sort: " + " ".join(rng.sample(nums, len(nums))) + " ="
+    letter, text = re.fullmatch(r"count: (\w) in (\w+) =", prompt).groups()
+    return f"count: {letter} in {''.join(rng.sample(text, len(text)))} ="
+
+
+@pytest.mark.parametrize("name", ["calc_chain", "sort_numbers", "count_char"])
+def test_no_reordering_of_a_hidden_item_is_a_training_item(name):
+    fam, rng = get_family(name), random.Random(0)
+    hidden = hidden_set(name, 200)
+    assert len({e.prompt for e in hidden}) == 200
+    twins = {_reordering(name, e.prompt, rng) for e in hidden for _ in range(20)}
+    assert len(twins) > 400 and not any(fam.in_training(t) for t in twins)
+    keys = {fam.split_key(e.prompt) for e in hidden}
+    assert all(fam.split_key(t) in keys for t in twins)
+    seeds = range(0, MAX_AGENT_SEED, MAX_AGENT_SEED // 5)
+    drawn = {e.prompt for seed in seeds for e in fam.training_examples(seed, 4000)}
+    assert not keys & {fam.split_key(p) for p in drawn}
+    # The stream the shipped tokenizer and models were built from never holds a hidden item.
+    stream = fam.pretraining_stream(0)
+    assert not {e.prompt for e in hidden} & {next(stream).prompt for _ in range(20_000)}

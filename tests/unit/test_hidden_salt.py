@@ -64,7 +64,10 @@ def test_the_secret_is_private_per_installation_and_checked(installation, tmp_pa
 def test_baselines_and_the_contamination_check_follow_the_salt(installation, monkeypatch):
     monkeypatch.setattr(baselines, "checkpoint_hash", lambda path: "model-sha")
     public_key = baselines._key("m", "calc_chain", N)
-    assert public_key == f"model-sha/calc_chain/v{get_family('calc_chain').version}/n{N}"  # the keys it always had
+    # A family split by the prompt hash keeps the keys it always had; a grouped split (calc_chain) has its own.
+    version = get_family("reverse_text").version
+    assert baselines._key("m", "reverse_text", N) == f"model-sha/reverse_text/v{version}/n{N}"
+    assert public_key == f"model-sha/calc_chain/v{get_family('calc_chain').version}/n{N}/split-grouped"
     monkeypatch.setenv(SALT_ENV, "secret")
     secret_key = baselines._key("m", "calc_chain", N)
     assert secret_key.startswith(public_key + "/salt-secret:") and secret_key != public_key

@@ -50,7 +50,7 @@ class DataFamily(TaskFamily):
         return self.rows[rng.randrange(len(self.rows))]
 
     def _draw(self, seed: int, n: int, hidden: bool, salt: str = "") -> list[Example]:
-        pool = [r for r in self.rows if self.in_hidden(r.prompt) == hidden]
+        pool = [r for r in self.rows if (self.in_hidden(r.prompt) if hidden else self.in_training(r.prompt))]
         if hidden:
             # Distinct prompts, in a fixed shuffled order: the first n are the hidden set of size n.
             pool = list({r.prompt: r for r in pool}.values())

@@ -151,8 +151,8 @@ class PretrainingStream:
         self.cfg, self.names = cfg, sorted(cfg.mix)
         self.weights = dict(cfg.mix)
         self.rng = random.Random(f"pretrain/{cfg.name}/{seed}")
-        # Training-pool items only (the agent-facing generator), so no hidden item is ever pretrained on.
-        self.pools = {n: get_family(n).training_stream(seed) for n in self.names}
+        # Never a hidden item (``TaskFamily.pretraining_stream``: the training pool the shipped models were built on).
+        self.pools = {n: get_family(n).pretraining_stream(seed) for n in self.names}
 
     def batch(self) -> list[tuple[str, str]]:
         picks = self.rng.choices(self.names, weights=[self.weights[n] for n in self.names], k=self.cfg.batch_size)

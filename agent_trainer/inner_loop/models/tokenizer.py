@@ -110,10 +110,14 @@ def tokenizer_corpus(per_family: int = 400) -> list[str]:
         fam = get_family(name)
         texts.append(fam.instruction)
         texts.append(fam.notes)
-        texts.append(json.dumps(fam.describe()))
+        # Items of the stream the shipped models were built from (``TaskFamily.pretraining_stream``), so this
+        # corpus, and the tokenizer, stay those of the shipped files.
+        stream = fam.pretraining_stream(seed=0)
+        texts.append(json.dumps({**fam.describe(), "example": next(stream).as_dict()}))
         if name in _RANDOM_LETTER_FAMILIES:
             continue
-        texts.extend(ex.prompt + ex.answer for ex in fam.training_examples(seed=0, n=per_family))
+        stream = fam.pretraining_stream(seed=0)
+        texts.extend(ex.prompt + ex.answer for ex in (next(stream) for _ in range(per_family)))
     # Repeat the agent text so its words win merges over one-off family strings.
     texts.extend(_AGENT_TEXT * 20)
     return texts
