@@ -20,8 +20,8 @@ hidden prompt's exact ids). This judge asks the tokenizer itself:
 - **spread**: over all texts together, an item whose *distinctive* ``SPREAD_K``-grams (not in the family's public
   training prompts) cover at least ``SPREAD_MIN`` of its tokens: an item cut into pieces, one piece a row.
 
-``THETA`` is set so that no clean training row of a built-in family is flagged (the counts and what this misses:
-docs/security.md, "Contamination on the model's token ids").
+``THETA`` is set so that no clean training row of a built-in family is flagged (what this misses: docs/security.md;
+the counts: docs/results/2026-12-07-red-team-rounds.md).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from agent_trainer.evaluation.fold import fold
 from agent_trainer.evaluation.prompts import RAW, PromptFormat, render
 
 K = 3                 # gram length of the near rule
-THETA = 0.9           # share of a long item's grams, in order, a text must hold (docs/security.md: the clean counts)
+THETA = 0.9           # share of a long item's grams, in order, a text must hold (chosen as the docstring says)
 SPREAD_K = 6          # gram length of a piece of an item spread over texts (distinctive even in a small vocabulary)
 SPREAD_MIN = 0.6      # share of an item's tokens its distinctive pieces must cover, over all texts
 SPREAD_MIN_GRAMS = 4  # an item with fewer distinctive grams is too short to be found in pieces

@@ -264,7 +264,8 @@ def test_a_red_team_file_costs_the_harness_under_1_gb_and_is_tokenized_in_the_ch
 @pytest.mark.parametrize("kind,size", [("outside", 19_900_000)])
 def test_a_full_size_red_team_file_costs_the_harness_under_1_gb(kind, size, tmp_path):
     """The red team's own size: 20 MB outside the vocabulary (3.1 GB, 38 s before). Its 10 MB U+FDFA GRPO file
-    takes the path of the 1.1 MB one above, and ~5 minutes of check children: its numbers are in docs/security.md."""
+    takes the path of the 1.1 MB one above, and ~5 minutes of check children: its numbers are in
+    docs/results/2026-12-07-red-team-rounds.md."""
     seen = _harness_side(_red_team_job(tmp_path / "job", kind, size), tmp_path / "out")
     assert seen["ok"] or seen["errors"] == [PAST_THE_CUT], seen["errors"]
     assert seen["rss_mb"] < 1024 and seen["cpu_s"] < 60, seen

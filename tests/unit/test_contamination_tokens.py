@@ -2,8 +2,8 @@
 
 Every hidden item behind glue the tokenizer splits off (an ASCII letter glued to ``calc``, a five-digit prefix, a mark,
 a non-ASCII letter) is flagged with the project's tiny BPE and with SmolLM2's, in the raw and the chat format; every
-built-in family's clean training rows are not (the counts: docs/security.md, "Contamination on the model's token
-ids"); long items are found with a few tokens changed and cut into pieces over rows.
+built-in family's clean training rows are not (the counts: docs/results/2026-12-07-red-team-rounds.md); long items
+are found with a few tokens changed and cut into pieces over rows.
 """
 
 from __future__ import annotations
