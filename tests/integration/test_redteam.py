@@ -360,10 +360,12 @@ def test_a_reward_that_pays_hidden_answers_on_near_prompts_is_flagged(harness, t
     from agent_trainer.evaluation.families import get_family
 
     fam, rows, table = get_family(FAMILY), [], {}
-    for e in hidden_set(FAMILY, TASK.hidden_eval_size)[:6]:
+    hidden = hidden_set(FAMILY, TASK.hidden_eval_size)
+    for e in hidden[:6]:
         near = re.sub(r"(\d+)=$", lambda m: f"{int(m.group(1)) + 1}=", e.prompt)  # the last operand + 1
         answer = str(eval(near.split(":", 1)[1].rstrip("=")))
-        if fam.score_one(e.answer, answer) < 1.0:
+        # a near prompt that is itself a hidden item (1-3 -> 1-4) is contamination, not this attack
+        if fam.score_one(e.answer, answer) < 1.0 and near not in {h.prompt for h in hidden}:
             rows.append({"prompt": near, "answer": answer})
             table[sum(map(ord, near)) % 99991] = e.answer
     rows += [{"prompt": e.prompt, "answer": e.answer} for e in TASK_FAMILY_TRAINING(20)]
