@@ -109,6 +109,36 @@ def sampling_side(conf, folder: Path, group: int, one_by_one: bool = True) -> tu
     return out, rows
 
 
+# The shape of the bench's 8 sampled episodes (2026-12-04/05 runs: 31 turns, 2,408 tokens sampled, 11,167 tokens in
+# the update's rows): 866 opening tokens every episode shares, 1,020 the episodes of a task share, ~4 turns an
+# episode of ~75 sampled tokens each, short tool results between them; one row an episode (the turns merge).
+SYNTHETIC_LENGTHS = ((1460, 1420, 1380, 1350), (1450, 1410, 1370, 1327))
+SYNTHETIC_OPENING, SYNTHETIC_TASK_OPENING, SYNTHETIC_TURNS, SYNTHETIC_TURN_TOKENS = 866, 1020, 4, 75
+
+
+def synthetic_rows(vocab: int, seed: int = 0) -> list[dict]:
+    """Episodes of the shape above with random token ids (``episodes.json``'s format): an update's memory and
+    time depend on the rows' lengths and what they share, not on which tokens they hold; no warm start or sampling
+    needed."""
+    import random
+
+    rng = random.Random(seed)
+    ids = lambda n: [rng.randrange(3, vocab) for _ in range(n)]   # noqa: E731
+    common = ids(SYNTHETIC_OPENING)
+    rows = []
+    for t, lengths in enumerate(SYNTHETIC_LENGTHS):
+        opening = common + ids(SYNTHETIC_TASK_OPENING - SYNTHETIC_OPENING)
+        for g, length in enumerate(lengths):
+            gaps = length - SYNTHETIC_TASK_OPENING - SYNTHETIC_TURNS * SYNTHETIC_TURN_TOKENS
+            prompt, turns = list(opening), []
+            for k in range(SYNTHETIC_TURNS):
+                comp = ids(SYNTHETIC_TURN_TOKENS)
+                turns.append([list(prompt), comp, [-1.0] * len(comp)])
+                prompt += comp + ids(gaps // (SYNTHETIC_TURNS - 1) + (k < gaps % (SYNTHETIC_TURNS - 1)))
+            rows.append({"episode_id": f"synthetic-{t}-{g}", "turns": turns, "temperature": 0.7})
+    return rows
+
+
 def samples_of(rows: list[dict]):
     """Turn samples of the episodes with alternating advantages (what an update of a step sees)."""
     from agent_trainer.outer_loop.rl.policy import TurnSample, merge_turns
@@ -236,6 +266,9 @@ def main() -> None:
                    help=f"the update's sides, of {','.join(UPDATE_SIDES)} (default: the first three)")
     p.add_argument("--episodes", type=Path, default=None, metavar="JSON",
                    help="no sampling: the update's sides on an earlier run's episodes.json (its work folder)")
+    p.add_argument("--synthetic", action="store_true",
+                   help="the update on episodes of the bench's recorded shape with random tokens (synthetic_rows): "
+                        "no warm start or sampling; memory as the sampled episodes' (give agent.model=smollm2-135m)")
     p.add_argument("--update-child", nargs=2, default=None, help=argparse_hidden())
     p.add_argument("overrides", nargs="*", help="more Hydra overrides of the recipe (after --)")
     args = p.parse_args()
@@ -255,6 +288,14 @@ def main() -> None:
     results: dict = {}
     claims: list = []
     rows_file = args.episodes
+    if args.synthetic:
+        from transformers import AutoConfig
+
+        from agent_trainer.outer_loop.agents.agent_warm_start import resolve_agent
+
+        vocab = AutoConfig.from_pretrained(resolve_agent(conf.agent.model, progress=False)).vocab_size
+        rows_file = folder / "episodes.json"
+        rows_file.write_text(json.dumps(synthetic_rows(vocab)))
     if "sampling" in parts or ("update" in parts and rows_file is None):
         claims += sampling_part(args, conf, folder, results, one_by_one="sampling" in parts)
         rows_file = folder / "episodes.json"
