@@ -1,4 +1,4 @@
-"""What a real agent's outer step costs, side by side: SmolLM2 (the warm-started ``smollm2-agent``) as the agent.
+"""What a real agent's outer step costs, side by side: SmolLM2 (the recipe's warm start) as the agent.
 
 1. Sampling 8 episodes (2 tasks x 4, the ``experiment=smollm2_cpu`` settings): one episode after the other
    (``Episode.play``, one sequence at a time, each prompt run whole: as before) vs together (``play_together``:
@@ -15,7 +15,9 @@
    carries it over ``exec``): on a fresh clone, where the sampling side also built the warm start, every side read
    >= 5.5 GB that way.
 3. One outer step of ``at-train experiment=smollm2_cpu`` end to end: its episodes, jobs and update, without the
-   fixed-seed evaluations a run plays before its first update and after its last (held-out, the training tasks).
+   fixed-seed evaluations a run plays before its first update and after its last (held-out, the training tasks):
+   its sampling, jobs and update seconds, and the at-train process's own peak RSS (sampling and update in one
+   process).
 
     .venv/bin/python bench/agent_step.py                  # all three (~30 min on 2 cores)
     .venv/bin/python bench/agent_step.py --parts update   # 2 only, on 8 episodes sampled together (~10 min)
@@ -23,6 +25,8 @@
     .venv/bin/python bench/agent_step.py --parts step     # 3 only (~7 min)
     .venv/bin/python bench/agent_step.py --parts update --episodes <work folder>/episodes.json \
         --update-sides after_unshared,after              # 2 on earlier episodes: the shared opening once, or each row
+    .venv/bin/python bench/agent_step.py --parts update --synthetic --update-sides after,before_1row \
+        -- agent.model=smollm2-135m                      # 2 on rows of the episodes' shape: no warm start, no sampling
     .venv/bin/python bench/agent_step.py --max-turns 2    # shorter episodes (a quicker look)
 
 Prints ``RATIO agent_sampling_batched`` (target >= 3), ``RATIO agent_update_memory`` (target >= 2, against one row a
