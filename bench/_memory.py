@@ -20,8 +20,8 @@ from contextlib import contextmanager
 GB = 1e9
 
 
-def _status_kb(key: str) -> int:
-    with open("/proc/self/status") as f:
+def _status_kb(key: str, pid: int | str = "self") -> int:
+    with open(f"/proc/{pid}/status") as f:
         for line in f:
             if line.startswith(key + ":"):
                 return int(line.split()[1])
@@ -36,6 +36,25 @@ def rss_gb() -> float:
 def peak_gb() -> float:
     """The high-water mark of the resident set since the last ``reset_peak`` (since start without one)."""
     return _status_kb("VmHWM") * 1024 / GB
+
+
+def resident_gb() -> dict[str, float]:
+    """The resident set now, split: anonymous (heaps, mmapped tensors) and file-backed (the libraries' code, and
+    model weights that are mapped from their files rather than copied)."""
+    return {"rss_anon_gb": _status_kb("RssAnon") * 1024 / GB, "rss_file_gb": _status_kb("RssFile") * 1024 / GB}
+
+
+def watch_peak_gb(proc, every: float = 0.25) -> float:
+    """Wait for the child ``proc`` (a ``subprocess.Popen``) and return its own peak RSS: its ``VmHWM``, read until
+    it exits (the high-water mark only grows, so the last read is the peak but for its last ``every`` seconds)."""
+    peak = 0
+    while proc.poll() is None:
+        try:
+            peak = max(peak, _status_kb("VmHWM", proc.pid))
+        except (OSError, ValueError):
+            pass
+        time.sleep(every)
+    return peak * 1024 / GB
 
 
 def reset_peak() -> bool:
@@ -104,7 +123,7 @@ def phase(name: str, rows: list[dict], **extra):
     start = rss_gb()
     yield
     rows.append({"phase": name, "rss_start_gb": start, "peak_gb": peak_gb(), "rss_end_gb": rss_gb(),
-                 "seconds": time.perf_counter() - t0, **heap_gb(), **extra})
+                 "seconds": time.perf_counter() - t0, **resident_gb(), **heap_gb(), **extra})
 
 
 class RssSampler:
@@ -172,7 +191,7 @@ def make_phase_callback(model, optimizer_of):
             params = list(model.parameters())
             self.rows.append({
                 "phase": f"{name} {self._batch}", "rss_start_gb": self._start, "peak_gb": peak_gb(),
-                "rss_end_gb": rss_gb(), "seconds": time.perf_counter() - self._t0,
+                "rss_end_gb": rss_gb(), "seconds": time.perf_counter() - self._t0, **resident_gb(),
                 "params_gb": tensor_gb(params), "grads_gb": tensor_gb(p.grad for p in params),
                 "optimizer_state_gb": tensor_gb(v for st in optimizer_of().state.values() for v in st.values()
                                                 if hasattr(v, "untyped_storage")),
@@ -208,8 +227,9 @@ def make_phase_callback(model, optimizer_of):
     return PhaseMemory()
 
 
-COLUMNS = ("phase", "peak_gb", "rss_start_gb", "rss_end_gb", "seconds", "saved_for_backward_gb", "params_gb",
-           "grads_gb", "optimizer_state_gb", "malloc_in_use_gb", "malloc_free_held_gb", "malloc_mmapped_gb")
+COLUMNS = ("phase", "peak_gb", "rss_start_gb", "rss_end_gb", "rss_anon_gb", "rss_file_gb", "seconds",
+           "saved_for_backward_gb", "params_gb", "grads_gb", "optimizer_state_gb", "malloc_in_use_gb",
+           "malloc_free_held_gb", "malloc_mmapped_gb", "trimmed_gb")
 
 
 def print_table(rows: list[dict]) -> None:

@@ -1,4 +1,4 @@
-"""What a real agent's outer step costs, side by side: SmolLM2 (the warm-started ``smollm2-agent``) as the agent.
+"""What a real agent's outer step costs, side by side: SmolLM2 (the recipe's warm start) as the agent.
 
 1. Sampling 8 episodes (2 tasks x 4, the ``experiment=smollm2_cpu`` settings): one episode after the other
    (``Episode.play``, one sequence at a time, each prompt run whole: as before) vs together (``play_together``:
@@ -15,14 +15,18 @@
    carries it over ``exec``): on a fresh clone, where the sampling side also built the warm start, every side read
    >= 5.5 GB that way.
 3. One outer step of ``at-train experiment=smollm2_cpu`` end to end: its episodes, jobs and update, without the
-   fixed-seed evaluations a run plays before its first update and after its last (held-out, the training tasks).
+   fixed-seed evaluations a run plays before its first update and after its last (held-out, the training tasks):
+   its sampling, jobs and update seconds, and the at-train process's own peak RSS (sampling and update in one
+   process).
 
     .venv/bin/python bench/agent_step.py                  # all three (~30 min on 2 cores)
-    .venv/bin/python bench/agent_step.py --skip-step      # 1 and 2 only
-    .venv/bin/python bench/agent_step.py --skip-step --skip-update   # 1 only (~8 min)
-    .venv/bin/python bench/agent_step.py --skip-sampling  # 3 only (~7 min; 2 needs 1's episodes)
-    .venv/bin/python bench/agent_step.py --skip-step --episodes <work folder>/episodes.json \
-        --update-sides after_unshared,after              # 2 only: the shared opening run once, or with each row
+    .venv/bin/python bench/agent_step.py --parts update   # 2 only, on 8 episodes sampled together (~10 min)
+    .venv/bin/python bench/agent_step.py --parts sampling # 1 only (~8 min)
+    .venv/bin/python bench/agent_step.py --parts step     # 3 only (~7 min)
+    .venv/bin/python bench/agent_step.py --parts update --episodes <work folder>/episodes.json \
+        --update-sides after_unshared,after              # 2 on earlier episodes: the shared opening once, or each row
+    .venv/bin/python bench/agent_step.py --parts update --synthetic --update-sides after,before_1row \
+        -- agent.model=smollm2-135m                      # 2 on rows of the episodes' shape: no warm start, no sampling
     .venv/bin/python bench/agent_step.py --max-turns 2    # shorter episodes (a quicker look)
 
 Prints ``RATIO agent_sampling_batched`` (target >= 3), ``RATIO agent_update_memory`` (target >= 2, against one row a
@@ -66,8 +70,9 @@ def make_episodes(backend, conf, folder: Path, tag: str, group: int) -> list:
     return out
 
 
-def sampling_side(conf, folder: Path, group: int) -> tuple[dict, list[dict]]:
-    """Seconds of one-by-one and batched sampling of the same episodes; the batched side's turns."""
+def sampling_side(conf, folder: Path, group: int, one_by_one: bool = True) -> tuple[dict, list[dict]]:
+    """Seconds of one-by-one (unless ``one_by_one`` is False) and batched sampling of the same episodes; the batched
+    side's turns."""
     import torch
 
     from agent_trainer.outer_loop.agents.agent_warm_start import resolve_agent
@@ -84,7 +89,7 @@ def sampling_side(conf, folder: Path, group: int) -> tuple[dict, list[dict]]:
                             tool_format=conf.agent.tool_format, prefix_cache_tokens=prefix_cache_tokens)
 
     out: dict = {"threads": torch.get_num_threads()}
-    alone = make_episodes(backend(0), conf, folder, "alone", group)   # as before: each prompt run whole
+    alone = make_episodes(backend(0), conf, folder, "alone", group) if one_by_one else []   # each prompt run whole
     with C.clock(out, "one_by_one_s"):
         for ep in alone:
             ep.play()
@@ -93,7 +98,10 @@ def sampling_side(conf, folder: Path, group: int) -> tuple[dict, list[dict]]:
     with C.clock(out, "together_s"):
         play_together(together)
     out["prefix_tokens_kept_at_end"] = batched.prefixes.tokens() if batched.prefixes is not None else 0
-    out["same_episodes"] = sum(a.messages == b.messages for a, b in zip(alone, together))
+    if alone:
+        out["same_episodes"] = sum(a.messages == b.messages for a, b in zip(alone, together))
+    else:
+        del out["one_by_one_s"]
     out["episodes"] = len(together)
     out["turns"] = sum(len(ep.turns) for ep in together)
     out["tokens_out"] = sum(ep.tokens_out for ep in together)
@@ -103,6 +111,36 @@ def sampling_side(conf, folder: Path, group: int) -> tuple[dict, list[dict]]:
     for ep in alone + together:
         ep.finish()
     return out, rows
+
+
+# The shape of the bench's 8 sampled episodes (2026-12-04/05 runs: 31 turns, 2,408 tokens sampled, 11,167 tokens in
+# the update's rows): 866 opening tokens every episode shares, 1,020 the episodes of a task share, ~4 turns an
+# episode of ~75 sampled tokens each, short tool results between them; one row an episode (the turns merge).
+SYNTHETIC_LENGTHS = ((1460, 1420, 1380, 1350), (1450, 1410, 1370, 1327))
+SYNTHETIC_OPENING, SYNTHETIC_TASK_OPENING, SYNTHETIC_TURNS, SYNTHETIC_TURN_TOKENS = 866, 1020, 4, 75
+
+
+def synthetic_rows(vocab: int, seed: int = 0) -> list[dict]:
+    """Episodes of the shape above with random token ids (``episodes.json``'s format): an update's memory and
+    time depend on the rows' lengths and what they share, not on which tokens they hold; no warm start or sampling
+    needed."""
+    import random
+
+    rng = random.Random(seed)
+    ids = lambda n: [rng.randrange(3, vocab) for _ in range(n)]   # noqa: E731
+    common = ids(SYNTHETIC_OPENING)
+    rows = []
+    for t, lengths in enumerate(SYNTHETIC_LENGTHS):
+        opening = common + ids(SYNTHETIC_TASK_OPENING - SYNTHETIC_OPENING)
+        for g, length in enumerate(lengths):
+            gaps = length - SYNTHETIC_TASK_OPENING - SYNTHETIC_TURNS * SYNTHETIC_TURN_TOKENS
+            prompt, turns = list(opening), []
+            for k in range(SYNTHETIC_TURNS):
+                comp = ids(SYNTHETIC_TURN_TOKENS)
+                turns.append([list(prompt), comp, [-1.0] * len(comp)])
+                prompt += comp + ids(gaps // (SYNTHETIC_TURNS - 1) + (k < gaps % (SYNTHETIC_TURNS - 1)))
+            rows.append({"episode_id": f"synthetic-{t}-{g}", "turns": turns, "temperature": 0.7})
+    return rows
 
 
 def samples_of(rows: list[dict]):
@@ -153,6 +191,10 @@ def update_child(side: str, rows_file: str, overrides: list[str]) -> None:
         stats = policy.update(samples)
     seconds = time.perf_counter() - t0
     phases += probe.rows
+    # What glibc held free at the end and gives back on request: the allocator's share of the last RSS.
+    with M.phase("malloc_trim(0) after the update", phases):
+        trimmed = M.trim()
+    phases[-1]["trimmed_gb"] = trimmed
     print(json.dumps({"side": side, "seconds": round(seconds, 2), "loss": stats.get("loss"),
                       "kl": stats.get("kl"), "rows": len(samples), "model_loaded_gb": round(phases[0]["peak_gb"], 3),
                       "peak_rss_gb": round(max(whole.max_gb, *(r["peak_gb"] for r in phases)), 3), "phases": phases,
@@ -194,39 +236,53 @@ STEP_OVERRIDES = ("outer.steps=1", "outer.heldout_at_start=false", "outer.heldou
 
 def step_side(folder: Path, overrides: list[str]) -> dict:
     """One outer step of the recipe through at-train, without the fixed-seed evaluations, its seconds from
-    metrics.jsonl: the step, and its sampling, jobs (waited beyond the sampling) and update."""
+    metrics.jsonl: the step, and its sampling, jobs (waited beyond the sampling) and update; and the at-train
+    process's own peak RSS (its ``VmHWM``, read while it runs: sampling and update in one process)."""
     run_id = f"bench-agent-step-{int(time.time())}"
     cmd = [str(Path(sys.executable).parent / "at-train"), RECIPE, *STEP_OVERRIDES, f"runs_dir={folder / 'runs'}",
            f"run_id={run_id}", *overrides]
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    log = folder / f"{run_id}.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, text=True)
+        peak = M.watch_peak_gb(proc)
     wall = time.perf_counter() - t0
     metrics = folder / "runs" / run_id / "metrics.jsonl"
     if proc.returncode != 0 or not metrics.exists():
-        return {"error": f"exit {proc.returncode}: {proc.stderr.strip().splitlines()[-3:]}", "wall_s": round(wall, 1)}
+        tail = log.read_text().strip().splitlines()[-3:]
+        return {"error": f"exit {proc.returncode}: {tail}", "wall_s": round(wall, 1)}
     row = json.loads(metrics.read_text().splitlines()[0])
     keep = (*STEP_SECONDS, "seconds_jobs_busy", "reward_mean", "valid_first_try", "update_tokens", "tokens")
-    return {"wall_s": round(wall, 1), **{k: row.get(k) for k in keep}}
+    return {"wall_s": round(wall, 1), "at_train_peak_rss_gb": round(peak, 3), **{k: row.get(k) for k in keep}}
+
+
+PARTS = ("sampling", "update", "step")
 
 
 def main() -> None:
     p = C.parser(__doc__.splitlines()[0])
     p.add_argument("--group", type=int, default=4, help="episodes per task (2 tasks)")
     p.add_argument("--max-turns", type=int, default=None, help="agent.max_turns (default: the recipe's)")
-    p.add_argument("--skip-step", action="store_true", help="skip the end-to-end outer step")
-    p.add_argument("--skip-update", action="store_true", help="skip the update's before vs after")
-    p.add_argument("--skip-sampling", action="store_true",
-                   help="skip the sampling's one by one vs together, and the update's sides (they train its "
-                        "episodes; --episodes gives them others)")
+    p.add_argument("--parts", default=",".join(PARTS),
+                   help=f"which of {','.join(PARTS)} to run (default: all): the update without the sampling part "
+                        "samples its episodes together only (or reads --episodes)")
     p.add_argument("--update-sides", default="before,before_1row,after",
                    help=f"the update's sides, of {','.join(UPDATE_SIDES)} (default: the first three)")
     p.add_argument("--episodes", type=Path, default=None, metavar="JSON",
                    help="no sampling: the update's sides on an earlier run's episodes.json (its work folder)")
+    p.add_argument("--synthetic", action="store_true",
+                   help="the update on episodes of the bench's recorded shape with random tokens (synthetic_rows): "
+                        "no warm start or sampling; memory as the sampled episodes' (give agent.model=smollm2-135m)")
     p.add_argument("--update-child", nargs=2, default=None, help=argparse_hidden())
     p.add_argument("overrides", nargs="*", help="more Hydra overrides of the recipe (after --)")
     args = p.parse_args()
+    parts = args.parts.split(",")
+    if unknown := set(parts) - set(PARTS):
+        p.error(f"--parts: unknown {', '.join(sorted(unknown))}; known: {', '.join(PARTS)}")
     if unknown := set(args.update_sides.split(",")) - set(UPDATE_SIDES):
         p.error(f"--update-sides: unknown {', '.join(sorted(unknown))}; known: {', '.join(UPDATE_SIDES)}")
+    if args.episodes and not args.episodes.is_file():
+        p.error(f"--episodes: no file {args.episodes}")
     overrides = list(args.overrides) + ([f"agent.max_turns={args.max_turns}"] if args.max_turns else [])
     if args.update_child:
         update_child(args.update_child[0], args.update_child[1], overrides)
@@ -234,37 +290,52 @@ def main() -> None:
     folder = C.workdir(args.workdir, "agent-step")
     conf = recipe_config(overrides)
     results: dict = {}
-    if args.episodes:
-        claims = update_claims(args.episodes, overrides, args.update_sides.split(","), results)
-    else:
-        claims = [] if args.skip_sampling else sampling_and_update(args, conf, folder, overrides, results)
-    if not args.skip_step:
-        print("3. one outer step of at-train experiment=smollm2_cpu ...", flush=True)
+    claims: list = []
+    rows_file = args.episodes
+    if args.synthetic:
+        from transformers import AutoConfig
+
+        from agent_trainer.outer_loop.agents.agent_warm_start import resolve_agent
+
+        vocab = AutoConfig.from_pretrained(resolve_agent(conf.agent.model, progress=False)).vocab_size
+        rows_file = folder / "episodes.json"
+        rows_file.write_text(json.dumps(synthetic_rows(vocab)))
+    if "sampling" in parts or ("update" in parts and rows_file is None):
+        claims += sampling_part(args, conf, folder, results, one_by_one="sampling" in parts)
+        rows_file = folder / "episodes.json"
+    if "update" in parts:
+        claims += update_claims(rows_file, overrides, args.update_sides.split(","), results)
+    if "step" in parts:
+        print("3. one outer step of at-train experiment=smollm2_cpu, without the fixed-seed evaluations ...",
+              flush=True)
         results["step"] = st = step_side(folder, overrides)
         print(json.dumps(st))
         if "seconds_step" in st:
             C.table([(k.removeprefix("seconds_"), st.get(k)) for k in STEP_SECONDS],
                     ("one outer step, no evaluations", "seconds"))
+            print(f"at-train's own peak RSS over the step (sampling and update in one process): "
+                  f"{st['at_train_peak_rss_gb']:.2f} GB")
         if "seconds_step" in st and st["seconds_step"] is not None:
             claims.append(C.ratio("agent_step_seconds", st["seconds_step"], "<= 360"))
     results["claims"] = claims
     C.write(args.json, "agent_step", results)
 
 
-def sampling_and_update(args, conf, folder: Path, overrides: list[str], results: dict) -> list:
-    """Parts 1 and 2: the sampling both ways, then (unless skipped) the update of its episodes both ways."""
-    print(f"1. sampling {2 * args.group} episodes of smollm2-agent, one by one vs together ...", flush=True)
-    results["sampling"], rows = sampling_side(conf, folder, args.group)
-    rows_file = folder / "episodes.json"
-    rows_file.write_text(json.dumps(rows))
+def sampling_part(args, conf, folder: Path, results: dict, one_by_one: bool) -> list:
+    """Part 1: the sampling one by one (with ``one_by_one``) and together; the together side's episodes go to
+    ``folder``/episodes.json for the update."""
+    how = "one by one vs together" if one_by_one else "together (the update's episodes)"
+    print(f"1. sampling {2 * args.group} episodes of {conf.agent.model}, {how} ...", flush=True)
+    results["sampling"], rows = sampling_side(conf, folder, args.group, one_by_one)
+    (folder / "episodes.json").write_text(json.dumps(rows))
     s = results["sampling"]
-    C.table([("one by one", s["one_by_one_s"]), ("together", s["together_s"])], ("sampling", "seconds"))
-    print(f"same episodes both ways: {s['same_episodes']} of {s['episodes']}; {s['turns']} turns, "
-          f"{s['tokens_out']} tokens sampled, {s['tokens_in']} prompt tokens", flush=True)
-    claims = [C.ratio("agent_sampling_batched", s["one_by_one_s"] / max(s["together_s"], 1e-9), ">= 3")]
-    if not args.skip_update:
-        claims += update_claims(rows_file, overrides, args.update_sides.split(","), results)
-    return claims
+    C.table([(label, s[key]) for label, key in (("one by one", "one_by_one_s"), ("together", "together_s"))
+             if key in s], ("sampling", "seconds"))
+    print(f"{s['turns']} turns, {s['tokens_out']} tokens sampled, {s['tokens_in']} prompt tokens", flush=True)
+    if not one_by_one:
+        return []
+    print(f"same episodes both ways: {s['same_episodes']} of {s['episodes']}")
+    return [C.ratio("agent_sampling_batched", s["one_by_one_s"] / max(s["together_s"], 1e-9), ">= 3")]
 
 
 def update_claims(rows_file: Path, overrides: list[str], sides: list[str], results: dict) -> list:

@@ -93,3 +93,18 @@ def test_the_step_bench_runs_one_step_of_the_recipe_without_its_evaluations():
     outer = agent_step.recipe_config(list(agent_step.STEP_OVERRIDES)).outer
     assert outer.steps == 1 and outer.train_eval_episodes == 0 and outer.heldout_episodes == 0
     assert not outer.heldout_at_start
+
+
+def test_the_step_side_reads_the_child_own_peak_while_it_runs():
+    # at-train's peak over a step is read from its VmHWM while it runs (sampling and update in one process).
+    child = "import time; block = bytearray(300_000_000); del block; time.sleep(1.0)"
+    proc = subprocess.Popen([sys.executable, "-c", child])
+    peak = M.watch_peak_gb(proc, every=0.05)
+    assert proc.returncode == 0 and 0.28 <= peak < 1.0
+
+
+def test_unknown_parts_are_one_line_errors():
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "agent_step.py"), "--parts", "update,steps"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and "--parts: unknown steps; known: sampling, update, step" in proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -495,15 +495,20 @@ def device_kwargs(device: str) -> dict:
 
 def return_large_frees_to_os(threshold: int = 1 << 20) -> bool:
     """Have glibc serve allocations of ``threshold`` bytes and more by mmap, so that freeing one gives its pages
-    back at once. By default glibc raises that threshold after large frees and then keeps freed activations in its
-    heap: on SmolLM2 (1,500-token sequence, LoRA, checkpointing) the update's peak RSS was 2.7 GB with the default
-    and 1.1 GB with this, the same tensors in both. False where the C library has no ``mallopt`` (not glibc)."""
+    back at once, and give back now what its heaps hold free. By default glibc raises that threshold after large
+    frees and then keeps freed activations in its heap: on SmolLM2 (1,500-token sequence, LoRA, checkpointing) the
+    update's peak RSS was 2.7 GB with the default and 1.1 GB with this, the same tensors in both. The setting only
+    governs later allocations: what the heap already held free (a warm start trained in the same process, earlier
+    work) stays resident until ``malloc_trim(0)`` hands it back. False where the C library has no ``mallopt``
+    (not glibc)."""
     import ctypes
     import ctypes.util
 
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return bool(libc.mallopt(-3, int(threshold)))   # -3: M_MMAP_THRESHOLD
+        ok = bool(libc.mallopt(-3, int(threshold)))   # -3: M_MMAP_THRESHOLD
+        libc.malloc_trim(0)
+        return ok
     except (OSError, AttributeError):
         return False
 
@@ -602,6 +607,7 @@ class AgentPolicy:
         self.module._acc = {}
         L.Trainer(**kwargs).fit(self.module, train_dataloaders=loader)
         self.model.to(self.device).eval()   # Lightning's teardown leaves the model on the CPU
+        return_large_frees_to_os()   # the heap's freed fragments back before the next sampling
         self.version += 1
         return dict(self.module.last_stats, samples=float(len(samples)), **focus)
 
