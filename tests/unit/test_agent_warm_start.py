@@ -109,9 +109,10 @@ def tiny_base(tokenizer_dir, folder):
     return folder
 
 
-def test_building_a_warm_start_shows_progress_on_a_terminal(smollm2, tmp_path, monkeypatch):
-    """A warm start takes minutes on a CPU: a tqdm bar over the transcripts played, then one over the training
-    steps, each to its total; drawn on a terminal only (tqdm's disable=None), never with progress=False."""
+def test_building_a_warm_start_shows_progress_also_in_a_log(smollm2, tmp_path, monkeypatch):
+    """A warm start takes minutes to an hour on a CPU: a tqdm bar over the transcripts played, then one over the
+    training steps, each to its total; into a log (stderr is not a terminal under pytest) at most once a minute;
+    never with progress=False."""
     import io
 
     import tqdm.auto
@@ -122,8 +123,8 @@ def test_building_a_warm_start_shows_progress_on_a_terminal(smollm2, tmp_path, m
 
     class Recorded(tqdm.auto.tqdm):
         def __init__(self, *args, disable=False, **kwargs):
-            self.asked = disable                     # counted whatever it asks, into a buffer
-            super().__init__(*args, disable=False, file=io.StringIO(), **kwargs)
+            self.asked, self.every = disable, kwargs.pop("mininterval", None)   # what it asks, recorded;
+            super().__init__(*args, disable=False, file=io.StringIO(), mininterval=0, **kwargs)   # drawn each time
             if self.desc in ("novice transcripts", "warm start training"):   # not transformers' own bars
                 bars.append(self)
 
@@ -131,8 +132,8 @@ def test_building_a_warm_start_shows_progress_on_a_terminal(smollm2, tmp_path, m
     base = tiny_base(smollm2, tmp_path / "base")
     cfg = WarmStart(base="smollm2-135m", n_transcripts=2, epochs=2)
     info = warm_start(base, tmp_path / "on", cfg)
-    assert [(b.desc, b.unit, b.n, b.total, b.asked) for b in bars] == [
-        ("novice transcripts", "transcript", 2, 2, None), ("warm start training", "step", 4, 4, None)]
+    assert [(b.desc, b.unit, b.n, b.total, b.asked, b.every) for b in bars] == [
+        ("novice transcripts", "transcript", 2, 2, False, 60.0), ("warm start training", "step", 4, 4, False, 60.0)]
     assert info["transcripts"] == 2 and "loss=" in bars[1].fp.getvalue()
 
     bars.clear()

@@ -6,7 +6,7 @@
     >>> resolve_agent("smollm2-135m")                # any other name: agent_trainer.inner_loop.models.resolve_model
 
 Built once, on first use and under a lock, into the model cache (not by ``at-models``), with a progress bar
-over the transcripts and the training steps on a terminal (``progress=False``: none). What it is trained on and
+over the transcripts and the training steps (into a log once a minute; ``progress=False``: none). What it is trained on and
 how: docs/agents.md, "A pretrained agent".
 """
 
@@ -72,7 +72,7 @@ def warm_start_dir(name: str, seed: int = 0, cache_dir=None) -> Path:
 def resolve_agent(name: str, cache_dir=None, seed: int = 0, progress: bool = True) -> Path:
     """The folder of agent model ``name``: a warm start of ``WARM_STARTS`` (built on first use), else the
     registry's model (``agent_trainer.inner_loop.models.resolve_model``: tiny-agent, smollm2-135m, base_models entries).
-    ``progress``: progress bars while a model is built (on a terminal only)."""
+    ``progress``: progress bars while a model is built (``_progress_bar``)."""
     from agent_trainer.inner_loop.models import resolve_model
 
     if name not in WARM_STARTS:
@@ -124,11 +124,14 @@ def invalid_writes(messages: list[dict[str, Any]]) -> set[int]:
 
 
 def _progress_bar(progress: bool, **kwargs):
-    """A ``tqdm.auto`` bar (``kwargs``: total, desc, unit) drawn on a terminal only (tqdm's ``disable=None``), and
-    not at all when ``progress`` is false; it is cleared when it closes."""
+    """A ``tqdm.auto`` bar (``kwargs``: total, desc, unit), none when ``progress`` is false; cleared when it closes.
+    On a terminal it redraws as tqdm does; into a log (stderr not a terminal: at-train under nohup or a scheduler)
+    at most once a minute, so a build of tens of minutes shows how far it is without filling the log."""
+    import sys
+
     from tqdm.auto import tqdm
 
-    return tqdm(disable=None if progress else True, leave=False, **kwargs)
+    return tqdm(disable=not progress, leave=False, mininterval=0.1 if sys.stderr.isatty() else 60.0, **kwargs)
 
 
 def transcripts(tokenizer, cfg: WarmStart, seed: int = 0, max_tries: int = 8,
@@ -166,7 +169,7 @@ def transcripts(tokenizer, cfg: WarmStart, seed: int = 0, max_tries: int = 8,
 def warm_start(base_dir: str | Path, out_dir: str | Path, cfg: WarmStart, seed: int = 0, name: str = "",
                progress: bool = True) -> dict:
     """Supervise a LoRA of the model in ``base_dir`` on novice transcripts, merge it, save into ``out_dir``;
-    ``progress``: bars over the transcripts and the training steps (on a terminal only)."""
+    ``progress``: bars over the transcripts and the training steps (``_progress_bar``)."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
