@@ -6,8 +6,8 @@
     >>> resolve_agent("smollm2-135m")                # any other name: agent_trainer.inner_loop.models.resolve_model
 
 Built once, on first use and under a lock, into the model cache (not by ``at-models``), with a progress bar
-over the transcripts and the training steps (into a log once a minute; ``progress=False``: none). What it is trained on and
-how: docs/agents.md, "A pretrained agent".
+over the transcripts and the training steps (into a log once a minute; ``progress=False``: none). What it is
+trained on and how: docs/agents.md, "A pretrained agent".
 """
 
 from __future__ import annotations
