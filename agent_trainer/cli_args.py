@@ -2,7 +2,8 @@
 
 ``task=<file>.json``/``task=<name>``, ``model=<name>`` and a positional argument become overrides; ``rerun=<folder>``
 (and Hydra's ``--experimental-rerun <folder>/.hydra/config.pickle``) the overrides a run was made with; a sweep
-is reduced to the overrides composed up front. The rules: docs/architecture.md, "The command line of every at-* command".
+is reduced to the overrides composed up front. The rules: docs/architecture.md, "The command line of every at-*
+command".
 """
 
 from __future__ import annotations

@@ -4,9 +4,10 @@ The same N SFT jobs (seeds 0..N-1, tiny-s, calc_chain, ~30 s each on one thread)
 thread per job, through ``agent_trainer.inner_loop.run.executor``: ``local_parallel`` (warm workers, as
 ``hardware=cpu_parallel``), ``slurm`` (a job array on the cluster of ``scripts/cluster.sh slurm``, array
 parallelism 2: two tasks, each running its share of the jobs one after another in one process; with
-``--engines slurm_per_job`` also one task per job, ``hardware.jobs_per_task=1``) and ``ray`` (tasks of one CPU on the two-node cluster of ``scripts/cluster.sh ray``: one job on
-each node). local_parallel runs first and last; the ratios are against the mean of its two runs, so a drift of the
-machine's load shows as the gap between them. Every engine must give the same scores.
+``--engines slurm_per_job`` also one task per job, ``hardware.jobs_per_task=1``) and ``ray`` (tasks of one CPU
+on the two-node cluster of ``scripts/cluster.sh ray``: one job on each node). local_parallel runs first and last;
+the ratios are against the mean of its two runs, so a drift of the machine's load shows as the gap between them.
+Every engine must give the same scores.
 
     bash scripts/cluster.sh slurm start && bash scripts/cluster.sh ray start
     nice -n 10 .venv/bin/python bench/cluster_overhead.py                 # 8 jobs x 150 steps (~10 min)

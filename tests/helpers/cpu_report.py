@@ -47,8 +47,8 @@ def summary(path: Path, top: int = 15) -> list[str]:
     wall = sum(r["wall_s"] for r in rows)
     cpu = sum(r["cpu_s"] + r["children_cpu_s"] for r in rows)
     lines = [f"cpu report: {len(rows)} tests, {wall:.0f} s of test wall time, {cpu:.0f} s of CPU in the tests' "
-             f"processes ({cpu / max(wall, 1e-9):.0%}, a floor: forkserver jobs and cluster tasks are not counted); waiting most "
-             f"(wall - CPU):"]
+             f"processes ({cpu / max(wall, 1e-9):.0%}, a floor: forkserver jobs and cluster tasks are not counted); "
+             f"waiting most (wall - CPU):"]
     rows.sort(key=lambda r: r["cpu_s"] + r["children_cpu_s"] - r["wall_s"])
     for r in rows[:top]:
         used = r["cpu_s"] + r["children_cpu_s"]

@@ -6,7 +6,8 @@
 
 Kinds: ``sequential``, ``local_parallel`` (threads waiting on the jobs' own processes; on GPUs each
 running job holds ``gpus_per_job`` of them), ``submitit_local``, ``slurm``, ``ray``
-(``agent_trainer.inner_loop.run.launchers``). Results come back in request order. docs/scale_out.md, "Executors: the Python side".
+(``agent_trainer.inner_loop.run.launchers``). Results come back in request order. docs/scale_out.md, "Executors: the
+Python side".
 """
 
 from __future__ import annotations
@@ -149,7 +150,8 @@ def make_executor(kind: str = "sequential", max_parallel: int = 1, **options: An
     ``options``: ``threads`` (torch threads per job) for all; for ``submitit_local``/``slurm``:
     ``folder``, ``partition``, ``gpus_per_job``, ``cpus_per_job``, ``mem_gb``, ``time_limit_min``,
     ``additional`` (extra sbatch options), ``jobs_per_task``, ``poll_s``; for ``ray``: ``address``,
-    ``gpus_per_job``, ``cpus_per_job``, ``init_kwargs`` (``ray.init`` keywords). Options an executor does not take are ignored."""
+    ``gpus_per_job``, ``cpus_per_job``, ``init_kwargs`` (``ray.init`` keywords). Options an executor does not take
+    are ignored."""
     import inspect
 
     cls, options = EXECUTORS[kind](**options)
