@@ -8,17 +8,19 @@ import pytest
 import yaml
 
 from agent_trainer.evaluation.tasks import TaskSpec
-from agent_trainer.inner_loop.spec.cost import CostModel, estimate_cost, load_profile, machine_key, save_profile
+from agent_trainer.inner_loop.spec.cost import (CostModel, estimate_cost, load_profile, machine_key, row_tokens,
+                                                save_profile)
 from agent_trainer.inner_loop.spec.jobspec import load_job
 from agent_trainer.inner_loop.spec.validate import validate_job
+from agent_trainer.inner_loop.train.data import build_rows_with_origins
 
 
-def _job(folder, steps: int, model: str = "smollm2-135m", batch: int = 16):
+def _job(folder, steps: int, model: str = "smollm2-135m", batch: int = 16, size: int = 2000):
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "job.yaml").write_text(yaml.safe_dump({
         "base_model": model, "algorithm": "sft", "peft": {"r": 16}, "seed": 0,
         "hyperparameters": {"learning_rate": 1e-4, "batch_size": batch, "max_steps": steps},
-        "data": {"sources": [{"family": "calc_chain", "seed": 1, "size": 2000}]}}))
+        "data": {"sources": [{"family": "calc_chain", "seed": 1, "size": size}]}}))
     return folder
 
 
@@ -69,6 +71,9 @@ def test_calibration_measures_a_model_and_predicts_its_steps(built_models, tmp_p
     exact = factors["sft"] != factors["sft/row"] and factors["sft"] != floor_for(factors["sft/row"])
     sizes = [("sft/row", 64, 0.01 if exact else 0.1)] + ([("sft", 16, 0.01)] if exact else [])
     for key, batch, rel in sizes:
-        job = _job(tmp_path / f"j{batch}", 12, "tiny-s", batch=batch)
-        predicted = estimate_cost(load_job(job), machine, wall=True).step_seconds
+        # The calibration's own rows (400 of calc_chain, seed 1), priced at their length as validation prices a job's.
+        job = _job(tmp_path / f"j{batch}", 12, "tiny-s", batch=batch, size=400)
+        spec = load_job(job)
+        tokens = row_tokens(build_rows_with_origins(spec, None, "calc_chain")[0])
+        predicted = estimate_cost(spec, machine, wall=True, tokens=tokens).step_seconds
         assert predicted == pytest.approx(profile["measured"][key]["seconds_per_step"], rel=rel), (key, factors)
