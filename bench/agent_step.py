@@ -145,7 +145,7 @@ def synthetic_rows(vocab: int, seed: int = 0) -> list[dict]:
 
 def samples_of(rows: list[dict]):
     """Turn samples of the episodes with alternating advantages (what an update of a step sees)."""
-    from agent_trainer.outer_loop.rl.policy import TurnSample, merge_turns
+    from agent_trainer.outer_loop.rl.objective import TurnSample, merge_turns
 
     out = []
     for i, r in enumerate(rows):

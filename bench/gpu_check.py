@@ -304,7 +304,8 @@ def outer_update(device: str, tiny: bool) -> dict:
     from peft import LoraConfig, get_peft_model
 
     from agent_trainer.config import OuterConfig
-    from agent_trainer.outer_loop.rl.policy import AgentPolicy, TurnSample, device_kwargs
+    from agent_trainer.outer_loop.rl.objective import TurnSample
+    from agent_trainer.outer_loop.rl.policy import AgentPolicy, device_kwargs
 
     model, tok = BUILT["model"], BUILT["tok"]
     r = 8 if tiny else 64

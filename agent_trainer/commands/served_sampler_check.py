@@ -26,7 +26,8 @@ def main(base_url: str, model_dir: str, out: str = "/tmp/served_sampler_check") 
 
     from agent_trainer.outer_loop.agents.served_sampler import ServedSampler
     from agent_trainer.config import OuterConfig
-    from agent_trainer.outer_loop.rl.policy import AgentPolicy, token_logprobs
+    from agent_trainer.outer_loop.rl.logprobs import token_logprobs
+    from agent_trainer.outer_loop.rl.policy import AgentPolicy
     from agent_trainer.outer_loop.episode.tools import SCHEMAS
 
     sampler = ServedSampler(base_url=base_url, model_path=model_dir)

@@ -11,7 +11,9 @@ import torch
 from helpers.logprobs import full_logprobs, loss_and_grads
 from helpers.updates import plain_update
 
-from agent_trainer.outer_loop.rl.policy import AgentPolicy, TurnSample, collate, token_logprobs
+from agent_trainer.outer_loop.rl.logprobs import collate, token_logprobs
+from agent_trainer.outer_loop.rl.objective import TurnSample
+from agent_trainer.outer_loop.rl.policy import AgentPolicy
 
 pytestmark = pytest.mark.slow
 

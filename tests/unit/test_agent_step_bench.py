@@ -63,7 +63,8 @@ def test_the_update_reports_forward_and_backward_of_each_micro_batch_and_one_opt
 
     from helpers.updates import plain_update
 
-    from agent_trainer.outer_loop.rl.policy import AgentPolicy, TurnSample
+    from agent_trainer.outer_loop.rl.objective import TurnSample
+    from agent_trainer.outer_loop.rl.policy import AgentPolicy
 
     torch.manual_seed(0)
     cfg = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,

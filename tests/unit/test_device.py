@@ -103,6 +103,9 @@ def test_the_harness_kernel_settings_reach_the_jobs_process_and_secrets_do_not(t
     from agent_trainer.inner_loop.isolation.launcher import scrub_env
     from agent_trainer.kernels import cpu_kind
 
+    # torch fixes its capability when first asked: asked now, so the setting below cannot leave this test
+    # process (and the tests after it in this worker) at AVX2 while their jobs' processes run at the machine's.
+    cpu_kind()
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
     monkeypatch.setenv("MKL_CBWR", "COMPATIBLE")
     monkeypatch.setenv("OPENAI_API_KEY", "sk-x")

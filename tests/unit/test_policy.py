@@ -11,8 +11,9 @@ from helpers.updates import plain_update
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from agent_trainer.config import OuterConfig
-from agent_trainer.outer_loop.rl.policy import (AgentPolicy, TurnSample, collate, group_advantages,
-                                                merge_turns, token_logprobs)
+from agent_trainer.outer_loop.rl.logprobs import collate, token_logprobs
+from agent_trainer.outer_loop.rl.objective import TurnSample, group_advantages, merge_turns
+from agent_trainer.outer_loop.rl.policy import AgentPolicy
 
 
 def tiny_policy(lr: float = 1e-2, **kw) -> AgentPolicy:
@@ -152,7 +153,7 @@ def test_episode_aggregation_weighs_each_episode_once_whatever_its_length():
 
 
 def test_replay_keeps_rollouts_at_most_max_steps_off_policy_old():
-    from agent_trainer.outer_loop.rl.train import mix_replay
+    from agent_trainer.outer_loop.rl.objective import mix_replay
 
     def sample(version: int) -> TurnSample:
         return TurnSample([1], [2], [-0.5], 1.0, policy_version=version)
@@ -214,7 +215,7 @@ def test_focus_keeps_the_highest_entropy_tokens_and_weighs_each_episode_once():
     with episode aggregation each episode's focused tokens still add up to one episode's weight."""
     import math
 
-    from agent_trainer.outer_loop.rl.policy import focus_samples, token_entropies
+    from agent_trainer.outer_loop.rl.logprobs import focus_samples, token_entropies
 
     pol = tiny_policy(loss_aggregation="episode")
     samples = on_policy_samples(pol, [1.0, -1.0, 1.0, -1.0])
@@ -263,7 +264,7 @@ def test_focused_update_moves_the_policy_like_the_plain_one():
 def test_reference_focus_ranks_tokens_by_the_warm_start_not_by_the_drifted_policy():
     """focus_entropy_of="reference": the focused tokens are those the adapter-free model is unsure of,
     however far the adapter has moved; "policy" ranks by the current (adapted) model."""
-    from agent_trainer.outer_loop.rl.policy import focus_samples
+    from agent_trainer.outer_loop.rl.logprobs import focus_samples
 
     results = {}
     for which in ("policy", "reference"):

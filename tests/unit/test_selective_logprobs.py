@@ -13,9 +13,11 @@ import torch
 from helpers.logprobs import full_logprobs, loss_and_grads
 from helpers.updates import plain_update
 
-from agent_trainer.outer_loop.rl.policy import (
-    AgentPolicy, TurnSample, collate, micro_batches, shared_length, token_entropies, token_logprobs,
+from agent_trainer.outer_loop.rl.logprobs import (
+    collate, micro_batches, shared_length, token_entropies, token_logprobs,
 )
+from agent_trainer.outer_loop.rl.objective import TurnSample
+from agent_trainer.outer_loop.rl.policy import AgentPolicy
 
 
 def tiny_policy(seed=0, **kw) -> AgentPolicy:
@@ -133,7 +135,7 @@ def test_a_shared_prefix_run_once_gives_the_same_logprobs_loss_and_gradients(che
     ss = with_prefix(samples())
     whole, shared = collate(ss, 0), collate(ss, 0, share_prefix=True)
     assert int(shared["shared_prefix"]) == 30 + shared_length([s.context_ids for s in samples()])
-    import agent_trainer.outer_loop.rl.policy as P
+    import agent_trainer.outer_loop.rl.logprobs as P
 
     runs, sharing = [], P._hidden_sharing_prefix
     monkeypatch.setattr(P, "_hidden_sharing_prefix", lambda *a: runs.append(a[-1]) or sharing(*a))

@@ -32,9 +32,8 @@ from agent_trainer.outer_loop.rl.checkpoints import (
     StepState, last_complete_step, load_replay, read_metrics_file, save_step,
 )
 from agent_trainer.outer_loop.rl.metrics import step_metrics, summarize, training_gain
-from agent_trainer.outer_loop.rl.policy import (
-    AgentPolicy, TurnSample, device_kwargs, group_advantages, merge_turns,
-)
+from agent_trainer.outer_loop.rl.objective import TurnSample, mix_replay, turn_samples
+from agent_trainer.outer_loop.rl.policy import AgentPolicy, device_kwargs
 from agent_trainer.outer_loop.rl.rollouts import JobRunner, Rollouts, evaluate_fixed, step_tasks
 from agent_trainer.outer_loop.rl.tracker_sync import sync_tracker
 from agent_trainer.outer_loop.strategy.strategy import run_metrics
@@ -60,34 +59,6 @@ def load_tasks(paths: list[str]):
     from agent_trainer.evaluation.tasks import load_task
 
     return [load_task(resolve_path(p)) for p in paths]
-
-
-def turn_samples(results: list[EpisodeResult], tasks: list, policy: OuterConfig, version: int) -> list[TurnSample]:
-    """The update's samples of a step's episodes, with group-relative advantages (one group per task); each
-    episode's turns merged into as few sequences as its contexts allow. An episode whose job the machine failed
-    (``reward["excluded"]``: the wall-clock safety cap) is left out of its group and of the update."""
-    out: list[TurnSample] = []
-    for task in tasks:
-        group = [r for r in results if r.task == task.name and not r.reward.get("excluded")]
-        adv = group_advantages([r.reward["total"] for r in group], policy.scale_by_std)
-        for r, a in zip(group, adv):
-            n_tokens = sum(len(t.completion_ids) for t in r.turns)
-            weight = 1.0 / n_tokens if policy.loss_aggregation == "episode" and n_tokens else 1.0
-            temperature = r.turns[0].temperature if r.turns else 1.0
-            turns = [(t.prompt_ids, t.completion_ids, t.logprobs) for t in r.turns]
-            for ctx, comp, lps, mask in merge_turns(turns):
-                out.append(TurnSample(ctx, comp, lps, a, temperature, version, r.episode_id, weight,
-                                      completion_mask=mask))
-    return out
-
-
-def mix_replay(kept: list[TurnSample], fresh: list[TurnSample], version: int, limit: int
-               ) -> tuple[list[TurnSample], list[TurnSample]]:
-    """``(used, kept)``: this update's samples (``fresh`` plus the kept ones at most ``limit`` updates old at policy
-    ``version``) and those to keep for the next update. The kept ones enter the clipped objective with their own
-    sampler log-probs, so the importance ratio corrects for the policy having moved since."""
-    old = [s for s in kept if version - s.policy_version <= limit] if limit > 0 else []
-    return fresh + old, [s for s in old + fresh if version + 1 - s.policy_version <= limit]
 
 
 class Trainer:
