@@ -29,9 +29,11 @@ def _pin_xdist_worker() -> None:
     if not (worker.startswith("gw") and count.isdigit()) or not hasattr(os, "sched_setaffinity"):
         return
     cores = sorted(os.sched_getaffinity(0))
-    share = len(cores) // int(count)
-    if share >= 1 and worker[2:].isdigit():
-        i = int(worker[2:]) % int(count)
+    # More workers than cores (``-n 4`` on 2): two workers on each core, so one's test that waits (on a cluster,
+    # a child process) leaves the core to the other's.
+    share = max(1, len(cores) // int(count))
+    if worker[2:].isdigit():
+        i = int(worker[2:]) % (len(cores) // share)
         try:
             os.sched_setaffinity(0, cores[i * share:(i + 1) * share])
         except OSError:   # a container that forbids it: the workers share the cores, as without the pinning
