@@ -91,11 +91,13 @@ class PolicyModule(L.LightningModule):
             with torch.no_grad(), self.model.disable_adapter():
                 ref = token_logprobs(self.model, batch)
         loss, stats = clipped_loss(new, batch, self.config, ref, self.norm, self.pg_norm)
-        for k, v in stats.items():
-            self._acc.setdefault(k, []).append(v)
         # Lightning divides a returned loss by accumulate_grad_batches: the micro-batches' gradients add up to the
         # step's objective (``clipped_loss``'s whole-step norms), accumulated into one optimizer step per epoch.
-        return loss * self.accumulate
+        scaled = loss * self.accumulate
+        stats["loss"] = scaled.item() / self.accumulate   # the loss as backpropagated, in the step's units
+        for k, v in stats.items():
+            self._acc.setdefault(k, []).append(v)
+        return scaled
 
     def on_train_epoch_end(self):
         # loss: the step's objective (its micro-batch parts add up); tokens: a count; the rest: means.
