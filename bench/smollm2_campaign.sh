@@ -23,6 +23,10 @@ SOURCES=${SOURCES:-24}
 POINTS=${POINTS:-16}
 STEPS=12
 STAGES=${*:-seeds people fork longer}
+for stage in $STAGES; do   # a typo is refused before hours of the stages before it
+  case $stage in seeds|people|fork|longer) ;;
+    *) echo "smollm2_campaign: no stage '$stage' (seeds, people, fork, longer)" >&2; exit 2 ;; esac
+done
 mkdir -p "$RUNS"
 log() { echo "[$(date +%H:%M:%S)] campaign: $*" >&2; }
 set_aside() {   # an unfinished folder goes to RUNS/unfinished/ (out of the stages' globs), never deleted
@@ -99,7 +103,6 @@ for stage in $STAGES; do
         "$BIN/python" scripts/policy_eval.py "$RUNS/smollm2_seeds/0" --families $families --episodes 8 \
             --steps "$at" --out "$RUNS/longer_$families"
       done ;;
-    *) echo "smollm2_campaign: no stage '$stage' (seeds, people, fork, longer)" >&2; exit 2 ;;
   esac
 done
 log "stages done: $STAGES"
