@@ -159,3 +159,24 @@ def test_a_child_dies_with_a_harness_killed_outright(tmp_path):
         time.sleep(0.1)
     else:
         raise AssertionError("the child outlived its killed harness")
+
+
+def test_a_zombie_counts_as_exited_and_a_running_child_does_not():
+    """A sandbox's first process, killed, lingers as a zombie until the machine's init reaps it (over a second on
+    some hosts): it holds nothing, so the clean-up that waits for it must not wait for the reaping."""
+    import subprocess
+    import time
+
+    running = subprocess.Popen(["sleep", "30"])
+    done = subprocess.Popen(["true"])
+    try:
+        deadline = time.monotonic() + 10
+        while open(f"/proc/{done.pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z":  # dead, not yet reaped
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert isolation.exited(done.pid) and not isolation.exited(running.pid)
+    finally:
+        running.kill()
+        running.wait()
+        done.wait()
+    assert isolation.exited(done.pid) and isolation.exited(running.pid)   # reaped: gone from /proc

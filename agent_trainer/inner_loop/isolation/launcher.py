@@ -161,6 +161,19 @@ def kill_group(pid: int) -> None:
         pass
 
 
+def exited(pid: int) -> bool:
+    """Whether process ``pid`` has exited: gone from ``/proc``, or a zombie (dead, its memory freed, only its exit
+    status left for a parent to reap; an orphan waits on the machine's init for that, which on some hosts takes
+    over a second). A PID namespace's first process becomes a zombie only once every process of its namespace has
+    exited."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return True
+    return state in (b"Z", b"X")
+
+
 def tree_cpu_seconds(pid: int) -> float:
     """CPU seconds (user + system, its reaped children's included) of process ``pid`` and every live descendant,
     from ``/proc`` (0 where it cannot be read). A sandbox's processes sit in their own PID namespace and session but

@@ -102,14 +102,14 @@ class RewardHost:
                 isolation.kill_group(self.proc.pid)
             self.proc.wait()
         if self.sandbox_pid is not None:
-            # Its PID namespace dies with it; wait until it is gone, so that no process of the agent's
+            # Its PID namespace dies with it; wait until it has exited, so that no process of the agent's
             # (a fork bomb, a memory bomb being torn down) outlives the job.
             try:
                 os.kill(self.sandbox_pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
             deadline = time.monotonic() + 10
-            while Path(f"/proc/{self.sandbox_pid}").exists() and time.monotonic() < deadline:
+            while not isolation.exited(self.sandbox_pid) and time.monotonic() < deadline:
                 time.sleep(0.02)
             self.sandbox_pid = None
 
