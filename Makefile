@@ -33,7 +33,7 @@ WITH_CLUSTERS = CLUSTERS="$(CLUSTERS)" bash scripts/with_clusters.sh
 
 # The whole suite, slow tests included (CI runs exactly this).
 test: setup
-	$(WITH_CLUSTERS) $(BIN)/pytest -p no:cacheprovider --timeout=$(TEST_TIMEOUT) -n $(TEST_WORKERS) --dist worksteal --durations=30 --cpu-report=$(CPU_REPORT) tests
+	$(WITH_CLUSTERS) $(BIN)/pytest -p no:cacheprovider --timeout=$(TEST_TIMEOUT) -n $(TEST_WORKERS) --dist loadgroup --durations=30 --cpu-report=$(CPU_REPORT) tests
 
 # Unit tests only, for a quick check while editing: no model is built or imported (tests that need one the
 # cache lacks are skipped with the reason; tests/helpers/run_if.py). About 2 minutes of CPU, on both cores.

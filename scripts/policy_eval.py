@@ -32,8 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     from agent_trainer.cli_args import UserError
-    from agent_trainer.outer_loop.rl.policy_eval import evaluate_runs, markdown, plot
-    from agent_trainer.outer_loop.rl.run_config import quiet_libraries
+    from agent_trainer.outer_loop.rl.policy_eval import check_runs, evaluate_runs, markdown, plot
 
     steps = [s.strip() for s in args.steps.split(",") if s.strip()]
     bad = [s for s in steps if s not in ("start", "last") and not s.isdigit()]
@@ -41,8 +40,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"policy_eval: --steps takes start, last or step numbers (got {bad}); --episodes at least 1",
               file=sys.stderr)
         return 2
-    quiet_libraries()
     try:
+        check_runs(args.runs, args.families, steps)   # a mistake is named in a second, before torch is imported
+        from agent_trainer.outer_loop.rl.run_config import quiet_libraries
+
+        quiet_libraries()
         result = evaluate_runs(args.runs, args.families, args.episodes, steps)
     except UserError as e:
         print(f"policy_eval: {e}", file=sys.stderr)

@@ -60,7 +60,8 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Skip, with the reason, ``run_if`` tests whose needs are missing and ``gpu`` tests where torch sees no GPU."""
+    """Skip, with the reason, ``run_if`` tests whose needs are missing and ``gpu`` tests where torch sees no GPU;
+    put the modules with slow tests first."""
     reasons: dict[tuple, str | None] = {}
     for item in items:
         needs = {}
@@ -73,6 +74,31 @@ def pytest_collection_modifyitems(config, items):
             reasons[key] = missing(config, needs)
         if key and reasons[key]:
             item.add_marker(pytest.mark.skip(reason=reasons[key]))
+    # Modules with slow tests first, each module's tests together and in order: under ``--dist loadgroup`` (make
+    # test, the scheduler below) the workers take them one by one in this order and end on the short unit tests
+    # together, instead of one worker ending on a long end-to-end test while the other has nothing left.
+    slow = {item.path for item in items if item.get_closest_marker("slow") is not None}
+    items[:] = sorted(items, key=lambda item: item.path not in slow)
+
+
+# Modules whose tests all run on one worker: their module fixtures (several at-train runs) are built once.
+ONE_WORKER_MODULES = ("tests/integration/test_policy_eval.py",)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadgroup``: each test a unit of its own, handed out in collection order, the modules of
+    ``ONE_WORKER_MODULES`` a unit each (xdist's own grouping reads an ``xdist_group`` mark into ``item._nodeid``,
+    which pytest 9 no longer reads, so its groups were split)."""
+    if config.getoption("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleGroups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return path if path in ONE_WORKER_MODULES else nodeid
+
+    return ModuleGroups(config, log)
 
 
 # What a command run inside a test exports into os.environ (``cli.export_registries``): task.include_path,

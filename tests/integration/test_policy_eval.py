@@ -13,6 +13,8 @@ import pytest
 
 from agent_trainer.config import compose_config
 
+# One worker runs the whole module under make test (tests/conftest.py, ONE_WORKER_MODULES): its module fixtures'
+# runs are built once.
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 HELD = ["task.held_out_families=[reverse_text,unit_convert]", "outer.heldout_every=100",
@@ -192,9 +194,17 @@ def test_at_compare_shows_the_paired_training_gain_of_both_kinds_of_run(runs, tm
     (["--steps", "first"], "--steps takes start, last or step numbers"),
     (["--families", "calc_chain,no_such_family"], "no task spec at"),
 ])
-def test_user_mistakes_are_one_line(runs, args, message, capsys):
-    """The script's own ``main`` in this process (the command's start and exit code are the next test's)."""
+def test_user_mistakes_are_one_line(runs, args, message, capsys, monkeypatch):
+    """The script's own ``main`` in this process (the command's start and exit code are the next test's), refused
+    before any policy is built or played (the warm start's play took minutes before a missing step was named)."""
     import importlib.util
+
+    from agent_trainer.outer_loop.rl import policy_eval
+
+    def built(*a, **k):
+        raise AssertionError("a policy was built before the mistake was named")
+
+    monkeypatch.setattr(policy_eval, "RunEvaluator", built)
 
     spec = importlib.util.spec_from_file_location("policy_eval_script", ROOT / "scripts" / "policy_eval.py")
     script = importlib.util.module_from_spec(spec)

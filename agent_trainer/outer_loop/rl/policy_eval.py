@@ -268,6 +268,19 @@ class RunEvaluator:
         self.trainer.close()
 
 
+def check_runs(runs: Sequence[str | Path], families: str, steps: Sequence[str | int]) -> None:
+    """A folder that is no run, a step without its checkpoint or a family set the run lacks: a ``UserError`` (one
+    line) before any policy is built or played, and before the training code is imported."""
+    from agent_trainer.cli_args import UserError
+
+    for run in runs:
+        cfg = run_config(Path(run))
+        for step in steps:
+            checkpoint(Path(run), step)
+        if not family_tasks(cfg, families):
+            raise UserError(f"{run}: the run has no {families} families")
+
+
 def evaluate_runs(runs: Sequence[str | Path], families: str, episodes: int,
                   steps: Sequence[str | int] = (START, LAST), progress: bool = True) -> dict[str, Any]:
     """Each run's policies at ``steps`` played on the family set, each run's paired gain of its last listed step
@@ -275,6 +288,7 @@ def evaluate_runs(runs: Sequence[str | Path], families: str, episodes: int,
     also go to ``<run>/evals/<label>/policy_eval.json``."""
     from agent_trainer.outer_loop.report.bootstrap import t_interval
 
+    check_runs(runs, families, steps)
     shared: dict[str, dict] = {}
     out_runs = []
     for run in runs:
