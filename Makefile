@@ -10,8 +10,9 @@ TEST_TIMEOUT ?= 900
 # workers keep both cores of a 2-core machine busy, each on its own share of the cores (tests/conftest.py), which
 # the processes its tests start inherit. Each worker may hold a SmolLM2 (a few GB).
 TEST_WORKERS ?= 2
-# Each test's wall time and CPU seconds (tests/helpers/cpu_report.py); the summary at the end names the tests that
-# waited most.
+# Each test's wall time, CPU seconds and the machine's idle core-seconds meanwhile (tests/helpers/cpu_report.py);
+# the summary at the end names the tests the machine idled most beside. `--dist loadgroup` hands the tests out one
+# at a time, modules with slow tests first (tests/conftest.py), so both workers end on short tests together.
 CPU_REPORT ?= /tmp/agent-trainer-test-cpu.jsonl
 
 # The main job `make run` runs: at-train on the CPU default (experiment=cpu_default), after

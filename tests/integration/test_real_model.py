@@ -63,6 +63,9 @@ def test_baselines_in_both_formats_and_a_chat_sft_lora_job(smollm2, tmp_path):
 
     task = TaskSpec(name="calc_smol", family="calc_chain", allowed_base_models=["smollm2-135m"], hidden_eval_size=10,
                     prompt_format="chat", budget={"max_steps": 3, "max_seconds": 300, "max_usd": 1.0})
+    # The job resolves its base model in this cache: SmolLM2 as imported once for the session, not again (~17 s).
+    (tmp_path / "cache" / "models").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "cache" / "models" / smollm2.name).symlink_to(smollm2)
     job = tmp_path / "job"
     job.mkdir()
     (job / "job.yaml").write_text(yaml.safe_dump({
