@@ -28,6 +28,18 @@ def _status_kb(key: str, pid: int | str = "self") -> int:
     return 0
 
 
+def status_gb(*keys: str) -> dict[str, float]:
+    """Fields of ``/proc/self/status`` in GB, from one read: the kernel gives ``VmHWM`` as at least the ``VmRSS`` of
+    the same read, which two reads apart (the heap moving between them) need not be."""
+    want, out = set(keys), dict.fromkeys(keys, 0.0)
+    with open("/proc/self/status") as f:
+        for line in f:
+            key = line.split(":", 1)[0]
+            if key in want:
+                out[key] = int(line.split()[1]) * 1024 / GB
+    return out
+
+
 def rss_gb() -> float:
     """Resident set size now."""
     return _status_kb("VmRSS") * 1024 / GB
@@ -189,9 +201,10 @@ def make_phase_callback(model, optimizer_of):
 
         def _close(self, name: str, **extra):
             params = list(model.parameters())
+            now = status_gb("VmHWM", "VmRSS")
             self.rows.append({
-                "phase": f"{name} {self._batch}", "rss_start_gb": self._start, "peak_gb": peak_gb(),
-                "rss_end_gb": rss_gb(), "seconds": time.perf_counter() - self._t0, **resident_gb(),
+                "phase": f"{name} {self._batch}", "rss_start_gb": self._start, "peak_gb": now["VmHWM"],
+                "rss_end_gb": now["VmRSS"], "seconds": time.perf_counter() - self._t0, **resident_gb(),
                 "params_gb": tensor_gb(params), "grads_gb": tensor_gb(p.grad for p in params),
                 "optimizer_state_gb": tensor_gb(v for st in optimizer_of().state.values() for v in st.values()
                                                 if hasattr(v, "untyped_storage")),

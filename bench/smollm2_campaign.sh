@@ -2,7 +2,9 @@
 # The SmolLM2 experiments behind docs/evaluation.md ("Agents against people") and docs/strategy.md ("The fork
 # experiment"), and a seed continued to 36 steps: each stage picks up where it stopped, so the same command is run
 # again after an interruption (a session's end, a reboot) and finished work is skipped. About a day of CPU on a 2-core
-# box (a SmolLM2 step ~2.5 min there when quiet, 3-4x that beside other work); a GPU shortens every stage.
+# box (a SmolLM2 step ~2.5 min there when quiet, 3-4x that beside other work); a GPU shortens every stage. Only
+# what lies in RUNS (and the model cache, where the warm start is built once, ~35 min) carries over: on a machine
+# that is replaced between sessions, put RUNS and $AGENT_TRAINER_CACHE on a disk that outlives it.
 #
 #   bash bench/smollm2_campaign.sh                       # every stage, in order, in runs/smollm2_campaign
 #   bash bench/smollm2_campaign.sh seeds people          # only these stages
