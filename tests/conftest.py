@@ -49,8 +49,8 @@ def pytest_addoption(parser):
                      help="build and import no model: tests that need a model the cache lacks are skipped "
                           "(make test-fast; make test builds them once per session)")
     parser.addoption("--cpu-report", metavar="FILE", default=None,
-                     help="append each test's wall time and CPU seconds to FILE (JSON lines) and print the tests "
-                          "that waited most (tests/helpers/cpu_report.py)")
+                     help="append each test's wall time, CPU seconds and the machine's idle core-seconds to FILE "
+                          "(JSON lines) and print the tests it idled most beside (tests/helpers/cpu_report.py)")
 
 
 def pytest_configure(config):
@@ -85,6 +85,7 @@ def pytest_collection_modifyitems(config, items):
 ONE_WORKER_MODULES = ("tests/integration/test_policy_eval.py",)
 
 
+@pytest.hookimpl(optionalhook=True)   # an xdist hook: pytest -p no:xdist knows none
 def pytest_xdist_make_scheduler(config, log):
     """``--dist loadgroup``: each test a unit of its own, handed out in collection order, the modules of
     ``ONE_WORKER_MODULES`` a unit each (xdist's own grouping reads an ``xdist_group`` mark into ``item._nodeid``,
