@@ -88,8 +88,8 @@ ONE_WORKER_MODULES = ("tests/integration/test_policy_eval.py",)
 @pytest.hookimpl(optionalhook=True)   # an xdist hook: pytest -p no:xdist knows none
 def pytest_xdist_make_scheduler(config, log):
     """``--dist loadgroup``: each test a unit of its own, handed out in collection order, the modules of
-    ``ONE_WORKER_MODULES`` a unit each (xdist's own grouping reads an ``xdist_group`` mark into ``item._nodeid``,
-    which pytest 9 no longer reads, so its groups were split)."""
+    ``ONE_WORKER_MODULES`` a unit each (xdist's own grouping writes an ``xdist_group`` mark into ``item._nodeid``,
+    which pytest 9.2 no longer reads, so its groups are split: pytest-dev/pytest-xdist#1386)."""
     if config.getoption("dist") != "loadgroup":
         return None
     from xdist.scheduler import LoadScopeScheduling
