@@ -81,8 +81,10 @@ def pytest_collection_modifyitems(config, items):
     items[:] = sorted(items, key=lambda item: item.path not in slow)
 
 
-# Modules whose tests all run on one worker: their module fixtures (several at-train runs) are built once.
-ONE_WORKER_MODULES = ("tests/integration/test_policy_eval.py",)
+# Modules whose tests all run on one worker, one test after another: policy-eval's module fixtures (several at-train
+# runs) are built once; the cluster tests do not queue behind each other's tasks on the one SLURM node (two of them
+# side by side left the machine ~60 s idle each).
+ONE_WORKER_MODULES = ("tests/integration/test_policy_eval.py", "tests/integration/test_clusters.py")
 
 
 @pytest.hookimpl(optionalhook=True)   # an xdist hook: pytest -p no:xdist knows none
