@@ -20,24 +20,25 @@ from contextlib import contextmanager
 GB = 1e9
 
 
-def _status_kb(key: str, pid: int | str = "self") -> int:
+def _status_kbs(*keys: str, pid: int | str = "self") -> dict[str, int]:
+    """Fields of ``/proc/<pid>/status`` in kB (0 where absent), from one read."""
+    out = dict.fromkeys(keys, 0)
     with open(f"/proc/{pid}/status") as f:
         for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1])
-    return 0
+            key = line.split(":", 1)[0]
+            if key in out:
+                out[key] = int(line.split()[1])
+    return out
+
+
+def _status_kb(key: str, pid: int | str = "self") -> int:
+    return _status_kbs(key, pid=pid)[key]
 
 
 def status_gb(*keys: str) -> dict[str, float]:
     """Fields of ``/proc/self/status`` in GB, from one read: the kernel gives ``VmHWM`` as at least the ``VmRSS`` of
     the same read, which two reads apart (the heap moving between them) need not be."""
-    want, out = set(keys), dict.fromkeys(keys, 0.0)
-    with open("/proc/self/status") as f:
-        for line in f:
-            key = line.split(":", 1)[0]
-            if key in want:
-                out[key] = int(line.split()[1]) * 1024 / GB
-    return out
+    return {k: kb * 1024 / GB for k, kb in _status_kbs(*keys).items()}
 
 
 def rss_gb() -> float:
@@ -53,7 +54,8 @@ def peak_gb() -> float:
 def resident_gb() -> dict[str, float]:
     """The resident set now, split: anonymous (heaps, mmapped tensors) and file-backed (the libraries' code, and
     model weights that are mapped from their files rather than copied)."""
-    return {"rss_anon_gb": _status_kb("RssAnon") * 1024 / GB, "rss_file_gb": _status_kb("RssFile") * 1024 / GB}
+    now = status_gb("RssAnon", "RssFile")
+    return {"rss_anon_gb": now["RssAnon"], "rss_file_gb": now["RssFile"]}
 
 
 def watch_peak_gb(proc, every: float = 0.25) -> float:
